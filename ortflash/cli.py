@@ -1,0 +1,184 @@
+"""The ortflash command line: optimize, inspect, verify."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+from . import spec
+from .ops import ort_op
+from .optimize import OrtflashError, load, optimize, save
+from .policy import SoftmaxPolicy
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints usage + error otherwise)
+        self.exit(EXIT_USAGE, f"ortflash: error: {message} (see ortflash {self.prog.split()[-1]} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _add_policy(p: argparse.ArgumentParser, default_mode: str | None) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--online-softmax", action="store_true",
+                   help="the proposal's switch: online softmax for key lengths >= --min-seq-len (same as --softmax auto)")
+    g.add_argument("--softmax", choices=spec.SOFTMAX_MODES, default=default_mode,
+                   help="softmax of the fused nodes" + (f" (default {default_mode})" if default_mode else ""))
+    p.add_argument("--block-size", type=_positive_int, default=spec.ATTRIBUTES["block_size"].default,
+                   help="keys per tile in the online softmax (default %(default)s)")
+    p.add_argument("--min-seq-len", type=_nonneg_int, default=spec.ATTRIBUTES["min_seq_len"].default,
+                   help="under auto, the key length from which online is used (default %(default)s)")
+
+
+def _policy(args) -> SoftmaxPolicy | None:
+    if args.online_softmax:
+        return SoftmaxPolicy("auto", args.block_size, args.min_seq_len)
+    if args.softmax:
+        return SoftmaxPolicy(args.softmax, args.block_size, args.min_seq_len)
+    return None
+
+
+def _add_feeds(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--feeds", help=".npz file of inputs (default: random inputs with padded attention masks)")
+    p.add_argument("--seq-len", type=_positive_int, default=16, help="sequence length of random inputs (default %(default)s)")
+    p.add_argument("--batch", type=_positive_int, default=2, help="batch size of random inputs (default %(default)s)")
+    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (default 1e-4; 2e-2 for float16 models)")
+    p.add_argument("--atol", type=float, default=None, help="absolute tolerance (default 1e-5; 2e-3 for float16 models)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ortflash", description="Fuse attention in ONNX models into one FlashAttention op, and prove it.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("optimize", help="fuse attention blocks and write the new model")
+    p.add_argument("model", help="input .onnx model (never modified)")
+    p.add_argument("-o", "--output", help="output path (default: IN.flash.onnx)")
+    _add_policy(p, None)
+    p.add_argument("--verify", action="store_true", help="then run both models in ONNX Runtime and compare")
+    _add_feeds(p)
+    p.add_argument("--json", help="also write the report as JSON to this file")
+
+    p = sub.add_parser("inspect", help="list every Softmax: fused or why not; writes nothing")
+    p.add_argument("model")
+
+    p = sub.add_parser("verify", help="compare an optimized model with its original in ONNX Runtime")
+    p.add_argument("original")
+    p.add_argument("optimized")
+    _add_policy(p, None)
+    _add_feeds(p)
+    return parser
+
+
+def _load_feeds(args, model):
+    from .verify import make_feeds
+
+    if not args.feeds:
+        return make_feeds(model, seq_len=args.seq_len, batch=args.batch)
+    if not os.path.exists(args.feeds):
+        raise OrtflashError(f"{args.feeds}: no such feeds file")
+    try:
+        with np.load(args.feeds) as data:
+            return {k: data[k] for k in data.files}
+    except Exception as exc:
+        raise OrtflashError(f"{args.feeds}: not a readable .npz file ({type(exc).__name__})") from None
+
+
+def _print_diffs(diffs, console) -> bool:
+    from rich.table import Table
+
+    table = Table(title="ONNX Runtime: original vs optimized", title_justify="left")
+    for col in ("output", "max abs err", "max rel err", "NaN mismatches", "result"):
+        table.add_column(col)
+    for d in diffs:
+        table.add_row(d.name, f"{d.max_abs:.3g}", f"{d.max_rel:.3g}", str(d.nan_mismatch),
+                      "[green]ok[/]" if d.ok else "[red]DIFFERENT[/]")
+    console.print(table)
+    return all(d.ok for d in diffs)
+
+
+def _verify(original, optimized, args, console) -> int:
+    from .verify import verify
+
+    feeds = _load_feeds(args, original)
+    try:
+        diffs = verify(original, optimized, feeds, rtol=args.rtol, atol=args.atol)
+    except OrtflashError:
+        raise
+    except Exception as exc:
+        raise OrtflashError(f"ONNX Runtime could not run the models: {str(exc).splitlines()[0][:300]}") from None
+    ok = _print_diffs(diffs, console)
+    console.print("verified: outputs match" if ok else "[red]verification FAILED[/]: outputs differ")
+    return EXIT_OK if ok else EXIT_MISMATCH
+
+
+def main(argv=None) -> int:
+    from rich.console import Console
+
+    console = Console()
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "optimize":
+            policy = _policy(args) or SoftmaxPolicy("naive", args.block_size, args.min_seq_len)
+            out_path = args.output or (args.model[:-5] if args.model.endswith(".onnx") else args.model) + ".flash.onnx"
+            original = load(args.model)
+            model, report = optimize(original, policy=policy)
+            report.model = args.model
+            report.print(console)
+            save(model, out_path)
+            console.print(f"wrote {out_path}")
+            if args.json:
+                import json
+
+                with open(args.json, "w") as f:
+                    json.dump(report.to_dict(), f, indent=2)
+            if args.verify:
+                ort_op.configure(policy=None)
+                return _verify(original, model, args, console)
+            return EXIT_OK
+        if args.command == "inspect":
+            _, report = optimize(args.model)
+            report.model = args.model
+            report.print(console)
+            return EXIT_OK
+        if args.command == "verify":
+            original, optimized = load(args.original), load(args.optimized)
+            ort_op.configure(policy=_policy(args))
+            return _verify(original, optimized, args, console)
+    except OrtflashError as exc:
+        print(f"ortflash: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("ortflash: interrupted", file=sys.stderr)
+        return 130
+    return EXIT_USAGE
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,62 @@
+"""FlashAttention as an ONNX Runtime custom op, through onnxruntime-extensions' Python ops.
+
+Registering is process-wide (the extensions library keeps one table of Python
+ops): importing this module registers FlashAttention once. Which kernel runs it
+(numpy reference or the wgpu shaders) and an optional softmax-policy override
+are process-wide too; ortflash.InferenceSession sets them per session.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
+
+from .. import spec
+from ..policy import SoftmaxPolicy
+from . import reference
+
+_ATTR_TYPES = {float: PyCustomOpDef.dt_float, int: PyCustomOpDef.dt_int64, str: PyCustomOpDef.dt_string}
+
+_state = threading.local()
+_defaults = {"backend": "numpy", "policy": None}
+
+
+def configure(backend: str | None = None, policy: SoftmaxPolicy | None = None) -> None:
+    """Choose the kernel ('numpy' or 'wgpu') and a policy that overrides the nodes' own."""
+    if backend is not None:
+        if backend not in ("numpy", "wgpu"):
+            raise ValueError(f"unknown backend {backend!r}: use numpy or wgpu")
+        _defaults["backend"] = backend
+    _defaults["policy"] = policy
+
+
+def current() -> tuple[str, SoftmaxPolicy | None]:
+    return _defaults["backend"], _defaults["policy"]
+
+
+def _kernel(backend: str):
+    if backend == "wgpu":
+        from . import wgpu_kernel
+
+        return wgpu_kernel.flash_attention
+    return reference.flash_attention
+
+
+@onnx_op(
+    op_type=spec.OP_TYPE,
+    inputs=[PyCustomOpDef.dt_float] * 4 + [PyCustomOpDef.dt_bool],
+    outputs=[PyCustomOpDef.dt_float],
+    attrs={name: _ATTR_TYPES[a.kind] for name, a in spec.ATTRIBUTES.items()},
+)
+def _flash_attention_op(q, k, v, bias, mask, **attrs):
+    # The neutral scalars the rewrite writes for absent optional inputs.
+    bias = None if bias.size == 1 and float(bias.reshape(())) == 0.0 else bias
+    mask = None if mask.size == 1 and bool(mask.reshape(())) else mask
+    backend, policy = current()
+    return np.ascontiguousarray(_kernel(backend)(q, k, v, bias, mask, policy=policy, **attrs), dtype=np.float32)
+
+
+def library_path() -> str:
+    return get_library_path()

@@ -1,0 +1,115 @@
+"""numpy kernels for FlashAttention: naive (whole score row) and online (key tiles).
+
+Both follow ortflash.spec exactly and accumulate in float32 whatever the input
+dtype; the output has Q's dtype. Q is [B, Hq, Sq, D], K [B, Hkv, Sk, D],
+V [B, Hkv, Sk, Dv]; query heads are grouped over kv heads (Hq = G * Hkv) by a
+reshape, so K and V are never repeated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import spec
+from ..policy import SoftmaxPolicy
+
+ACC = np.float32
+
+
+def _grouped(q, k, v, bias, mask):
+    """Reshape to [B, Hkv, G, ...] so one K/V head serves its G query heads."""
+    b, hq, sq, _ = q.shape
+    hkv = k.shape[1]
+    if k.ndim != 4 or v.ndim != 4 or q.ndim != 4:
+        raise ValueError(f"FlashAttention wants 4D Q, K, V; got {q.shape}, {k.shape}, {v.shape}")
+    if hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
+    g = hq // hkv
+    sk = k.shape[2]
+    qg = q.astype(ACC).reshape(b, hkv, g, sq, q.shape[3])
+    kg = k.astype(ACC)[:, :, None]  # [B, Hkv, 1, Sk, D]
+    vg = v.astype(ACC)[:, :, None]
+
+    def group(t, dtype):
+        if t is None:
+            return None
+        t = np.asarray(t)
+        t = t.reshape((1,) * (4 - t.ndim) + t.shape)
+        full = np.broadcast_to(t, (t.shape[0], hq if t.shape[1] != 1 else 1, t.shape[2], t.shape[3]))
+        if full.shape[1] == 1:
+            return full[:, :, None].astype(dtype, copy=False)  # [B|1, 1, 1, Sq|1, Sk|1]
+        return full.reshape(full.shape[0], hkv, g, full.shape[2], full.shape[3]).astype(dtype, copy=False)
+
+    return qg, kg, vg, group(bias, ACC), group(mask, bool), (b, hq, sq, sk)
+
+
+def _scores(qg, kt, bias, mask, key_offset, attrs):
+    """Scaled, capped, biased and masked scores of the keys [key_offset, key_offset + kt.shape[-2])."""
+    s = np.matmul(qg, np.swapaxes(kt, -1, -2)) * ACC(attrs["scale"])
+    if attrs["softcap"] > 0:
+        cap = ACC(attrs["softcap"])
+        s = cap * np.tanh(s / cap)
+    stop = key_offset + kt.shape[-2]
+    if bias is not None:
+        s = s + (bias if bias.shape[-1] == 1 else bias[..., key_offset:stop])
+    fill = ACC(attrs["mask_fill"])
+    if mask is not None:
+        s = np.where(mask if mask.shape[-1] == 1 else mask[..., key_offset:stop], s, fill)
+    if attrs["is_causal"]:
+        rows = np.arange(qg.shape[-2])[:, None]
+        cols = np.arange(key_offset, stop)[None, :]
+        s = np.where(cols <= rows, s, fill)
+    return s
+
+
+def _naive(qg, kg, vg, bias, mask, attrs):
+    s = _scores(qg, kg, bias, mask, 0, attrs)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
+    if attrs["masked_rows"] == "zero":
+        p = np.where(np.isnan(p), ACC(0), p)
+    return np.matmul(p, vg)
+
+
+def _online(qg, kg, vg, bias, mask, attrs):
+    sk = kg.shape[-2]
+    block = attrs["block_size"]
+    lead = np.broadcast_shapes(qg.shape[:-2], kg.shape[:-2])
+    sq = qg.shape[-2]
+    running_max = np.full(lead + (sq, 1), -np.inf, ACC)  # m: largest score seen so far per row
+    running_sum = np.zeros(lead + (sq, 1), ACC)  # l: sum of exp(score - m) so far per row
+    acc = np.zeros(lead + (sq, vg.shape[-1]), ACC)  # unnormalised output, in units of exp(-m)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for start in range(0, sk, block):
+            s = _scores(qg, kg[..., start : start + block, :], bias, mask, start, attrs)
+            new_max = np.maximum(running_max, s.max(axis=-1, keepdims=True))
+            # A row whose keys so far are all -inf keeps 0 as its reference, so
+            # exp(-inf - ref) = 0 instead of NaN; a fully masked row ends with
+            # running_sum 0 and yields 0/0 = NaN, as the naive softmax does.
+            ref = np.where(np.isneginf(new_max), ACC(0), new_max)
+            rescale = np.exp(running_max - ref)  # shrink what was summed under the old max
+            p = np.exp(s - ref)
+            running_sum = running_sum * rescale + p.sum(axis=-1, keepdims=True)
+            acc = acc * rescale + np.matmul(p, vg[..., start : start + block, :])
+            running_max = new_max
+        out = acc / running_sum
+    if attrs["masked_rows"] == "zero":
+        out = np.where(running_sum == 0, ACC(0), out)
+    return out
+
+
+def flash_attention(q, k, v, bias=None, mask=None, *, policy: SoftmaxPolicy | None = None, **attrs) -> np.ndarray:
+    """Run FlashAttention on numpy arrays. ``attrs`` are spec attributes (scale, is_causal, ...).
+
+    ``policy`` overrides the softmax/block_size/min_seq_len attributes; the mode it
+    chooses for this key length decides the kernel.
+    """
+    attrs = spec.validate(attrs)
+    policy = policy or SoftmaxPolicy.from_attributes(attrs)
+    attrs["block_size"] = policy.block_size
+    qg, kg, vg, bias_g, mask_g, (b, hq, sq, sk) = _grouped(q, k, v, bias, mask)
+    kernel = _online if policy.choose(sk) == "online" else _naive
+    out = kernel(qg, kg, vg, bias_g, mask_g, attrs)
+    out = np.broadcast_to(out, (b, k.shape[1], hq // k.shape[1], sq, v.shape[-1]))
+    return out.reshape(b, hq, sq, v.shape[-1]).astype(q.dtype)

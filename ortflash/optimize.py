@@ -1,0 +1,143 @@
+"""ortflash.optimize: the whole pass from a model to a model with FlashAttention nodes."""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
+
+from . import spec
+from .policy import SoftmaxPolicy
+from .report import Block, Report
+from .rewrites import ir_utils as u
+from .rewrites.attention import read_block, scores_kept
+from .rewrites.fuse import emit, replace_output
+from .rewrites.match import AttentionMatch, NotFused
+
+
+class OrtflashError(Exception):
+    """A problem with the user's input; the CLI prints it as one line and exits 2."""
+
+
+def load(model_or_path) -> onnx.ModelProto:
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path
+    path = os.fspath(model_or_path)
+    if not os.path.exists(path):
+        raise OrtflashError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise OrtflashError(f"{path}: is a folder, not an ONNX model file")
+    try:
+        model = onnx.load(path)
+    except Exception as exc:  # protobuf raises several types for a file that is not ONNX
+        raise OrtflashError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {str(exc)[:120]})") from None
+    if not model.graph.node and not model.graph.output:
+        raise OrtflashError(f"{path}: not an ONNX model (no graph in it)")
+    return model
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 1
+
+
+def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:
+        return model  # shapes only help proofs; without them ranks come from the ops
+
+
+def _describe(m: AttentionMatch) -> dict:
+    q_shape = u.value_shape(m.q) or []
+    k_shape = u.value_shape(m.k) or []
+    if m.k_perm is not None and len(k_shape) == len(m.k_perm):
+        k_shape = [k_shape[i] for i in m.k_perm]
+    four_d = m.rank == 4 and len(q_shape) == 4
+    parts = [f"bias {u.value_shape(b) or '?'}" for b in m.biases]
+    parts += [("not-" if inv else "") + f"mask {u.value_shape(c) or '?'}" for c, inv in m.masks]
+    if m.is_causal:
+        parts.append("causal")
+    if m.nan_guard:
+        parts.append("NaN guard")
+    return {
+        "pattern": m.pattern(),
+        "heads": q_shape[1] if four_d else ("B·H" if m.rank == 3 else None),
+        "kv_heads": k_shape[1] if four_d and len(k_shape) == 4 else None,
+        "head_dim": q_shape[-1] if q_shape else None,
+        "scale": m.scale,
+        "mask": ", ".join(parts) or "none",
+    }
+
+
+def optimize(
+    model_or_path,
+    *,
+    softmax: str | None = None,
+    online_softmax: bool | None = None,
+    block_size: int = spec.ATTRIBUTES["block_size"].default,
+    min_seq_len: int = spec.ATTRIBUTES["min_seq_len"].default,
+    policy: SoftmaxPolicy | None = None,
+) -> tuple[onnx.ModelProto, Report]:
+    """Fuse every provable attention block into FlashAttention.
+
+    Returns the new model and a Report with one Block per Softmax. The softmax
+    policy comes from ``policy``, else ``softmax`` (naive|online|auto), else the
+    proposal's switch ``online_softmax`` (True -> auto, False/None -> naive).
+    """
+    if policy is None:
+        mode = softmax or ("auto" if online_softmax else "naive")
+        try:
+            policy = SoftmaxPolicy(mode, block_size, min_seq_len)
+        except spec.SpecError as exc:
+            raise OrtflashError(str(exc)) from None
+    proto = load(model_or_path)
+    name = proto.graph.name or "model"
+    opset = default_opset(proto)
+    model = ir.serde.deserialize_model(_with_shapes(proto))
+    graph = model.graph
+    report = Report(name)
+
+    for softmax in [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]:
+        label = softmax.name or f"Softmax_{len(report.blocks)}"
+        try:
+            m = read_block(softmax, opset)
+        except NotFused as why:
+            report.blocks.append(Block(label, False, str(why)))
+            continue
+        new = emit(graph, m, policy, opset, len(report.blocks))
+        replace_output(graph, m.output, new)
+        kept = scores_kept(m)
+        note = f"scores also read by {', '.join(kept)}, kept" if kept else ""
+        report.blocks.append(Block(label, True, note, softmax=policy.mode, **_describe(m)))
+
+    if report.fused:
+        common_passes.RemoveUnusedNodesPass()(model)
+        model.opset_imports.setdefault(spec.DOMAIN, spec.DOMAIN_VERSION)
+    out = ir.serde.serialize_model(model)
+    out.ir_version = proto.ir_version
+    # Shape inference annotated intermediates; keep only what the input model declared.
+    declared = {vi.name for vi in proto.graph.value_info}
+    kept_info = [vi for vi in out.graph.value_info if vi.name in declared]
+    del out.graph.value_info[:]
+    out.graph.value_info.extend(kept_info)
+    return out, report
+
+
+def save(model: onnx.ModelProto, path: str) -> None:
+    """Write atomically: a temporary file beside the target, then a rename."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise OrtflashError(f"{path}: the output folder {folder} does not exist")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        onnx.save(model, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

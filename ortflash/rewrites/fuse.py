@@ -1,0 +1,122 @@
+"""Emit one FlashAttention node for a matched block, beside the ops it replaces."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+
+from .. import spec
+from ..policy import SoftmaxPolicy
+from .match import AttentionMatch
+
+
+class _Emitter:
+    """Appends nodes before an anchor node of a graph."""
+
+    def __init__(self, graph: ir.Graph, anchor: ir.Node, prefix: str, opset: int):
+        self.graph, self.anchor, self.prefix, self.opset = graph, anchor, prefix, opset
+        self.count = 0
+
+    def node(self, op_type, inputs, domain="", **attrs) -> ir.Value:
+        self.count += 1
+        name = f"{self.prefix}/{op_type}_{self.count}"
+        node = ir.node(op_type, inputs, attributes=attrs, domain=domain, name=name)
+        node.outputs[0].name = name + "_out"
+        self.graph.insert_before(self.anchor, node)
+        return node.outputs[0]
+
+    def const(self, array: np.ndarray) -> ir.Value:
+        return self.node("Constant", [], value=ir.tensor(array))
+
+    def unsqueeze1(self, x: ir.Value) -> ir.Value:
+        if self.opset >= 13:
+            return self.node("Unsqueeze", [x, self.const(np.array([1], np.int64))])
+        return self.node("Unsqueeze", [x], axes=[1])
+
+    def squeeze1(self, x: ir.Value) -> ir.Value:
+        if self.opset >= 13:
+            return self.node("Squeeze", [x, self.const(np.array([1], np.int64))])
+        return self.node("Squeeze", [x], axes=[1])
+
+    def cast(self, x: ir.Value, to: ir.DataType) -> ir.Value:
+        return self.node("Cast", [x], to=to)
+
+
+def _to_rank4(e: _Emitter, x: ir.Value, rank: int, is_mask_or_bias: bool) -> ir.Value:
+    """3D [B·H, S, D] operands become [B·H, 1, S, D]; lower-rank biases broadcast as they are."""
+    if rank == 4:
+        return x
+    if is_mask_or_bias:
+        x_rank = x.shape.rank() if x.shape is not None else None
+        if x_rank is None or x_rank < 3:
+            return x
+    return e.unsqueeze1(x)
+
+
+def emit(graph: ir.Graph, m: AttentionMatch, policy: SoftmaxPolicy, opset: int, index: int) -> ir.Value:
+    """Insert the FlashAttention node (and the casts/reshapes it needs) computing m.output."""
+    matmul_pv = m.output.producer()
+    e = _Emitter(graph, matmul_pv, f"ortflash/attention_{index}", opset)
+    dtype = m.q.dtype or ir.DataType.FLOAT
+    acc = ir.DataType.FLOAT
+
+    k = m.k if m.k_perm is None else e.node("Transpose", [m.k], perm=m.k_perm)
+    q, v = m.q, m.v
+    if m.rank == 3:
+        q, k, v = (e.unsqueeze1(x) for x in (q, k, v))
+
+    bias = None
+    for b in m.biases:
+        b = b if b.dtype == acc else e.cast(b, acc)
+        bias = b if bias is None else e.node("Add", [bias, b])
+    if bias is None:
+        bias = e.const(np.array(0.0, np.float32))  # the bridge's "no bias" (spec.INPUTS)
+    else:
+        bias = _to_rank4(e, bias, m.rank, True)
+
+    mask = None
+    for cond, inverted in m.masks:
+        keep = e.node("Not", [cond]) if inverted else cond
+        mask = keep if mask is None else e.node("And", [mask, keep])
+    if mask is None:
+        mask = e.const(np.array(True))  # the bridge's "no mask"
+    else:
+        mask = _to_rank4(e, mask, m.rank, True)
+
+    # onnxruntime-extensions' Python ops take float32 only: float16 blocks run with
+    # exact upcasts around the node, which accumulates in float32 either way.
+    if dtype != acc:
+        q, k, v = (e.cast(x, acc) for x in (q, k, v))
+
+    attrs = spec.validate(
+        {
+            "scale": m.scale,
+            "is_causal": int(m.is_causal),
+            **policy.attributes(),
+            "mask_fill": -math.inf if m.mask_fill is None else m.mask_fill,
+            "masked_rows": "zero" if m.nan_guard else "nan",
+        }
+    )
+    out = e.node(spec.OP_TYPE, [q, k, v, bias, mask], domain=spec.DOMAIN, **attrs)
+    if dtype != acc:
+        out = e.cast(out, dtype)
+    if m.rank == 3:
+        out = e.squeeze1(out)
+    return out
+
+
+def replace_output(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+    """Point every reader of old (graph outputs included, under old's name) at new."""
+    if old.is_graph_output():
+        name = old.name
+        for i, out in enumerate(graph.outputs):
+            if out is old:
+                graph.outputs[i] = new
+        old.name = name + "_replaced"
+        new.name = name
+    old.replace_all_uses_with(new)
+    new.dtype = old.dtype
+    if old.shape is not None:
+        new.shape = old.shape

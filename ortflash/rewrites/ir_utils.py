@@ -1,0 +1,124 @@
+"""Small questions asked of an onnx-ir graph: constants, ranks, producers."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
+
+# Ops a scalar scale is computed with in real exports (1/sqrt(head_dim) written out,
+# sometimes from the static shape of Q). Evaluated in numpy, in the graph's dtype.
+_UNARY = {
+    "Sqrt": np.sqrt,
+    "Reciprocal": np.reciprocal,
+    "Neg": np.negative,
+    "Identity": lambda x: x,
+    "Abs": np.abs,
+}
+_BINARY = {"Div": np.divide, "Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Pow": np.power}
+
+
+def producer(value: ir.Value | None, op_type: str | tuple[str, ...] | None = None) -> ir.Node | None:
+    """The node computing value, when it is in the default domain and of the given op type(s)."""
+    if value is None:
+        return None
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if op_type is not None:
+        types = (op_type,) if isinstance(op_type, str) else op_type
+        if node.op_type not in types:
+            return None
+    return node
+
+
+def attr_int(node: ir.Node, name: str, default: int | None = None) -> int | None:
+    a = node.attributes.get(name)
+    return default if a is None else a.as_int()
+
+
+def attr_ints(node: ir.Node, name: str) -> list[int] | None:
+    a = node.attributes.get(name)
+    return None if a is None else list(a.as_ints())
+
+
+def const_array(value: ir.Value | None, depth: int = 10) -> np.ndarray | None:
+    """The value as a numpy array when the graph fixes it (initializer, Constant, or a small
+    expression of those and of static shapes); None otherwise."""
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is not None:
+        return tensor.numpy()
+    node = producer(value)
+    if node is None or depth == 0:
+        return None
+    args = [const_array(v, depth - 1) for v in node.inputs]
+    op = node.op_type
+    with np.errstate(all="ignore"):
+        if op == "Shape":
+            shape = value_shape(node.inputs[0])
+            if shape is None or any(d is None for d in shape):
+                return None
+            start, end = attr_int(node, "start", 0), attr_int(node, "end", None)
+            return np.array(shape[start:end], np.int64)
+        if any(a is None for a in args):
+            return None
+        if op in _UNARY:
+            return _UNARY[op](args[0])
+        if op in _BINARY:
+            out = _BINARY[op](args[0], args[1])
+            return out.astype(np.result_type(args[0], args[1]), copy=False)
+        if op == "Cast":
+            return args[0].astype(ir.DataType(attr_int(node, "to")).numpy())
+        if op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten") and args[0].size == 1:
+            return args[0].reshape(())
+        if op == "Gather" and args[1].ndim == 0:
+            return np.take(args[0], int(args[1]), axis=attr_int(node, "axis", 0))
+    return None
+
+
+def scalar(value: ir.Value | None) -> float | None:
+    """A constant that holds one number (any rank, size 1), as a Python float."""
+    arr = const_array(value)
+    if arr is None or arr.size != 1:
+        return None
+    return float(arr.reshape(()))
+
+
+def value_shape(value: ir.Value) -> list[int | str | None] | None:
+    """Dims as ints (static), strings (named symbols) or None (unknown); None when the rank is unknown."""
+    if value is None or value.shape is None:
+        return None
+    dims = []
+    for d in value.shape:
+        if isinstance(d, int):
+            dims.append(d)
+        else:
+            dims.append(d.value if getattr(d, "value", None) else None)
+    return dims
+
+
+def rank(value: ir.Value) -> int | None:
+    shape = value_shape(value)
+    return None if shape is None else len(shape)
+
+
+def const_rank(value: ir.Value) -> int | None:
+    arr = const_array(value)
+    return None if arr is None else arr.ndim
+
+
+def other_input(node: ir.Node, value: ir.Value) -> ir.Value:
+    """The operand of a binary node that is not value."""
+    a, b = node.inputs[0], node.inputs[1]
+    return b if a is value else a
+
+
+def consumers_besides(value: ir.Value, allowed: set) -> list[str]:
+    """Names of what else reads value (nodes outside allowed, or the graph's outputs)."""
+    other = [n.name or n.op_type for n in value.consumers() if n not in allowed]
+    if value.is_graph_output():
+        other.append("a graph output")
+    return other

@@ -1,0 +1,335 @@
+"""The attention rules: each one piece of  softmax(scale · q @ kᵀ + bias, masked) @ v.
+
+A block is read starting at its Softmax, outwards: up the score expression
+(casts, masks, biases, scale) to the q @ kᵀ MatMul, and down the probabilities
+(casts, a NaN guard) to the MatMul with v. Each rule names the ops it matches
+(`pattern`), proves what must hold for the fused op to compute the same numbers
+(`check`, which raises NotFused naming the failed precondition) and records
+its part of the replacement in the match (`apply`). The emission of the fused
+node from a complete match is in fuse.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx_ir as ir
+
+from . import ir_utils as u
+from .match import AttentionMatch, NotFused
+
+
+def _float_type(value: ir.Value) -> bool:
+    return value.dtype is None or value.dtype in u.FLOAT_TYPES
+
+
+class Rule:
+    pattern: str = ""  # the math this rule reads, for docs and the report
+    op_types: tuple[str, ...] = ()
+
+    def matches(self, node: ir.Node, value: ir.Value) -> bool:
+        return node.op_type in self.op_types
+
+    def check(self, node: ir.Node, value: ir.Value, m: AttentionMatch) -> None:
+        """Raise NotFused if this node cannot be folded into the match."""
+
+    def apply(self, node: ir.Node, value: ir.Value, m: AttentionMatch) -> ir.Value | None:
+        """Fold the node into the match; return the next value to read (None: done)."""
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- score side
+
+
+class FloatCast(Rule):
+    pattern = "Cast(x, to=float|float16)"
+    op_types = ("Cast",)
+
+    def check(self, node, value, m):
+        if ir.DataType(u.attr_int(node, "to")) not in u.FLOAT_TYPES or not _float_type(node.inputs[0]):
+            raise NotFused(f"Cast {node.name} is not between float32 and float16")
+
+    def apply(self, node, value, m):
+        m.add(node)
+        return node.inputs[0]
+
+
+class BooleanMask(Rule):
+    """where(mask, scores, fill) or where(masked_out, fill, scores), fill a constant."""
+
+    pattern = "Where(mask, scores, fill)"
+    op_types = ("Where",)
+
+    def _split(self, node):
+        cond, a, b = node.inputs
+        fill_b, fill_a = u.scalar(b), u.scalar(a)
+        if fill_b is not None and fill_a is None:
+            return cond, a, fill_b, False
+        if fill_a is not None and fill_b is None:
+            return cond, b, fill_a, True
+        return None
+
+    def check(self, node, value, m):
+        split = self._split(node)
+        if split is None:
+            raise NotFused(f"Where {node.name} does not choose between the scores and one constant fill value")
+        cond, _, fill, _ = split
+        if cond.dtype is not None and cond.dtype != ir.DataType.BOOL:
+            raise NotFused(f"Where {node.name}: its condition is not boolean")
+        if math.isnan(fill) or fill > 0:
+            raise NotFused(f"Where {node.name} fills masked scores with {fill}, not a large negative number")
+        if m.mask_fill is not None and fill != m.mask_fill:
+            raise NotFused(f"two masks fill with different values ({m.mask_fill} and {fill})")
+        if m.seen_bias_above and not math.isinf(fill):
+            # where(mask, s, fill) + b puts fill + b on masked positions: only -inf absorbs b.
+            raise NotFused(f"a bias is added after Where {node.name}, whose fill {fill} is finite")
+        if m.seen_scale_above:
+            raise NotFused(f"the scores are scaled after the mask {node.name} (the fill would be scaled too)")
+
+    def apply(self, node, value, m):
+        cond, scores, fill, inverted = self._split(node)
+        m.masks.append((cond, inverted))
+        m.mask_fill = fill
+        if not math.isinf(fill):
+            m.seen_finite_where_above = True
+        m.add(node)
+        return scores
+
+
+class AdditiveBias(Rule):
+    """scores + bias (padding masks, position bias, ALiBi), bias of any broadcastable shape."""
+
+    pattern = "Add(scores, bias)"
+    op_types = ("Add",)
+
+    def _split(self, node):
+        a, b = node.inputs
+        a_leads, b_leads = _reaches_qk(a), _reaches_qk(b)
+        if a_leads and not b_leads:
+            return a, b
+        if b_leads and not a_leads:
+            return b, a
+        return None
+
+    def check(self, node, value, m):
+        split = self._split(node)
+        if split is None:
+            raise NotFused(f"Add {node.name}: cannot tell which operand is the attention scores")
+        _, bias = split
+        if not _float_type(bias):
+            raise NotFused(f"Add {node.name}: the bias is not a float tensor")
+        if m.seen_scale_above:
+            raise NotFused(f"the scores are scaled after the bias {node.name} was added (the bias would be scaled too)")
+
+    def apply(self, node, value, m):
+        scores, bias = self._split(node)
+        m.biases.append(bias)
+        m.seen_bias_above = True
+        m.add(node)
+        return scores
+
+
+class ScalarScale(Rule):
+    """scores * c or scores / c with c one constant number."""
+
+    pattern = "Mul(scores, c) | Div(scores, c)"
+    op_types = ("Mul", "Div")
+
+    def check(self, node, value, m):
+        _scale_factor(node, value)
+
+    def apply(self, node, value, m):
+        factor, operand = _scale_factor(node, value)
+        m.scale *= factor
+        m.seen_scale_above = True
+        m.add(node)
+        return operand
+
+
+class QKMatMul(Rule):
+    """q @ kᵀ: q possibly scaled, kᵀ a Transpose of k (possibly scaled), or given transposed."""
+
+    pattern = "MatMul(q [* c], Transpose(k [* c]) [* c])"
+    op_types = ("MatMul",)
+
+    def check(self, node, value, m):
+        self._operands(node, m, dry_run=True)
+
+    def apply(self, node, value, m):
+        labels = self._operands(node, m, dry_run=False)
+        m.add(node, f"MatMul({labels[0]},{labels[1]})")
+        return None
+
+    def _operands(self, node, m: AttentionMatch, dry_run: bool):
+        q, kt = node.inputs
+        scale = 1.0
+        q_label, k_label = "q", "k"
+        while (p := u.producer(q, ("Mul", "Div"))) is not None and _try_scale(p, q) is not None:
+            factor, q = _try_scale(p, q)
+            scale *= factor
+            q_label = f"{p.op_type}({q_label})"
+        rank = u.rank(q) or u.rank(node.inputs[0]) or u.rank(kt) or u.rank(node.outputs[0])
+        if rank not in (3, 4):
+            raise NotFused("the rank of Q is unknown or not 3 or 4 (shape inference found no [B, H, S, D] or [B·H, S, D])")
+        swap = list(range(rank - 2)) + [rank - 1, rank - 2]
+        k, perm = kt, None
+        transposed = False
+        while True:
+            p = u.producer(k, ("Mul", "Div", "Transpose"))
+            if p is None:
+                break
+            if p.op_type == "Transpose":
+                if transposed:
+                    break
+                perm_in = u.attr_ints(p, "perm")
+                if perm_in == swap:
+                    k, transposed = p.inputs[0], True
+                    k_label = f"Transpose({k_label})"
+                    continue
+                if rank == 4 and perm_in == [0, 2, 3, 1]:
+                    # k in [B, S, H, D] transposed straight to [B, H, D, S]
+                    k, perm, transposed = p.inputs[0], [0, 2, 1, 3], True
+                    k_label = f"Transpose({k_label},0231)"
+                    continue
+                break
+            found = _try_scale(p, k)
+            if found is None:
+                break
+            factor, k = found
+            scale *= factor
+            k_label = f"{p.op_type}({k_label})"
+        if u.const_array(k) is not None:
+            raise NotFused("Kᵀ is a constant (a weight): this Softmax is not attention")
+        if not transposed:
+            perm = swap  # kᵀ is given as a tensor: transpose it back
+            k_label = "kᵀ"
+        for v in (q, k, m.v):
+            r = u.rank(v)
+            if r is not None and r != rank:
+                raise NotFused(f"Q, K and V do not share one rank (Q has {rank}, {v.name} has {r})")
+        if u.rank(m.v) is None and rank is None:
+            raise NotFused("the rank of V is unknown")
+        for v in (q, k, m.v):
+            if not _float_type(v):
+                raise NotFused(f"{v.name} is not float32 or float16")
+        if not (q.dtype == k.dtype == m.v.dtype):
+            raise NotFused("Q, K and V have different dtypes")
+        if dry_run:
+            return None
+        m.q, m.k, m.k_perm, m.rank = q, k, perm, rank
+        m.scale *= scale
+        return q_label, k_label
+
+
+SCORE_RULES: tuple[Rule, ...] = (FloatCast(), BooleanMask(), AdditiveBias(), ScalarScale(), QKMatMul())
+
+
+def _try_scale(node: ir.Node, operand: ir.Value):
+    """(factor, the other operand) when node multiplies or divides operand by one constant number."""
+    a, b = node.inputs
+    if node.op_type == "Mul":
+        for x, c in ((a, b), (b, a)):
+            f = u.scalar(c)
+            if f is not None and x is not operand and (u.const_rank(c) or 0) <= (u.rank(x) or 0):
+                return f, x
+        return None
+    f = u.scalar(b)
+    if f is not None and f != 0 and (u.const_rank(b) or 0) <= (u.rank(a) or 0):
+        return 1.0 / f, a
+    return None
+
+
+def _scale_factor(node: ir.Node, value: ir.Value):
+    found = _try_scale(node, value)
+    if found is None:
+        if node.op_type == "Div" and u.scalar(node.inputs[1]) is not None:
+            raise NotFused(f"{node.name} divides the scores by zero or raises their rank")
+        raise NotFused(f"{node.op_type} {node.name} multiplies the scores by a tensor, not by one constant number")
+    if not math.isfinite(found[0]) or found[0] == 0:
+        raise NotFused(f"{node.name} scales the scores by {found[0]}")
+    return found
+
+
+def _reaches_qk(value: ir.Value, depth: int = 16) -> bool:
+    """Whether value is (a cast, mask, bias or scale of) a MatMul: tells scores from bias in an Add."""
+    for _ in range(depth):
+        node = u.producer(value)
+        if node is None:
+            return False
+        if node.op_type == "MatMul":
+            return u.const_array(node.inputs[0]) is None and u.const_array(node.inputs[1]) is None
+        if node.op_type in ("Cast", "Mul", "Div"):
+            value = node.inputs[0] if u.const_array(node.inputs[0]) is None else node.inputs[1]
+        elif node.op_type == "Where":
+            value = node.inputs[1] if u.scalar(node.inputs[1]) is None else node.inputs[2]
+        elif node.op_type == "Add":
+            return _reaches_qk(node.inputs[0], depth - 1) or _reaches_qk(node.inputs[1], depth - 1)
+        else:
+            return False
+    return False
+
+
+# ------------------------------------------------------------ probability side
+
+
+class ProbsCast(FloatCast):
+    def apply(self, node, value, m):
+        m.add(node)
+        return node.outputs[0]
+
+
+class NanGuard(Rule):
+    """where(isnan(p), 0, p): fully masked rows give zeros instead of NaN."""
+
+    pattern = "Where(IsNaN(p), 0, p)"
+    op_types = ("IsNaN",)
+
+    def _where(self, node, value):
+        for where in node.outputs[0].consumers():
+            if (
+                where.op_type == "Where"
+                and where.inputs[0] is node.outputs[0]
+                and where.inputs[2] is value
+                and u.scalar(where.inputs[1]) == 0.0
+            ):
+                return where
+        return None
+
+    def check(self, node, value, m):
+        if self._where(node, value) is None:
+            raise NotFused(f"IsNaN {node.name} is not a Where(IsNaN(p), 0, p) guard")
+
+    def apply(self, node, value, m):
+        where = self._where(node, value)
+        m.nan_guard = True
+        m.add(node)
+        m.add(where, "Where(isnan)")
+        return where.outputs[0]
+
+
+class ProbsMatMulV(Rule):
+    pattern = "MatMul(p, v)"
+    op_types = ("MatMul",)
+
+    def matches(self, node, value):
+        return node.op_type == "MatMul" and node.inputs[0] is value
+
+    def apply(self, node, value, m):
+        m.v = node.inputs[1]
+        m.output = node.outputs[0]
+        m.add(node)
+        return None
+
+
+PROBS_RULES: tuple[Rule, ...] = (ProbsCast(), NanGuard(), ProbsMatMulV())
+
+
+def softmax_axis_is_last(node: ir.Node, opset: int) -> None:
+    x = node.inputs[0]
+    r = u.rank(x)
+    axis = u.attr_int(node, "axis", -1 if opset >= 13 else 1)
+    if axis == -1 or (r is not None and axis == r - 1):
+        return
+    if r is None:
+        raise NotFused(f"Softmax axis is {axis} and the rank of its input is unknown")
+    raise NotFused(f"Softmax is over axis {axis}, not the last axis (keys) of a rank-{r} tensor")

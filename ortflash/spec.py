@@ -1,0 +1,115 @@
+"""The FlashAttention op: its inputs, attributes and their defaults, defined once.
+
+Everything that builds, reads or runs a FlashAttention node (the rewrite rules,
+the kernels, the lowering passes, the shaders, the CLI) takes names and defaults
+from here.
+
+Semantics, per batch b and query head h (kv head = h // (Hq // Hkv)):
+
+    s = scale * Q[b, h] @ K[b, kv]^T                 # [Sq, Sk]
+    s = softcap * tanh(s / softcap)                  # only when softcap > 0
+    s = s + bias                                     # bias broadcast to [B, Hq, Sq, Sk]
+    s = where(mask, s, mask_fill)                    # mask false = masked out
+    s = where(j <= i, s, mask_fill)                  # only when is_causal (top-left aligned)
+    p = softmax(s, axis=-1)                          # naive or online, same numbers
+    p = where(isnan(p), 0, p)                        # only when masked_rows == "zero"
+    O[b, h] = p @ V[b, kv]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# onnxruntime-extensions registers Python custom ops in this domain only.
+DOMAIN = "ai.onnx.contrib"
+DOMAIN_VERSION = 1
+OP_TYPE = "FlashAttention"
+
+# Positional inputs. bias and mask are optional in the contract; the ONNX Runtime
+# bridge (onnxruntime-extensions' Python ops) cannot take missing inputs, so an
+# absent one is written as a neutral scalar initializer with one of these names.
+INPUTS = ("Q", "K", "V", "bias", "mask")
+NO_BIAS = "ortflash_no_bias"  # float32 scalar 0.0
+NO_MASK = "ortflash_no_mask"  # bool scalar True
+OUTPUTS = ("O",)
+
+SOFTMAX_MODES = ("naive", "online", "auto")
+MASKED_ROWS = ("nan", "zero")
+
+
+@dataclass(frozen=True)
+class Attribute:
+    name: str
+    kind: type  # float, int or str
+    default: object
+    doc: str
+
+
+ATTRIBUTES: dict[str, Attribute] = {
+    a.name: a
+    for a in (
+        Attribute("scale", float, 1.0, "exact factor applied to Q @ K^T, however the graph split it"),
+        Attribute("is_causal", int, 0, "1: query i sees keys j <= i (top-left aligned)"),
+        Attribute("softmax", str, "auto", "naive | online | auto (see ortflash.policy)"),
+        Attribute("block_size", int, 64, "keys per tile in the online softmax"),
+        Attribute("min_seq_len", int, 1024, "auto picks online from this key length up"),
+        Attribute("mask_fill", float, -math.inf, "score given to masked-out positions"),
+        Attribute("masked_rows", str, "nan", "nan | zero: what a fully masked row yields"),
+        Attribute("softcap", float, 0.0, "tanh soft cap on the scaled scores; 0 = none"),
+    )
+}
+
+
+class SpecError(ValueError):
+    """An attribute value outside the op's contract."""
+
+
+def validate(attrs: dict) -> dict:
+    """Return attrs completed with defaults, or raise SpecError naming the bad value."""
+    unknown = set(attrs) - set(ATTRIBUTES)
+    if unknown:
+        raise SpecError(f"unknown FlashAttention attribute(s): {', '.join(sorted(unknown))}")
+    out = {name: a.default for name, a in ATTRIBUTES.items()}
+    out.update(attrs)
+    for name, a in ATTRIBUTES.items():
+        value = out[name]
+        if a.kind is float:
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise SpecError(f"{name} must be a number, got {value!r}") from None
+        elif a.kind is int:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise SpecError(f"{name} must be an integer, got {value!r}")
+            value = int(value)
+        elif a.kind is str and isinstance(value, bytes):
+            value = value.decode()
+        out[name] = value
+    if not math.isfinite(out["scale"]) or out["scale"] == 0.0:
+        raise SpecError(f"scale must be finite and non-zero, got {out['scale']}")
+    if out["is_causal"] not in (0, 1):
+        raise SpecError(f"is_causal must be 0 or 1, got {out['is_causal']}")
+    if out["softmax"] not in SOFTMAX_MODES:
+        raise SpecError(f"softmax must be one of {', '.join(SOFTMAX_MODES)}, got {out['softmax']!r}")
+    if out["block_size"] < 1:
+        raise SpecError(f"block_size must be a positive integer, got {out['block_size']}")
+    if out["min_seq_len"] < 0:
+        raise SpecError(f"min_seq_len must be >= 0, got {out['min_seq_len']}")
+    if out["masked_rows"] not in MASKED_ROWS:
+        raise SpecError(f"masked_rows must be one of {', '.join(MASKED_ROWS)}, got {out['masked_rows']!r}")
+    if out["softcap"] < 0 or not math.isfinite(out["softcap"]):
+        raise SpecError(f"softcap must be >= 0 and finite, got {out['softcap']}")
+    if math.isnan(out["mask_fill"]) or out["mask_fill"] > 0:
+        raise SpecError(f"mask_fill must be -inf or a negative number, got {out['mask_fill']}")
+    return out
+
+
+def node_attributes(node) -> dict:
+    """Read a FlashAttention onnx.NodeProto's attributes, defaults filled in."""
+    import onnx
+
+    raw = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    return validate(raw)
