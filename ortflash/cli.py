@@ -9,7 +9,6 @@ import sys
 import numpy as np
 
 from . import spec
-from .ops import ort_op
 from .optimize import OrtflashError, load, optimize, save
 from .policy import SoftmaxPolicy
 
@@ -155,6 +154,8 @@ def main(argv=None) -> int:
                 with open(args.json, "w") as f:
                     json.dump(report.to_dict(), f, indent=2)
             if args.verify:
+                from .ops import ort_op
+
                 ort_op.configure(policy=None)
                 return _verify(original, model, args, console)
             return EXIT_OK
@@ -164,6 +165,8 @@ def main(argv=None) -> int:
             report.print(console)
             return EXIT_OK
         if args.command == "verify":
+            from .ops import ort_op
+
             original, optimized = load(args.original), load(args.optimized)
             ort_op.configure(policy=_policy(args))
             return _verify(original, optimized, args, console)

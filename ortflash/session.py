@@ -5,7 +5,6 @@ from __future__ import annotations
 import onnx
 import onnxruntime as ort
 
-from .ops import ort_op
 from .optimize import load
 from .policy import SoftmaxPolicy
 
@@ -26,6 +25,8 @@ def session_options(*, softmax=None, online_softmax=None, block_size=None, min_s
     With no policy arguments, each node runs the softmax written on it. Policy
     arguments (or backend='wgpu') apply to every FlashAttention run in this process.
     """
+    from .ops import ort_op  # registers the op; onnxruntime-extensions is slow to import
+
     ort_op.configure(backend, _policy(softmax, block_size, min_seq_len, online_softmax))
     so = base or ort.SessionOptions()
     so.register_custom_ops_library(ort_op.library_path())
@@ -49,6 +50,8 @@ class InferenceSession:
         )
 
     def run(self, output_names, input_feed, run_options=None):
+        from .ops import ort_op
+
         # Kernel choice is process-wide in the bridge: set ours for this call.
         ort_op.configure(self._backend, self._policy)
         return self._session.run(output_names, input_feed, run_options)

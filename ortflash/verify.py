@@ -8,7 +8,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .ops import ort_op
 
 _BATCH_NAMES = ("batch", "batch_size", "b", "n", "s0")
 
@@ -106,6 +105,8 @@ def default_tolerance(model: onnx.ModelProto) -> tuple[float, float]:
 
 
 def run_model(model: onnx.ModelProto, feeds: dict) -> dict:
+    from .ops import ort_op
+
     so = ort.SessionOptions()
     so.register_custom_ops_library(ort_op.library_path())
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

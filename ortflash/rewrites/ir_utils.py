@@ -17,6 +17,7 @@ _UNARY = {
     "Abs": np.abs,
 }
 _BINARY = {"Div": np.divide, "Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Pow": np.power}
+_EVALUATED = set(_UNARY) | set(_BINARY) | {"Shape", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Gather"}
 
 
 def producer(value: ir.Value | None, op_type: str | tuple[str, ...] | None = None) -> ir.Node | None:
@@ -52,19 +53,21 @@ def const_array(value: ir.Value | None, depth: int = 10) -> np.ndarray | None:
     if tensor is not None:
         return tensor.numpy()
     node = producer(value)
-    if node is None or depth == 0:
+    if node is None or depth == 0 or node.op_type not in _EVALUATED:
         return None
-    args = [const_array(v, depth - 1) for v in node.inputs]
     op = node.op_type
-    with np.errstate(all="ignore"):
-        if op == "Shape":
-            shape = value_shape(node.inputs[0])
-            if shape is None or any(d is None for d in shape):
-                return None
-            start, end = attr_int(node, "start", 0), attr_int(node, "end", None)
-            return np.array(shape[start:end], np.int64)
-        if any(a is None for a in args):
+    if op == "Shape":
+        shape = value_shape(node.inputs[0])
+        if shape is None or not all(isinstance(d, int) for d in shape):
             return None
+        start, end = attr_int(node, "start", 0), attr_int(node, "end", None)
+        return np.array(shape[start:end], np.int64)
+    args = []
+    for v in node.inputs:
+        args.append(const_array(v, depth - 1))
+        if args[-1] is None:
+            return None
+    with np.errstate(all="ignore"):
         if op in _UNARY:
             return _UNARY[op](args[0])
         if op in _BINARY:

@@ -16,7 +16,8 @@
 // All per-invocation arrays are indexed only by constant-trip-count loop
 // counters, which compilers unroll into registers.
 //
-// Specialisation constants: runner.py substitutes the ${...} fields.
+// Specialisation constants: runner.py substitutes each dollar-brace field
+// below (string.Template syntax) before compiling.
 
 const D4: u32 = ${D4}u;      // head dim of Q/K, in vec4s
 const DV4: u32 = ${DV4}u;    // head dim of V/O, in vec4s
@@ -131,7 +132,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
 
         // Scores: s[kk * RV + r] = q.k of row block r with key kk*C + c.
+        // Zeroed explicitly: a `var` declared in a loop body is not reliably
+        // re-initialised on every iteration once compiled.
         var s: array<vec4<f32>, KPT * RV>;
+        for (var i = 0u; i < KPT * RV; i++) {
+            s[i] = vec4<f32>(0.0);
+        }
         for (var dq = 0u; dq < D4; dq++) {
             var qx: array<vec4<f32>, RV>;
             var qy: array<vec4<f32>, RV>;

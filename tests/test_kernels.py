@@ -1,0 +1,116 @@
+"""numpy kernels (naive and online) against a float64 reference written from the formula."""
+
+import numpy as np
+import pytest
+
+from ortflash import SoftmaxPolicy
+from ortflash.ops.reference import flash_attention
+
+
+def float64_attention(q, k, v, bias, mask, scale, is_causal, fill=-np.inf, zero_rows=False):
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    s = scale * q @ np.swapaxes(k, -1, -2)
+    if bias is not None:
+        s = s + bias.astype(np.float64)
+    if mask is not None:
+        s = np.where(mask, s, fill)
+    if is_causal:
+        sq, sk = s.shape[-2:]
+        s = np.where(np.tril(np.ones((sq, sk), bool)), s, fill)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(s - s.max(-1, keepdims=True))
+        p = e / e.sum(-1, keepdims=True)
+    if zero_rows:
+        p = np.where(np.isnan(p), 0, p)
+    return p @ v
+
+
+CASES = [
+    # (B, Hq, Hkv, Sq, Sk, D, Dv, block)
+    (1, 2, 2, 1, 1, 32, 32, 16),
+    (2, 4, 2, 17, 100, 32, 32, 16),
+    (1, 4, 1, 64, 64, 64, 64, 64),
+    (2, 2, 2, 33, 257, 80, 48, 64),
+    (1, 8, 2, 5, 130, 128, 128, 32),
+]
+
+
+@pytest.mark.parametrize("mode", ["naive", "online"])
+@pytest.mark.parametrize("b,hq,hkv,sq,sk,d,dv,block", CASES)
+def test_kernel_matches_float64(mode, b, hq, hkv, sq, sk, d, dv, block):
+    rng = np.random.default_rng(sk * 7 + d)
+    q = rng.standard_normal((b, hq, sq, d), np.float32)
+    k = rng.standard_normal((b, hkv, sk, d), np.float32)
+    v = rng.standard_normal((b, hkv, sk, dv), np.float32)
+    bias = rng.standard_normal((b, 1, sq, sk)).astype(np.float32)
+    mask = rng.random((1, hq, 1, sk)) > 0.1
+    scale = 1 / np.sqrt(d)
+    want = float64_attention(q, k, v, bias, mask, scale, False)
+    got = flash_attention(q, k, v, bias, mask, scale=scale, policy=SoftmaxPolicy(mode, block_size=block))
+    assert got.shape == (b, hq, sq, dv) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("mode", ["naive", "online"])
+def test_float16_inputs_accumulate_in_float32(mode):
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 2, 40, 64)).astype(np.float16)
+    k = rng.standard_normal((1, 2, 300, 64)).astype(np.float16)
+    v = rng.standard_normal((1, 2, 300, 64)).astype(np.float16)
+    want = float64_attention(q, k, v, None, None, 0.125, False)
+    got = flash_attention(q, k, v, scale=0.125, policy=SoftmaxPolicy(mode, block_size=64))
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("mode", ["naive", "online"])
+@pytest.mark.parametrize("zero_rows", [False, True])
+def test_fully_masked_rows_match_the_subgraph(mode, zero_rows):
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 2, 9, 32), np.float32)
+    k = rng.standard_normal((2, 2, 50, 32), np.float32)
+    v = rng.standard_normal((2, 2, 50, 32), np.float32)
+    mask = rng.random((2, 1, 9, 50)) > 0.3
+    mask[1, 0, 4] = False  # one row with every key masked out
+    want = float64_attention(q, k, v, None, mask, 0.2, False, zero_rows=zero_rows)
+    got = flash_attention(q, k, v, None, mask, scale=0.2, masked_rows="zero" if zero_rows else "nan",
+                          policy=SoftmaxPolicy(mode, block_size=16))
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[1, :, 4]).all() != zero_rows
+    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("mode", ["naive", "online"])
+def test_causal_and_finite_fill(mode):
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 2, 70, 32), np.float32)
+    k = rng.standard_normal((1, 2, 70, 32), np.float32)
+    v = rng.standard_normal((1, 2, 70, 32), np.float32)
+    mask = np.ones((1, 1, 70, 70), bool)
+    mask[..., 3, :] = False  # fully masked with a finite fill: uniform weights, not NaN
+    fill = float(np.finfo(np.float32).min)
+    want = float64_attention(q, k, v, None, mask, 0.3, True, fill=fill)
+    got = flash_attention(q, k, v, None, mask, scale=0.3, is_causal=1, mask_fill=fill,
+                          policy=SoftmaxPolicy(mode, block_size=16))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+
+
+def test_online_never_allocates_a_whole_head_score_matrix(monkeypatch):
+    import ortflash.ops.reference as ref
+
+    shapes = []
+    real = ref._scores
+
+    def spy(qg, kt, *args):
+        out = real(qg, kt, *args)
+        shapes.append(out.shape[-1])
+        return out
+
+    monkeypatch.setattr(ref, "_scores", spy)
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((1, 1, 8, 32), np.float32)
+    k = rng.standard_normal((1, 1, 1000, 32), np.float32)
+    flash_attention(q, k, k, scale=0.1, policy=SoftmaxPolicy("online", block_size=128))
+    assert max(shapes) == 128 and len(shapes) == 8

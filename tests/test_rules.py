@@ -1,0 +1,162 @@
+"""Every rule on hand-built graphs: fused ones compute what the original computed in
+ONNX Runtime; near misses stay as they were, with the reason."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from attention_graphs import F16, Variant, build, feeds
+
+import ortflash
+from ortflash import spec
+
+SHAPES = [{"B": 2, "S": 37, "T": 53, "BH": 4}, {"B": 1, "S": 1, "T": 130, "BH": 2}]
+
+FUSING = {
+    "div_scores": Variant(),
+    "mul_scores": Variant(scale_site="mul_scores", scale=0.3),
+    "split_qk": Variant(scale_site="split_qk", scale=0.125),
+    "q_only": Variant(scale_site="q_only", scale=0.25),
+    "no_scale": Variant(scale_site="none", scale=1.0),
+    "pretransposed_k": Variant(k_form="pretransposed"),
+    "bshd_k": Variant(k_form="bshd"),
+    "padding_bias": Variant(bias_shapes=(("B", 1, 1, "T"),)),
+    "two_biases": Variant(bias_shapes=(("B", 1, 1, "T"), (1, 2, "S", "T"))),
+    "full_bias": Variant(bias_shapes=(("B", 2, "S", "T"),)),
+    "where_keep": Variant(where_mask="keep", mask_shape=("B", 1, "S", "T")),
+    "where_drop_guard": Variant(where_mask="drop", nan_guard=True),
+    "where_lowest": Variant(where_mask="keep", fill=float(np.finfo(np.float32).min)),
+    "bias_then_where": Variant(bias_shapes=(("B", 1, 1, "T"),), where_mask="keep", nan_guard=True),
+    "rank3": Variant(rank=3, bias_shapes=(("BH", "S", "T"),)),
+    "rank3_pretransposed": Variant(rank=3, k_form="pretransposed", scale_site="mul_scores"),
+    "float16_softmax_in_float32": Variant(dtype=F16, softmax_cast=True, bias_shapes=(("B", 1, 1, "T"),)),
+    "opset12_axis_last": Variant(opset=12, softmax_axis=3),
+}
+
+
+def _run(model, f, **policy):
+    if any(n.domain == spec.DOMAIN for n in model.graph.node):
+        return ortflash.InferenceSession(model, **policy).run(None, f)[0]
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, f)[0]
+
+
+def _op_types(model):
+    return [n.op_type for n in model.graph.node]
+
+
+@pytest.mark.parametrize("name", sorted(FUSING))
+def test_rule_fuses_and_matches_ort(name):
+    variant = FUSING[name]
+    model = build(variant)
+    fused, report = ortflash.optimize(model, softmax="naive")
+    assert report.fused == 1, report.blocks[0].reason
+    assert _op_types(fused).count("FlashAttention") == 1
+    assert "Softmax" not in _op_types(fused) and "MatMul" not in _op_types(fused)
+    assert report.blocks[0].scale == pytest.approx(variant.scale, rel=1e-6)
+    tol = 2e-3 if variant.dtype == F16 else 2e-5
+    for i, dims in enumerate(SHAPES):
+        f = feeds(model, dims, np.random.default_rng(i))
+        want = _run(model, f).astype(np.float64)
+        for mode in ("naive", "online"):
+            got = _run(fused, f, softmax=mode, block_size=16).astype(np.float64)
+            assert np.array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=tol * 10, atol=tol)
+
+
+def _near_miss(model_fn, reason_part):
+    model = model_fn()
+    fused, report = ortflash.optimize(model)
+    assert report.fused == 0
+    assert reason_part in report.blocks[0].reason
+    assert _op_types(fused) == _op_types(model)
+    return report
+
+
+def test_softmax_on_another_axis_is_not_fused():
+    _near_miss(lambda: build(Variant(softmax_axis=2)), "not the last axis")
+
+
+def test_opset12_default_axis_is_not_fused():
+    def model():
+        m = build(Variant(opset=12))
+        for n in m.graph.node:
+            if n.op_type == "Softmax":
+                del n.attribute[:]  # opset < 13 default axis=1 flattens, not a row softmax
+        return m
+
+    _near_miss(model, "axis 1")
+
+
+def test_per_element_multiplier_on_scores_is_not_fused():
+    def model():
+        m = build(Variant(scale_site="mul_scores"))
+        c = next(i for i in m.graph.initializer if i.name == "c")
+        c.CopyFrom(onnx.numpy_helper.from_array(np.full((1, 2, 1, 1), 0.3, np.float32), "c"))
+        return m
+
+    _near_miss(model, "not by one constant number")
+
+
+def test_runtime_multiplier_on_scores_is_not_fused():
+    def model():
+        m = build(Variant(scale_site="mul_scores"))
+        m.graph.initializer.remove(next(i for i in m.graph.initializer if i.name == "c"))
+        m.graph.input.append(onnx.helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, []))
+        return m
+
+    _near_miss(model, "not by one constant number")
+
+
+def test_softmax_over_a_weight_matmul_is_not_attention():
+    def model():
+        m = build(Variant(k_form="pretransposed"))
+        k = next(i for i in m.graph.input if i.name == "k")
+        m.graph.input.remove(k)
+        m.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((1, 2, 32, 5), np.float32), "k"))
+        return m
+
+    _near_miss(model, "constant")
+
+
+def test_probabilities_read_elsewhere_keep_the_block():
+    def model():
+        m = build(Variant())
+        m.graph.output.append(onnx.helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, None))
+        return m
+
+    _near_miss(model, "graph output")
+
+
+def test_scale_after_bias_is_not_fused():
+    def model():
+        m = build(Variant(scale_site="none", bias_shapes=(("B", 1, 1, "T"),)))
+        g = m.graph
+        g.initializer.append(onnx.numpy_helper.from_array(np.array(0.5, np.float32), "late"))
+        sm = next(n for n in g.node if n.op_type == "Softmax")
+        sm.input[0] = "late_out"
+        idx = list(g.node).index(sm)
+        g.node.insert(idx, onnx.helper.make_node("Mul", ["sb0", "late"], ["late_out"]))
+        return m
+
+    _near_miss(model, "scaled after the bias")
+
+
+def test_scores_also_graph_output_are_kept_and_block_fused():
+    model = build(Variant(bias_shapes=(("B", 1, 1, "T"),)))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("s1", onnx.TensorProto.FLOAT, None))
+    fused, report = ortflash.optimize(model)
+    assert report.fused == 1 and "kept" in report.blocks[0].reason
+    f = feeds(model, SHAPES[0], np.random.default_rng(0))
+    sess = ortflash.InferenceSession(fused)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for got, want in zip(sess.run(None, f), ref.run(None, f)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_model_without_attention_is_unchanged():
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])
+    model = onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]))
+    fused, report = ortflash.optimize(model)
+    assert report.blocks == [] and "no Softmax" in report.summary()
+    assert _op_types(fused) == ["Relu"]

@@ -1,0 +1,318 @@
+"""The WGSL kernels (naive.wgsl, flash.wgsl) against the numpy reference.
+
+Runs on whatever adapter wgpu finds: a GPU, or Mesa's software Vulkan driver
+(lavapipe, Debian package mesa-vulkan-drivers) as in CI. The tests skip only
+when wgpu finds no adapter at all. Sizes are small (lavapipe on two cores) but
+cover the edges: lengths that are not multiples of the tile (1, 63, 65, 300),
+several head dims, Dv != D, grouped KV heads, broadcast bias and masks, fully
+masked rows, causal masks and float16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ortflash.ops import reference
+from ortflash.ops import wgpu_kernel as wk
+from ortflash.policy import SoftmaxPolicy
+
+pytestmark = pytest.mark.skipif(not wk.available(), reason=wk.unavailable_reason() or "no wgpu adapter")
+
+KERNELS = ("naive", "online")
+F32_ATOL = 1e-4  # unit-normal inputs: the kernels land near 1e-6
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return wk.runner()
+
+
+def make(rng, b, hq, hkv, sq, sk, d, dv=None, dtype=np.float32):
+    dv = dv or d
+    q = rng.standard_normal((b, hq, sq, d)).astype(dtype)
+    k = rng.standard_normal((b, hkv, sk, d)).astype(dtype)
+    v = rng.standard_normal((b, hkv, sk, dv)).astype(dtype)
+    return q, k, v
+
+
+def check(got, want, atol=F32_ATOL, rtol=0.0):
+    """Same shape and dtype, NaN exactly where the reference has NaN, close elsewhere."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    nan_got, nan_want = np.isnan(got), np.isnan(want)
+    assert np.array_equal(nan_got, nan_want), f"NaN at {np.argwhere(nan_got != nan_want)[:5]}"
+    g = got[~nan_want].astype(np.float64)
+    w = want[~nan_want].astype(np.float64)
+    if g.size:
+        err = np.abs(g - w) - rtol * np.abs(w)
+        assert err.max() <= atol, f"max error {np.abs(g - w).max():.3g} > {atol} (+{rtol} rel)"
+
+
+def run_both(q, k, v, bias=None, mask=None, kernel="online", atol=F32_ATOL, rtol=0.0, **attrs):
+    attrs.setdefault("scale", q.shape[-1] ** -0.5)
+    want = reference.flash_attention(q, k, v, bias, mask, **attrs)
+    got = wk.flash_attention(q, k, v, bias, mask, policy=SoftmaxPolicy(kernel), **attrs)
+    check(got, want, atol, rtol)
+    return got, want
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize(
+    "sq,sk",
+    [(1, 1), (1, 300), (63, 63), (64, 64), (65, 65), (256, 256), (300, 300), (63, 300), (300, 65), (65, 1)],
+)
+def test_sequence_lengths(kernel, sq, sk):
+    rng = np.random.default_rng(sq * 1000 + sk)
+    run_both(*make(rng, 1, 2, 2, sq, sk, 64), kernel=kernel)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("d", [32, 64, 80, 128, 256])
+def test_head_dims(kernel, d):
+    rng = np.random.default_rng(d)
+    run_both(*make(rng, 1, 2, 2, 65, 70, d), kernel=kernel)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("d,dv", [(64, 32), (32, 128), (80, 48), (128, 64), (36, 20)])
+def test_value_dim_differs(kernel, d, dv):
+    rng = np.random.default_rng(d * 7 + dv)
+    got, _ = run_both(*make(rng, 2, 2, 2, 33, 67, d, dv), kernel=kernel)
+    assert got.shape == (2, 2, 33, dv)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("hkv", [2, 1])
+def test_grouped_kv_heads(kernel, hkv):
+    rng = np.random.default_rng(hkv)
+    q, k, v = make(rng, 2, 4, hkv, 40, 90, 64)
+    bias = rng.standard_normal((2, 4, 40, 90)).astype(np.float32)
+    run_both(q, k, v, bias, kernel=kernel)
+    run_both(q, k, v, kernel=kernel, is_causal=1)
+
+
+# --------------------------------------------------------------------------- bias and mask
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("shape", ["B11S", "BHSS", "1HSS", "SS", "S"])
+def test_bias_broadcast(kernel, shape):
+    b, h, sq, sk = 2, 2, 37, 75
+    dims = {"B11S": (b, 1, 1, sk), "BHSS": (b, h, sq, sk), "1HSS": (1, h, sq, sk), "SS": (sq, sk), "S": (sk,)}[shape]
+    rng = np.random.default_rng(len(shape))
+    q, k, v = make(rng, b, h, h, sq, sk, 64)
+    bias = (2 * rng.standard_normal(dims)).astype(np.float32)
+    run_both(q, k, v, bias, kernel=kernel)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_padding_bias_with_inf(kernel):
+    """A -inf padding bias: fully padded batch rows give NaN, like the reference."""
+    rng = np.random.default_rng(5)
+    q, k, v = make(rng, 2, 2, 2, 20, 70, 32)
+    bias = np.zeros((2, 1, 1, 70), np.float32)
+    bias[0, ..., 50:] = -np.inf
+    bias[1] = -np.inf  # every key of batch 1 padded
+    got, _ = run_both(q, k, v, bias, kernel=kernel)
+    assert np.isnan(got[1]).all() and not np.isnan(got[0]).any()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("masked_rows", ["nan", "zero"])
+@pytest.mark.parametrize("shape", ["BHSS", "11SS", "B11S"])
+def test_bool_mask_fully_masked_rows(kernel, masked_rows, shape):
+    b, h, sq, sk = 2, 2, 45, 130
+    dims = {"BHSS": (b, h, sq, sk), "11SS": (1, 1, sq, sk), "B11S": (b, 1, 1, sk)}[shape]
+    rng = np.random.default_rng(11)
+    q, k, v = make(rng, b, h, h, sq, sk, 64)
+    mask = rng.random(dims) > 0.4
+    if shape == "B11S":
+        mask[1] = False  # batch 1: every row fully masked
+    else:
+        mask[..., [0, 17, 44], :] = False  # rows 0, 17, 44 fully masked
+    got, want = run_both(q, k, v, mask=mask, kernel=kernel, masked_rows=masked_rows)
+    empty = got[1] if shape == "B11S" else got[:, :, [0, 17, 44]]
+    if masked_rows == "nan":
+        assert np.isnan(empty).all()
+    else:
+        assert (empty == 0).all() and not np.isnan(got).any()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_mask_with_finite_fill_and_bias(kernel):
+    """mask_fill finite: a fully masked row is a uniform average, not NaN."""
+    rng = np.random.default_rng(12)
+    q, k, v = make(rng, 1, 2, 2, 30, 100, 64)
+    mask = rng.random((1, 2, 30, 100)) > 0.5
+    mask[..., 3, :] = False
+    bias = rng.standard_normal((1, 1, 30, 100)).astype(np.float32)
+    got, _ = run_both(q, k, v, bias, mask, kernel=kernel, mask_fill=-1e4)
+    assert not np.isnan(got).any()
+
+
+# --------------------------------------------------------------------------- causal, softcap
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("sq,sk", [(100, 100), (256, 256), (37, 150), (150, 37), (1, 65), (65, 300)])
+def test_causal(kernel, sq, sk):
+    rng = np.random.default_rng(sq + sk)
+    run_both(*make(rng, 1, 2, 2, sq, sk, 64), kernel=kernel, is_causal=1)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_causal_with_finite_fill_and_mask(kernel):
+    """No tile skipping when masked keys still weigh something (finite mask_fill)."""
+    rng = np.random.default_rng(21)
+    q, k, v = make(rng, 1, 2, 2, 70, 140, 64)
+    mask = rng.random((1, 1, 70, 140)) > 0.2
+    run_both(q, k, v, mask=mask, kernel=kernel, is_causal=1, mask_fill=-2.0)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_softcap(kernel):
+    rng = np.random.default_rng(31)
+    q, k, v = make(rng, 1, 2, 2, 50, 130, 64)
+    run_both(3 * q, k, v, kernel=kernel, softcap=5.0, scale=0.5)  # scores far past the cap
+    bias = rng.standard_normal((1, 2, 50, 130)).astype(np.float32)
+    run_both(q, k, v, bias, kernel=kernel, softcap=1.5, is_causal=1)
+
+
+# --------------------------------------------------------------------------- float16
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("d,sq,sk", [(64, 65, 300), (128, 64, 64), (80, 1, 63)])
+def test_float16(kernel, d, sq, sk):
+    rng = np.random.default_rng(d + sq)
+    q, k, v = make(rng, 1, 4, 2, sq, sk, d, dtype=np.float16)
+    mask = rng.random((1, 1, sq, sk)) > 0.3
+    got, _ = run_both(q, k, v, mask=mask, kernel=kernel, atol=2e-3, rtol=2e-3)
+    assert got.dtype == np.float16
+
+
+def test_float16_converted_on_host():
+    """An adapter without shader-f16: float16 travels as float32, O comes back float16."""
+    from ortflash.shaders.runner import Runner
+
+    host = Runner(use_f16=False, use_timestamps=False)
+    assert not host.has_f16
+    rng = np.random.default_rng(41)
+    q, k, v = make(rng, 1, 2, 2, 65, 130, 64, dtype=np.float16)
+    attrs = {**reference.spec.validate({"scale": 0.125, "is_causal": 1})}
+    want = reference.flash_attention(q, k, v, scale=0.125, is_causal=1)
+    for kernel in ("flash", "naive"):
+        got = host.attention(q, k, v, attrs=attrs, kernel=kernel)
+        assert host.last_plan["io"] == "f32"
+        check(got, want, 2e-3, 2e-3)
+
+
+# --------------------------------------------------------------------------- tiles and chunks
+
+
+# All fit lavapipe's 32 KiB of workgroup storage at D=64.
+TILES = [
+    dict(br=32, bc=32, c=8, rv=2, vpt=2),
+    dict(br=64, bc=16, c=4, rv=2, vpt=4),
+    dict(br=16, bc=64, c=8, rv=1, vpt=2),
+    dict(br=16, bc=16, c=4, rv=1, vpt=4),
+    dict(br=32, bc=32, c=16, rv=2, vpt=1),
+    dict(br=8, bc=8, c=2, rv=2, vpt=8),
+]
+
+
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: "br{br}-bc{bc}-c{c}-rv{rv}-vpt{vpt}".format(**t))
+@pytest.mark.parametrize("sq,sk", [(64, 64), (256, 256), (300, 301)])
+def test_flash_tiles(runner, tile, sq, sk):
+    """Register-tiling variants (private arrays indexed in unrolled loops), at and past the tile edges."""
+    from ortflash import spec
+    from ortflash.shaders.runner import FlashTile
+
+    t = FlashTile(**tile)
+    if t.smem_bytes(16) > runner.limits["max-compute-workgroup-storage-size"]:
+        pytest.skip(f"{t} needs more workgroup storage than this adapter has")
+    rng = np.random.default_rng(sq + t.br + t.bc)
+    q, k, v = make(rng, 1, 2, 1, sq, sk, 64)
+    mask = rng.random((1, 2, sq, sk)) > 0.2
+    attrs = spec.validate({"scale": 0.125, "is_causal": 1})
+    got = runner.attention(q, k, v, mask=mask, attrs=attrs, kernel="flash", tile=t)
+    assert runner.last_plan["tile"] == t
+    check(got, reference.flash_attention(q, k, v, mask=mask, scale=0.125, is_causal=1))
+
+
+def test_naive_score_chunks(runner):
+    """The naive kernel splits heads and rows when the score buffer would exceed its cap."""
+    from ortflash import spec
+
+    rng = np.random.default_rng(51)
+    q, k, v = make(rng, 2, 2, 1, 70, 90, 32)
+    bias = rng.standard_normal((2, 2, 70, 90)).astype(np.float32)
+    attrs = spec.validate({"scale": 0.2, "is_causal": 1})
+    want = reference.flash_attention(q, k, v, bias, **attrs)
+    for cap, at_least in [(70 * 90 * 4 * 2, 2), (16 * 90 * 4, 8)]:  # two heads per chunk; 16 rows per chunk
+        got = runner.attention(q, k, v, bias, attrs=attrs, kernel="naive", score_chunk_bytes=cap)
+        assert runner.last_plan["chunks"] >= at_least
+        check(got, want)
+
+
+# --------------------------------------------------------------------------- policy and runner
+
+
+def test_policy_picks_the_shader(runner):
+    rng = np.random.default_rng(61)
+    q, k, v = make(rng, 1, 2, 2, 16, 100, 32)
+    wk.flash_attention(q, k, v, softmax="auto", min_seq_len=64)
+    assert runner.last_plan["kernel"] == "flash"
+    wk.flash_attention(q, k, v, softmax="auto", min_seq_len=128)
+    assert runner.last_plan["kernel"] == "naive"
+    wk.flash_attention(q, k, v, policy=SoftmaxPolicy("online"), softmax="naive")
+    assert runner.last_plan["kernel"] == "flash"
+
+
+def test_naive_and_online_agree():
+    rng = np.random.default_rng(71)
+    q, k, v = make(rng, 1, 4, 2, 120, 200, 64)
+    bias = rng.standard_normal((1, 4, 120, 200)).astype(np.float32)
+    a = wk.flash_attention(q, k, v, bias, policy=SoftmaxPolicy("naive"), is_causal=1, scale=0.125)
+    b = wk.flash_attention(q, k, v, bias, policy=SoftmaxPolicy("online"), is_causal=1, scale=0.125)
+    check(a, b, 1e-5)
+
+
+def test_runner_reports_and_caches(runner):
+    info = wk.adapter_info()
+    assert info["device"] and info["backend"]
+    assert info["max_workgroup_storage"] >= 16384
+    rng = np.random.default_rng(81)
+    q, k, v = make(rng, 1, 2, 2, 48, 48, 64)
+    wk.flash_attention(q, k, v, policy=SoftmaxPolicy("online"))
+    compiled = len(runner._pipelines)
+    wk.flash_attention(q, k, v, policy=SoftmaxPolicy("online"))
+    assert len(runner._pipelines) == compiled  # same specialisation: no new pipeline
+    assert runner.last_host_ms > 0
+    if runner.has_timestamps:
+        assert wk.last_device_ms() is not None and wk.last_device_ms() > 0
+
+
+def test_tile_choice_respects_limits(runner):
+    from ortflash.shaders.runner import flash_tiles
+
+    for d in (32, 64, 80, 128, 256):
+        for limit in (16384, 32768, 49152):
+            tiles = flash_tiles(d // 4, d // 4, 4096, limit, 256)
+            assert tiles, (d, limit)
+            assert all(t.smem_bytes(d // 4) <= limit for t in tiles)
+
+
+def test_rejects_bad_shapes():
+    rng = np.random.default_rng(91)
+    q, k, v = make(rng, 1, 3, 2, 8, 8, 32)
+    with pytest.raises(ValueError):
+        wk.flash_attention(q, k, v)
+    q, k, v = make(rng, 1, 2, 2, 8, 8, 32)
+    with pytest.raises(ValueError):
+        wk.flash_attention(q, k, v, np.zeros((1, 2, 8, 5), np.float32))
+    with pytest.raises(ValueError):
+        wk.flash_attention(q[0], k, v)
