@@ -127,3 +127,38 @@ def feeds(model: onnx.ModelProto, dims: dict, rng: np.random.Generator, pad: boo
                 x[..., -max(1, shape[-1] // 4):] = np.finfo(np_dt).min  # additive padding mask
             out[vi.name] = x
     return out
+
+
+def build_gqa(heads=4, kv_heads=2, head_dim=32, static=False, opset=17) -> onnx.ModelProto:
+    """Llama-style grouped-query attention: K and V repeated by Unsqueeze → Expand → Reshape."""
+    g = heads // kv_heads
+    b, s, t = (2, 9, 11) if static else ("B", "S", "T")
+    inputs = [
+        helper.make_tensor_value_info("q", F32, [b, heads, s, head_dim]),
+        helper.make_tensor_value_info("k", F32, [b, kv_heads, t, head_dim]),
+        helper.make_tensor_value_info("v", F32, [b, kv_heads, t, head_dim]),
+    ]
+    inits = [
+        onnx.numpy_helper.from_array(np.array([2], np.int64), "ax2"),
+        onnx.numpy_helper.from_array(np.array([1, 1, g, 1, 1], np.int64), "rep"),
+        onnx.numpy_helper.from_array(np.array([0, heads, -1, head_dim], np.int64), "merged"),
+        onnx.numpy_helper.from_array(np.array(head_dim**-0.5, np.float32), "scale"),
+    ]
+    nodes = []
+    for x in ("k", "v"):
+        nodes += [
+            helper.make_node("Unsqueeze", [x, "ax2"], [f"{x}5"]),
+            helper.make_node("Expand", [f"{x}5", "rep"], [f"{x}e"]),
+            helper.make_node("Reshape", [f"{x}e", "merged"], [f"{x}r"]),
+        ]
+    nodes += [
+        helper.make_node("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+        helper.make_node("Softmax", ["s1"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vr"], ["out"]),
+    ]
+    graph = helper.make_graph(nodes, "gqa", inputs, [helper.make_tensor_value_info("out", F32, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model

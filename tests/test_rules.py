@@ -160,3 +160,19 @@ def test_model_without_attention_is_unchanged():
     fused, report = ortflash.optimize(model)
     assert report.blocks == [] and "no Softmax" in report.summary()
     assert _op_types(fused) == ["Relu"]
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_grouped_query_repeat_is_read_without_materialising(static):
+    from attention_graphs import build_gqa
+
+    model = build_gqa(heads=4, kv_heads=2, static=static)
+    fused, report = ortflash.optimize(model)
+    assert report.fused == 1 and report.blocks[0].kv_heads == 2 and report.blocks[0].heads == 4
+    node = next(n for n in fused.graph.node if n.op_type == "FlashAttention")
+    assert list(node.input[:3]) == ["q", "k", "v"]  # the un-repeated K and V
+    assert not {"Expand", "Reshape"} & set(_op_types(fused))
+    f = feeds(model, {"B": 2, "S": 9, "T": 11}, np.random.default_rng(0))
+    want = _run(model, f)
+    for mode in ("naive", "online"):
+        np.testing.assert_allclose(_run(fused, f, softmax=mode, block_size=4), want, rtol=1e-4, atol=2e-5)

@@ -52,9 +52,11 @@ def unavailable_reason() -> str:
         return f"wgpu cannot be imported: {e}"
     if available():
         return ""
+    from ..shaders import runner as _r
+
     return (
         "wgpu found no adapter: no GPU driver and no software Vulkan driver "
-        "(install Mesa's lavapipe, Debian package mesa-vulkan-drivers)"
+        f"(install Mesa's lavapipe, Debian package mesa-vulkan-drivers) [{_r.last_adapter_error}]"
     )
 
 

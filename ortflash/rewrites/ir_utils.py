@@ -125,3 +125,16 @@ def consumers_besides(value: ir.Value, allowed: set) -> list[str]:
     if value.is_graph_output():
         other.append("a graph output")
     return other
+
+
+def same_dim(a, b) -> bool:
+    """Two dims proved equal: equal ints, or one named symbol."""
+    return a is not None and b is not None and a == b
+
+
+def unsqueeze_axes(node: ir.Node) -> list[int] | None:
+    axes = attr_ints(node, "axes")
+    if axes is None and len(node.inputs) > 1:
+        arr = const_array(node.inputs[1])
+        axes = None if arr is None else [int(a) for a in arr.reshape(-1)]
+    return axes

@@ -216,6 +216,12 @@ class QKMatMul(Rule):
             raise NotFused("Q, K and V have different dtypes")
         if dry_run:
             return None
+        if perm is None and rank == 4:
+            repeat = RepeatedKV.find(k)
+            repeat_v = RepeatedKV.find(m.v)
+            if repeat and repeat_v and repeat[1] == repeat_v[1]:
+                k, m.v = repeat[0], repeat_v[0]
+                k_label = k_label.replace("k", f"repeat(k,{repeat[1]})", 1)
         m.q, m.k, m.k_perm, m.rank = q, k, perm, rank
         m.scale *= scale
         return q_label, k_label
@@ -267,6 +273,58 @@ def _reaches_qk(value: ir.Value, depth: int = 16) -> bool:
         else:
             return False
     return False
+
+
+class RepeatedKV(Rule):
+    """Reshape(Expand(Unsqueeze(kv, 2), [B, Hkv, G, S, D]), [B, Hkv·G, S, D]): grouped-query
+    attention written as a repeat of the K/V heads. The fused op reads kv itself (Hkv heads);
+    query head h then uses kv head h // G, which is the order this reshape produces."""
+
+    pattern = "Reshape(Expand(Unsqueeze(kv, axes=[2]), [B, Hkv, G, S, D]), [B, Hkv*G, S, D])"
+
+    @staticmethod
+    def find(value: ir.Value):
+        """(kv, G) when value is such a repeat that the shapes prove; None otherwise."""
+        reshape = u.producer(value, "Reshape")
+        expand = u.producer(reshape.inputs[0], "Expand") if reshape else None
+        unsq = u.producer(expand.inputs[0], "Unsqueeze") if expand else None
+        if unsq is None or u.unsqueeze_axes(unsq) != [2]:
+            return None
+        kv = unsq.inputs[0]
+        base = u.value_shape(kv)
+        target = u.const_array(expand.inputs[1])
+        expanded = [int(d) for d in target] if target is not None else u.value_shape(expand.outputs[0])
+        if base is None or expanded is None or len(base) != 4 or len(expanded) != 5:
+            return None
+        # Expand broadcasts: a target dim of 1 keeps the unsqueezed input's dim.
+        unsqueezed = [base[0], base[1], 1, base[2], base[3]]
+        expanded = [unsqueezed[i] if d == 1 else d for i, d in enumerate(expanded)]
+        groups = expanded[2]
+        if not (isinstance(groups, int) and groups > 1):
+            return None
+        out = _reshape_dims(reshape, expanded) or u.value_shape(value)
+        if out is None or len(out) != 4:
+            return None
+        # Batch, sequence and head dims survive the reshape unchanged (a -1 in the
+        # sequence place is forced to S by the element count); dim 1 is Hkv·G, merged kv-major.
+        seq_ok = u.same_dim(out[2], base[2]) or out[2] == -1
+        if not (u.same_dim(out[0], base[0]) and seq_ok and u.same_dim(out[3], base[3])):
+            return None
+        if not (isinstance(out[1], int) and isinstance(base[1], int) and out[1] == base[1] * groups):
+            if not (out[2] != -1 and u.same_dim(out[2], base[2])):
+                return None
+        return kv, groups
+
+
+def _reshape_dims(reshape: ir.Node, in_dims: list) -> list | None:
+    """Output dims of a Reshape with a constant target: 0 copies the input dim, -1 stays -1."""
+    target = u.const_array(reshape.inputs[1])
+    if target is None or u.attr_int(reshape, "allowzero", 0):
+        return None
+    dims = [int(d) for d in target.reshape(-1)]
+    if dims.count(-1) > 1:
+        return None
+    return [in_dims[i] if d == 0 and i < len(in_dims) else d for i, d in enumerate(dims)]
 
 
 # ------------------------------------------------------------ probability side

@@ -165,20 +165,27 @@ def _adapter_key(adapter):
     return (_TYPE_RANK.get(info.get("adapter_type", ""), 9), 0 if info.get("backend_type") == "Vulkan" else 1)
 
 
+# Why the last pick_adapter() found nothing (for error messages and test skips).
+last_adapter_error: str = ""
+
+
 def pick_adapter(prefer: str | None = None):
     """The adapter to use: a GPU when there is one, else lavapipe (or any other).
 
     ``prefer`` (or the environment variable ORTFLASH_WGPU_ADAPTER) picks the
     first adapter whose device name contains it. Returns None when wgpu finds
-    no adapter at all.
+    no adapter at all; ``last_adapter_error`` then says what wgpu reported.
     """
+    global last_adapter_error
     import wgpu
 
     prefer = prefer or os.environ.get("ORTFLASH_WGPU_ADAPTER")
+    errors = []
     try:
         adapters = list(wgpu.gpu.enumerate_adapters_sync())
-    except Exception:  # pragma: no cover - no Vulkan/Metal/DX12 loader at all
+    except Exception as e:  # no Vulkan/Metal/DX12/GL loader at all
         adapters = []
+        errors.append(f"enumerate_adapters: {type(e).__name__}: {e}")
     if prefer:
         chosen = [a for a in adapters if prefer.lower() in a.info.get("device", "").lower()]
         if chosen:
@@ -186,9 +193,14 @@ def pick_adapter(prefer: str | None = None):
     if adapters:
         return sorted(adapters, key=_adapter_key)[0]
     try:
-        return wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    except Exception:
-        return None
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        if adapter is not None:
+            return adapter
+        errors.append("request_adapter returned None")
+    except Exception as e:
+        errors.append(f"request_adapter: {type(e).__name__}: {e}")
+    last_adapter_error = "; ".join(errors) or "no adapter"
+    return None
 
 
 def _timestamp_period(queue) -> float:
@@ -214,7 +226,9 @@ class Runner:
         self.wgpu = wgpu
         self.adapter = adapter or pick_adapter()
         if self.adapter is None:
-            raise RuntimeError("wgpu found no adapter (no GPU and no software Vulkan driver such as lavapipe)")
+            raise RuntimeError(
+                "wgpu found no adapter (no GPU and no software Vulkan driver such as lavapipe): " + last_adapter_error
+            )
         features = [f for f in WANTED_FEATURES if f in self.adapter.features]
         if not use_f16 and "shader-f16" in features:
             features.remove("shader-f16")
