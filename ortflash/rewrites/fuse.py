@@ -9,6 +9,7 @@ import onnx_ir as ir
 
 from .. import spec
 from ..policy import SoftmaxPolicy
+from . import ir_utils as u
 from .match import AttentionMatch
 
 
@@ -44,14 +45,10 @@ class _Emitter:
         return self.node("Cast", [x], to=to)
 
 
-def _to_rank4(e: _Emitter, x: ir.Value, rank: int, is_mask_or_bias: bool) -> ir.Value:
-    """3D [B·H, S, D] operands become [B·H, 1, S, D]; lower-rank biases broadcast as they are."""
-    if rank == 4:
+def _to_rank4(e: _Emitter, x: ir.Value, rank: int, x_rank: int | None) -> ir.Value:
+    """3D [B·H, S, D] operands become [B·H, 1, S, D]; biases/masks of rank < 3 broadcast as they are."""
+    if rank == 4 or (x_rank is not None and x_rank < 3):
         return x
-    if is_mask_or_bias:
-        x_rank = x.shape.rank() if x.shape is not None else None
-        if x_rank is None or x_rank < 3:
-            return x
     return e.unsqueeze1(x)
 
 
@@ -66,24 +63,24 @@ def emit(graph: ir.Graph, m: AttentionMatch, policy: SoftmaxPolicy, opset: int, 
     q, v = m.q, m.v
     if m.rank == 3:
         q, k, v = (e.unsqueeze1(x) for x in (q, k, v))
+    ranks = {id(x): u.rank(x) for x in m.biases + [c for c, _ in m.masks]}
 
     bias = None
     for b in m.biases:
+        b_rank = ranks[id(b)]
         b = b if b.dtype == acc else e.cast(b, acc)
+        b = _to_rank4(e, b, m.rank, b_rank)
         bias = b if bias is None else e.node("Add", [bias, b])
     if bias is None:
         bias = e.const(np.array(0.0, np.float32))  # the bridge's "no bias" (spec.INPUTS)
-    else:
-        bias = _to_rank4(e, bias, m.rank, True)
 
     mask = None
     for cond, inverted in m.masks:
-        keep = e.node("Not", [cond]) if inverted else cond
+        keep = _to_rank4(e, cond, m.rank, ranks[id(cond)])
+        keep = e.node("Not", [keep]) if inverted else keep
         mask = keep if mask is None else e.node("And", [mask, keep])
     if mask is None:
         mask = e.const(np.array(True))  # the bridge's "no mask"
-    else:
-        mask = _to_rank4(e, mask, m.rank, True)
 
     # onnxruntime-extensions' Python ops take float32 only: float16 blocks run with
     # exact upcasts around the node, which accumulates in float32 either way.

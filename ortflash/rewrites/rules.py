@@ -214,6 +214,10 @@ class QKMatMul(Rule):
                 raise NotFused(f"{v.name} is not float32 or float16")
         if not (q.dtype == k.dtype == m.v.dtype):
             raise NotFused("Q, K and V have different dtypes")
+        if rank == 3:
+            for x in m.biases + [c for c, _ in m.masks]:
+                if u.rank(x) is None:
+                    raise NotFused(f"the rank of {x.name} is unknown, so its [B·H, S, T] layout cannot be proved")
         if dry_run:
             return None
         if perm is None and rank == 4:
