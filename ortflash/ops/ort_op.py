@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
+from onnxruntime_extensions import _ocos
 
 from .. import spec
 from ..policy import SoftmaxPolicy
@@ -65,6 +66,24 @@ def _flash_attention_op(q, k, v, bias, mask, **attrs):
         shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[-1]) if q.ndim == 4 and v.ndim == 4 else (1,)
         return np.full(shape, np.nan, np.float32)
     return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def _invoke(op_id, feed, attributes):
+    """The extensions bridge's Python entry point, returning numpy buffers.
+
+    The stock hook hands outputs back as Python lists (``tolist``), which costs about
+    0.3 s per 1.5 M floats; the native side accepts a flat contiguous array as well,
+    about 100x faster (measured with a [1, 12, 2048, 64] float32 output).
+    """
+    opdef = _ocos.Opdef._odlist[op_id]
+    result = opdef.body(*feed, **opdef.cast_attributes(attributes))
+    flat = []
+    for r in result if isinstance(result, tuple) else (result,):
+        flat += [r.shape, np.ascontiguousarray(r).reshape(-1)]
+    return (op_id, *flat)
+
+
+PyCustomOpDef.install_hooker(_invoke)
 
 
 def library_path() -> str:
