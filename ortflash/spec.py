@@ -59,8 +59,39 @@ ATTRIBUTES: dict[str, Attribute] = {
         Attribute("mask_fill", float, -math.inf, "score given to masked-out positions"),
         Attribute("masked_rows", str, "nan", "nan | zero: what a fully masked row yields"),
         Attribute("softcap", float, 0.0, "tanh soft cap on the scaled scores; 0 = none"),
+        Attribute("exact_floats", str, "", "the float attributes again as exact decimal strings (see below)"),
     )
 }
+
+# The ONNX Runtime bridge (onnxruntime-extensions) hands float attributes to Python
+# with 6 significant digits (0.17677669 arrives as 0.176777, float32's lowest as
+# -3.40282e+38, which then no longer equals a mask filled with the real lowest).
+# The rewrite therefore writes scale, mask_fill and softcap once more as exact
+# strings; a kernel takes the exact value only where it rounds to the float it got,
+# so an edited float attribute still wins.
+EXACT_FLOATS = ("scale", "mask_fill", "softcap")
+
+
+def exact_floats(attrs: dict) -> str:
+    return ";".join(f"{name}={float(attrs[name])!r}" for name in EXACT_FLOATS)
+
+
+def resolve_exact_floats(attrs: dict) -> dict:
+    """attrs with float values replaced by their exact strings where those agree."""
+    text = attrs.get("exact_floats") or ""
+    out = dict(attrs)
+    for item in filter(None, text.split(";")):
+        name, _, value = item.partition("=")
+        if name not in EXACT_FLOATS or name not in attrs:
+            continue
+        try:
+            exact = float(value)
+        except ValueError:
+            continue
+        got = float(attrs[name])
+        if exact == got or float(f"{exact:.6g}") == float(f"{got:.6g}"):
+            out[name] = exact
+    return out
 
 
 class SpecError(ValueError):

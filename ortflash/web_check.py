@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -30,8 +31,8 @@ RUNNER = os.path.join(WEB_DIR, "run.mjs")
 
 # What onnxruntime-web / onnxruntime-node 1.30 load, found by experiment (web/README.md):
 # higher IR versions or opsets are refused at session creation.
-MAX_IR_VERSION = 11
-MAX_OPSET = {"": 23, "ai.onnx": 23, "com.microsoft": 1, "ai.onnx.ml": 5}
+MAX_IR_VERSION = 13
+MAX_OPSET = {"": 26, "ai.onnx": 26, "ai.onnx.ml": 5, "com.microsoft": 1}
 # Domains whose ops the JavaScript runtimes implement (onnxruntime-extensions is not in them).
 WEB_DOMAINS = ("", "ai.onnx", "com.microsoft", "ai.onnx.ml")
 
@@ -190,12 +191,34 @@ def _python_run(model: onnx.ModelProto, feeds: dict) -> dict:
         names = [o.name for o in sess.get_outputs()]
         return dict(zip(names, sess.run(names, feeds)))
     except Exception as exc:
-        raise OrtflashError(f"ONNX Runtime (Python) could not run the model: {_first_line(exc)}") from None
+        raise OrtflashError(f"ONNX Runtime (Python) could not run the model: {clean_ort_message(str(exc))[:300]}") from None
 
 
 def _first_line(exc) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+_ORT_PREFIX = re.compile(r"^(?:\[ONNXRuntimeError\] : \d+ : \w+ : )?(?:Can't create a session\. )?"
+                         r"(?:ERROR_CODE: \d+, ERROR_MESSAGE: )?")
+_SOURCE_LOCATION = re.compile(r"^\S+\.(?:cc|cpp|h|hpp):\d+ ")
+
+
+def clean_ort_message(text: str) -> str:
+    """An ONNX Runtime error without its wrapper, source location and C++ signature."""
+    text = _ORT_PREFIX.sub("", text.strip())
+    if _SOURCE_LOCATION.match(text):
+        rest = _SOURCE_LOCATION.sub("", text, count=1)
+        depth, start = 0, rest.find("(")
+        for i in range(max(start, 0), len(rest) if start >= 0 else 0):  # skip the signature's balanced (...)
+            depth += {"(": 1, ")": -1}.get(rest[i], 0)
+            if depth == 0:
+                rest = rest[i + 1:]
+                if rest.startswith("::<lambda()>"):
+                    rest = rest[len("::<lambda()>"):]
+                break
+        text = rest.strip() or text
+    return text
 
 
 def run_node(model: onnx.ModelProto, feed_sets: Sequence[dict], runtime: str = "web-wasm", *, threads: int = 1) -> list[dict]:
@@ -229,7 +252,10 @@ def run_node(model: onnx.ModelProto, feed_sets: Sequence[dict], runtime: str = "
             detail = err[0] if err else f"exit status {proc.returncode}"
             raise OrtflashError(f"{runtime}: the Node runner failed: {detail[:300]}") from None
         if not status.get("ok"):
-            stage, msg = status.get("stage"), status.get("message", "")
+            stage, msg = status.get("stage"), clean_ort_message(status.get("message", ""))
+            if runtime == "node-webgpu" and "adapter" in msg.lower():
+                raise OrtflashError(f"node-webgpu: no usable WebGPU adapter on this machine ({msg[:200]}); "
+                                    "use --runtime node-cpu or web-wasm here")
             what = {"load": "could not load the model", "run": "could not run the model"}.get(stage, "failed")
             raise OrtflashError(f"{runtime} {what}: {msg[:400]}")
         return [read_tensors(o) for o in outs]

@@ -176,3 +176,32 @@ def test_grouped_query_repeat_is_read_without_materialising(static):
     want = _run(model, f)
     for mode in ("naive", "online"):
         np.testing.assert_allclose(_run(fused, f, softmax=mode, block_size=4), want, rtol=1e-4, atol=2e-5)
+
+
+def test_lowest_fill_and_bias_survive_the_bridge_exactly():
+    """Found by the fuzz run: the ORT bridge passed mask_fill as -3.40282e+38 (6 digits), which
+    is above float32's lowest, so masked keys outranked keys padded with the real lowest."""
+    variant = Variant(scale=1.0, bias_shapes=((1, 1, 1),), where_mask="keep", mask_shape=("BH", "S", "T"),
+                      fill=float(np.finfo(np.float32).min), rank=3, heads=1, head_dim=8)
+    model = build(variant)
+    fused, report = ortflash.optimize(model)
+    assert report.fused == 1
+    f = feeds(model, {"B": 1, "S": 1, "T": 3, "BH": 1}, np.random.default_rng(103))
+    np.testing.assert_allclose(_run(fused, f), _run(model, f), rtol=1e-5, atol=1e-6)
+
+
+def test_scale_with_more_than_six_digits_is_exact_in_the_kernel(monkeypatch):
+    import ortflash.ops.reference as ref
+
+    seen = {}
+    real = ref.flash_attention
+
+    def spy(*args, **attrs):
+        seen.update(attrs)
+        return real(*args, **attrs)
+
+    monkeypatch.setattr(ref, "flash_attention", spy)
+    model = build(Variant(scale=float(np.float32(1 / np.sqrt(32))), scale_site="mul_scores"))
+    fused, _ = ortflash.optimize(model)
+    _run(fused, feeds(model, SHAPES[0], np.random.default_rng(0)))
+    assert seen["scale"] == float(np.float32(1 / np.sqrt(32)))

@@ -56,6 +56,7 @@ def _flash_attention_op(q, k, v, bias, mask, **attrs):
     # The neutral scalars the rewrite writes for absent optional inputs.
     bias = None if bias.size == 1 and float(bias.reshape(())) == 0.0 else bias
     mask = None if mask.size == 1 and bool(mask.reshape(())) else mask
+    attrs = spec.resolve_exact_floats(attrs)
     backend, policy = current()
     try:
         out = _kernel(backend)(q, k, v, bias, mask, policy=policy, **attrs)

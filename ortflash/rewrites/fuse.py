@@ -96,6 +96,7 @@ def emit(graph: ir.Graph, m: AttentionMatch, policy: SoftmaxPolicy, opset: int, 
             "masked_rows": "zero" if m.nan_guard else "nan",
         }
     )
+    attrs["exact_floats"] = spec.exact_floats(attrs)
     out = e.node(spec.OP_TYPE, [q, k, v, bias, mask], domain=spec.DOMAIN, **attrs)
     if dtype != acc:
         out = e.cast(out, dtype)

@@ -175,9 +175,16 @@ class QKMatMul(Rule):
         k, perm = kt, None
         transposed = False
         while True:
-            p = u.producer(k, ("Mul", "Div", "Transpose"))
+            p = u.producer(k, ("Mul", "Div", "Transpose", "Reshape"))
             if p is None:
                 break
+            if p.op_type == "Reshape":
+                inner = None if transposed or rank != 4 else _transpose_via_3d(p)
+                if inner is None:
+                    break
+                k, transposed = inner, True
+                k_label = f"Transpose3D({k_label})"
+                continue
             if p.op_type == "Transpose":
                 if transposed:
                     break
@@ -318,6 +325,25 @@ class RepeatedKV(Rule):
             if not (out[2] != -1 and u.same_dim(out[2], base[2])):
                 return None
         return kv, groups
+
+
+def _transpose_via_3d(outer: ir.Node) -> ir.Value | None:
+    """x when outer = Reshape(Transpose(Reshape(x, [B·H, S, D]), [0, 2, 1]), [B, H, D, S]):
+    the last two axes of a 4D x swapped through a 3D view (dynamo's SDPA exports)."""
+    t = u.producer(outer.inputs[0], "Transpose")
+    inner = u.producer(t.inputs[0], "Reshape") if t is not None else None
+    if inner is None or u.attr_ints(t, "perm") != [0, 2, 1]:
+        return None
+    x = inner.inputs[0]
+    xs, mid, out = u.value_shape(x), u.value_shape(inner.outputs[0]), u.value_shape(outer.outputs[0])
+    if xs is None or mid is None or out is None or (len(xs), len(mid), len(out)) != (4, 3, 4):
+        return None
+    # The 3D view keeps (S, D) and merges the leading dims; the 4D view splits them back.
+    if not (u.same_dim(mid[1], xs[2]) and u.same_dim(mid[2], xs[3])):
+        return None
+    if not all(u.same_dim(a, b) for a, b in zip(out, [xs[0], xs[1], xs[3], xs[2]])):
+        return None
+    return x
 
 
 def _reshape_dims(reshape: ir.Node, in_dims: list) -> list | None:

@@ -13,8 +13,11 @@
 //     computes a TM x KPT block of scores;
 //   - in the output phase, VPT vec4 columns of V/O (columns c, c+C, ...), so it
 //     accumulates a TM x 4*VPT block of the output.
-// All per-invocation arrays are indexed only by constant-trip-count loop
-// counters, which compilers unroll into registers.
+// Per-invocation arrays must live in registers: every loop that indexes one
+// is marked `// @unroll`, and runner.py writes such a loop out once per value
+// of its counter (as a `const`), so every private index is a constant.
+// (Left as loops, NVIDIA's Vulkan compiler put the arrays in local memory,
+// 3-10x slower, and lavapipe has miscompiled such dynamic indexing.)
 //
 // Specialisation constants: runner.py substitutes each dollar-brace field
 // below (string.Template syntax) before compiling.
@@ -26,11 +29,11 @@ const BC: u32 = ${BC}u;      // keys per tile
 const C: u32 = ${C}u;        // invocations per row group
 const RV: u32 = ${RV}u;      // vec4 row blocks per invocation
 const VPT: u32 = ${VPT}u;    // vec4 output columns per invocation (VPT * C >= DV4)
+const KPT: u32 = ${KPT}u;    // keys per invocation in the score phase (BC / C)
 
 const TM: u32 = 4u * RV;
 const GROUPS: u32 = BR / TM;
 const WG: u32 = GROUPS * C;
-const KPT: u32 = BC / C;
 const BR4: u32 = BR / 4u;
 const KROW: u32 = D4 + 1u;    // K tile row stride: one vec4 of padding spreads keys over banks
 const VROW: u32 = VPT * C;    // V tile row stride (>= DV4; the extra columns are never stored)
@@ -106,6 +109,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var running_max: array<vec4<f32>, RV>;   // m: largest score seen so far, per row
     var running_sum: array<vec4<f32>, RV>;   // l: sum of exp(score - m) over this invocation's keys
     var acc: array<vec4<f32>, TM * VPT>;     // unnormalised output, in units of exp(-m)
+    // @unroll
     for (var r = 0u; r < RV; r++) {
         running_max[r] = neg_inf;
     }
@@ -135,8 +139,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // Zeroed explicitly: a `var` declared in a loop body is not reliably
         // re-initialised on every iteration once compiled.
         var s: array<vec4<f32>, KPT * RV>;
-        for (var i = 0u; i < KPT * RV; i++) {
-            s[i] = vec4<f32>(0.0);
+        // @unroll
+        for (var kk = 0u; kk < KPT; kk++) {
+            // @unroll
+            for (var r = 0u; r < RV; r++) {
+                s[kk * RV + r] = vec4<f32>(0.0);
+            }
         }
         for (var dq = 0u; dq < D4; dq++) {
             var qx: array<vec4<f32>, RV>;
@@ -144,14 +152,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var qz: array<vec4<f32>, RV>;
             var qw: array<vec4<f32>, RV>;
             let qs = 4u * dq * BR4 + rb0;
+            // @unroll
             for (var r = 0u; r < RV; r++) {
                 qx[r] = q_tile[qs + r];
                 qy[r] = q_tile[qs + BR4 + r];
                 qz[r] = q_tile[qs + 2u * BR4 + r];
                 qw[r] = q_tile[qs + 3u * BR4 + r];
             }
+            // @unroll
             for (var kk = 0u; kk < KPT; kk++) {
                 let kx = kv_tile[(kk * C + c) * KROW + dq];
+                // @unroll
                 for (var r = 0u; r < RV; r++) {
                     s[kk * RV + r] += qx[r] * kx.x + qy[r] * kx.y + qz[r] * kx.z + qw[r] * kx.w;
                 }
@@ -159,13 +170,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
 
         // Scale, cap, bias, mask; then this invocation's share of each row's tile maximum.
+        // @unroll
         for (var kk = 0u; kk < KPT; kk++) {
+            // @unroll
             for (var r = 0u; r < RV; r++) {
                 s[kk * RV + r] = finish4(s[kk * RV + r], bb, mb, q0 + (rb0 + r) * 4u, k0 + kk * C + c);
             }
         }
+        // @unroll
         for (var r = 0u; r < RV; r++) {
             var part = s[r];
+            // @unroll
             for (var kk = 1u; kk < KPT; kk++) {
                 part = max(part, s[kk * RV + r]);
             }
@@ -177,6 +192,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // units of exp(-m). When a tile raises the max to m', everything
         // summed so far is multiplied by exp(m - m') before the tile's own
         // exp(s - m') terms are added, so no score row is ever kept whole.
+        // @unroll
         for (var r = 0u; r < RV; r++) {
             var tile_max = red_tile[rb0 + r];
             for (var cc = 1u; cc < C; cc++) {
@@ -190,12 +206,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let rescale = exp(running_max[r] - ref_max);
             running_max[r] = m_new;
             running_sum[r] *= rescale;
+            // @unroll
             for (var v = 0u; v < VPT; v++) {
                 acc[(4u * r) * VPT + v] *= rescale.x;
                 acc[(4u * r + 1u) * VPT + v] *= rescale.y;
                 acc[(4u * r + 2u) * VPT + v] *= rescale.z;
                 acc[(4u * r + 3u) * VPT + v] *= rescale.w;
             }
+            // @unroll
             for (var kk = 0u; kk < KPT; kk++) {
                 let p = exp(s[kk * RV + r] - ref_max);
                 running_sum[r] += p;
@@ -220,11 +238,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let n_keys = min(BC, sk - k0);
         for (var j = 0u; j < n_keys; j++) {
             var p: array<vec4<f32>, RV>;
+            // @unroll
             for (var r = 0u; r < RV; r++) {
                 p[r] = p_tile[j * PROW + rb0 + r];
             }
+            // @unroll
             for (var v = 0u; v < VPT; v++) {
                 let x = kv_tile[j * VROW + v * C + c];
+                // @unroll
                 for (var r = 0u; r < RV; r++) {
                     acc[(4u * r) * VPT + v] += p[r].x * x;
                     acc[(4u * r + 1u) * VPT + v] += p[r].y * x;
@@ -237,17 +258,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     // Each invocation summed only its own keys: add up the row group's
     // partial sums. (red_tile was last read before the last V barrier.)
+    // @unroll
     for (var r = 0u; r < RV; r++) {
         red_tile[c * BR4 + rb0 + r] = running_sum[r];
     }
     workgroupBarrier();
     let o_base = bh * sq * DV4;
+    // @unroll
     for (var r = 0u; r < RV; r++) {
         var total = red_tile[rb0 + r];
         for (var cc = 1u; cc < C; cc++) {
             total += red_tile[cc * BR4 + rb0 + r];
         }
         let row0 = q0 + (rb0 + r) * 4u;
+        // @unroll
         for (var v = 0u; v < VPT; v++) {
             let col = v * C + c;
             if (col < DV4) {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import string
 import time
 from dataclasses import dataclass
@@ -88,8 +89,51 @@ def _template(name: str) -> string.Template:
 
 def assemble(kernel: str, io: str, **constants) -> str:
     """The WGSL source of one specialised kernel: io file + common.wgsl + kernel file."""
-    parts = [read_shader(f"io_{io}.wgsl"), read_shader("common.wgsl"), _template(f"{kernel}.wgsl").substitute(constants)]
-    return "\n".join(parts)
+    body = unroll(_template(f"{kernel}.wgsl").substitute(constants), constants)
+    return "\n".join([read_shader(f"io_{io}.wgsl"), read_shader("common.wgsl"), body])
+
+
+# `// @unroll` on the line before `for (var x = <n>u; x < <NAME or n>; x++) {`.
+_UNROLL = re.compile(
+    r"^(?P<indent>[ \t]*)// @unroll[ \t]*\n[ \t]*for \(var (?P<var>\w+) = (?P<start>\d+)u; "
+    r"(?P=var) < (?P<stop>\w+); (?P=var)\+\+\) \{",
+    re.M,
+)
+
+
+def unroll(src: str, values: dict) -> str:
+    """Write out every loop marked `// @unroll`: one block per counter value, the counter a `const`.
+
+    WGSL has no unroll attribute, and a private array indexed by a loop
+    counter may be kept in local memory (NVIDIA) or miscompiled (lavapipe);
+    with the counter a constant, every such index is a constant. The bound is
+    a literal or a name in `values` (a specialisation constant). Nested
+    marked loops are written out too.
+    """
+    while True:
+        m = _UNROLL.search(src)
+        if m is None:
+            return src
+        stop = m["stop"]
+        count = int(values[stop]) if stop in values else int(stop.rstrip("u"))
+        open_brace = m.end() - 1
+        depth, i = 0, open_brace
+        while True:  # the matching closing brace
+            ch = src[i]
+            depth += ch == "{"
+            depth -= ch == "}"
+            if depth == 0:
+                break
+            i += 1
+        body = src[open_brace + 1 : i].rstrip()
+        indent = m["indent"]
+        copies = "".join(
+            f"{indent}{{ const {m['var']}: u32 = {n}u;{body}\n{indent}}}\n" for n in range(int(m["start"]), count)
+        )
+        end = i + 1
+        if src[end : end + 1] == "\n":
+            end += 1
+        src = src[: m.start()] + copies + src[end:]
 
 
 # --------------------------------------------------------------------------- tiles
@@ -526,7 +570,10 @@ class Runner:
         tile = tile or self.flash_tile(4 * d4, 4 * dv4, sq)
         if tile.smem_bytes(d4) > self.limits["max-compute-workgroup-storage-size"]:
             raise ValueError(f"{tile} needs {tile.smem_bytes(d4)} bytes of workgroup storage")
-        constants = {"D4": d4, "DV4": dv4, "BR": tile.br, "BC": tile.bc, "C": tile.c, "RV": tile.rv, "VPT": tile.vpt}
+        constants = {
+            "D4": d4, "DV4": dv4, "BR": tile.br, "BC": tile.bc, "C": tile.c, "RV": tile.rv, "VPT": tile.vpt,
+            "KPT": tile.bc // tile.c,
+        }
         pipe = self.pipeline("flash", "main", io, constants)
         out = []
         for bh0, count in self._grid_heads(b * hq):

@@ -1,0 +1,407 @@
+"""The standard ONNX ``Attention`` op (opsets 23, 24) → FlashAttention, as ONNX Runtime runs it.
+
+What ONNX Runtime 1.31 (CPU) computes for one Attention node, measured on it and
+reproduced here exactly (see tests/test_onnx_attention.py):
+
+* 3D inputs ``[B, S, H·D]`` are split into heads with ``q_num_heads`` / ``kv_num_heads``;
+  4D inputs are ``[B, H, S, D]``. Query head ``h`` reads kv head ``h // (Hq / Hkv)``.
+* ``scale`` defaults to ``float(1 / sqrt(head_size))``; it multiplies ``Q @ Kᵀ``.
+* ``softcap`` (when > 0) caps the scaled scores *before* the mask is added, which is
+  FlashAttention's own order.
+* ``past_key`` / ``past_value`` are concatenated before K / V on the sequence axis;
+  ``present_key`` / ``present_value`` are those concatenations (K / V themselves, in the
+  4D layout, without a past).
+* ``is_causal``: query ``i`` sees key ``j <= i + P`` with ``P`` the past length (top-left
+  aligned without a past, whatever Sq and Sk are), except that ORT drops the causal mask
+  altogether for a single query with a non-empty past (``Sq == 1 and P > 0``). With
+  ``nonpad_kv_seqlen`` (no past allowed with it) the frontier is per batch and
+  bottom-right: ``j <= i + nonpad[b] - Sq``.
+* ``nonpad_kv_seqlen`` masks keys ``j >= nonpad[b]``.
+* ``attn_mask``: bool (False = masked) or float (added to the scores).
+* Fully masked rows give zeros. ORT masks with ``lowest(T)`` and zeroes a query row when
+  every key of it is masked, which counts a float mask value ``<= lowest(T)``
+  (``-inf`` or ``finfo(T).min``) as masked; a row of larger values, however negative
+  (say ``-1e30``), is an ordinary softmax (uniform, as the scores vanish in it).
+
+In FlashAttention terms: the float mask is the bias, with its ``<= lowest`` entries made
+``-inf``; bool mask, causal frontier (unless it is top-left: then ``is_causal``) and
+``nonpad_kv_seqlen`` are one boolean mask; ``mask_fill = -inf`` and ``masked_rows = zero``
+turn exactly the rows ORT zeroes into zeros. The one divergence: ORT adds ``lowest`` to a
+masked score where this writes ``-inf``, which differs only for scores of magnitude
+≥ 1e31 (float32) or for float16 mask values within a score of -65504.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from .. import spec
+from ..policy import SoftmaxPolicy
+from ..report import Block
+from . import ir_utils as u
+from .fuse import _Emitter, replace_output
+from .match import NotFused
+
+FIRST_OPSET = 23  # Attention entered the default domain here
+# attribute names ONNX Runtime reads for opsets 23/24; later ones are refused below when set
+_WINDOW_ATTRS = ("left_window_size", "right_window_size")
+
+_INPUT_NAMES = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
+
+
+@dataclass
+class _Plan:
+    """What one Attention node asks for, read and proved before anything is emitted."""
+
+    q: ir.Value
+    k: ir.Value
+    v: ir.Value
+    dtype: ir.DataType
+    rank: int
+    q_heads: int | None
+    kv_heads: int | None
+    head_dim: int | None
+    scale: float
+    softcap: float = 0.0
+    is_causal: bool = False
+    mask: ir.Value | None = None
+    mask_is_bool: bool = False
+    past_key: ir.Value | None = None
+    past_value: ir.Value | None = None
+    nonpad: ir.Value | None = None
+    outputs: dict = field(default_factory=dict)  # 0|1|2 -> the Attention output to reroute
+    notes: list[str] = field(default_factory=list)
+    causal: str = ""  # "", "top-left", "past offset", "nonpad bottom-right", "dropped (Sq = 1 with past)"
+
+    def summary(self) -> str:
+        parts = []
+        if self.mask is not None:
+            kind = "bool" if self.mask_is_bool else "float"
+            parts.append(f"{kind} attn_mask {u.value_shape(self.mask) or '?'}")
+        if self.is_causal:
+            parts.append(f"causal ({self.causal})" if self.causal else "causal")
+        if self.nonpad is not None:
+            parts.append("nonpad_kv_seqlen")
+        if self.past_key is not None:
+            parts.append("past_key/value")
+        if self.softcap:
+            parts.append(f"softcap {self.softcap:g}")
+        return ", ".join(parts) or "none"
+
+    def pattern(self) -> str:
+        gqa = ""
+        if self.q_heads and self.kv_heads and self.q_heads != self.kv_heads:
+            gqa = f", GQA {self.q_heads}/{self.kv_heads}"
+        return f"Attention({self.rank}D{gqa})"
+
+
+def _present(value: ir.Value | None) -> bool:
+    return value is not None and bool(value.name)
+
+
+def _used(value: ir.Value | None) -> bool:
+    return _present(value) and (bool(list(value.consumers())) or value.is_graph_output())
+
+
+def _attr(node: ir.Node, name: str):
+    a = node.attributes.get(name)
+    return None if a is None else a.value
+
+
+def _static(dim) -> int | None:
+    return dim if isinstance(dim, int) else None
+
+
+def _read(node: ir.Node, opset: int) -> _Plan:
+    """Prove node can be rewritten; raise NotFused with the reason otherwise."""
+    if opset < FIRST_OPSET:
+        raise NotFused(f"the model's opset {opset} has no standard Attention op (it came in opset 23)")
+    inputs = list(node.inputs) + [None] * (len(_INPUT_NAMES) - len(node.inputs))
+    if len(node.inputs) > len(_INPUT_NAMES):
+        raise NotFused(f"Attention {node.name} has {len(node.inputs)} inputs, more than opset 24 defines")
+    q, k, v, mask, past_key, past_value, nonpad = inputs
+    if q is None or k is None or v is None:
+        raise NotFused("Q, K or V is missing")
+    outputs = list(node.outputs)
+    if len(outputs) > 3 and _used(outputs[3]):
+        mode = _attr(node, "qk_matmul_output_mode") or 0
+        raise NotFused(
+            f"it asks for qk_matmul_output (mode {mode}: the score/probability matrix), which the fused op never "
+            "materialises"
+        )
+    for name in _WINDOW_ATTRS:
+        value = _attr(node, name)
+        if value is not None and value != -1:
+            raise NotFused(f"{name}={value}: sliding-window attention (opset 25) is not rewritten")
+
+    dtype = q.dtype
+    if dtype not in u.FLOAT_TYPES:
+        raise NotFused(f"Q is {dtype.name if dtype else 'of unknown type'}, not float32 or float16")
+    if k.dtype != dtype or v.dtype != dtype:
+        raise NotFused("Q, K and V do not share one float type")
+
+    rank = u.rank(q)
+    if rank not in (3, 4):
+        raise NotFused("the rank of Q is unknown or not 3 or 4")
+    for x, name in ((k, "K"), (v, "V")):
+        r = u.rank(x)
+        if r is not None and r != rank:
+            raise NotFused(f"{name} has rank {r}, Q rank {rank}")
+
+    q_shape, k_shape = u.value_shape(q), u.value_shape(k) or [None] * rank
+    q_heads_attr, kv_heads_attr = _attr(node, "q_num_heads"), _attr(node, "kv_num_heads")
+    if rank == 3:
+        if not q_heads_attr or not kv_heads_attr:
+            raise NotFused("3D inputs without q_num_heads and kv_num_heads (ONNX Runtime refuses them too)")
+        q_heads, kv_heads = int(q_heads_attr), int(kv_heads_attr)
+        hidden = _static(q_shape[2])
+        head_dim = hidden // q_heads if hidden is not None and hidden % q_heads == 0 else None
+    else:
+        q_heads, kv_heads = _static(q_shape[1]), _static(k_shape[1])
+        head_dim = _static(q_shape[3])
+    if q_heads and kv_heads and q_heads % kv_heads:
+        raise NotFused(f"{q_heads} query heads are not a multiple of {kv_heads} kv heads")
+
+    scale = _attr(node, "scale")
+    if scale is None:
+        if head_dim is None:
+            raise NotFused(
+                "no scale attribute and the head size is not static, so the default 1/sqrt(head_size) is unknown"
+            )
+        scale = float(np.float32(1.0 / math.sqrt(head_dim)))  # ORT: static_cast<float>(1.0 / sqrt(h))
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise NotFused(f"scale={scale}: ONNX Runtime accepts only a positive scale")
+
+    softcap = float(_attr(node, "softcap") or 0.0)
+    if not math.isfinite(softcap):
+        raise NotFused(f"softcap={softcap} is not finite")
+    softcap = max(softcap, 0.0)  # ORT: a softcap <= 0 is no softcap
+
+    plan = _Plan(q, k, v, dtype, rank, q_heads, kv_heads, head_dim, scale, softcap=softcap)
+    plan.is_causal = bool(_attr(node, "is_causal") or 0)
+
+    if mask is not None:
+        if mask.dtype == ir.DataType.BOOL:
+            plan.mask_is_bool = True
+        elif mask.dtype == dtype:
+            plan.mask_is_bool = False
+        else:
+            raise NotFused(
+                f"attn_mask is {mask.dtype.name if mask.dtype else 'of unknown type'}: a bool mask and a float "
+                "(additive) mask mean different things, so its type must be known"
+            )
+        mask_rank = u.rank(mask)
+        if mask_rank is not None and not 2 <= mask_rank <= 4:
+            raise NotFused(f"attn_mask has rank {mask_rank}, not 2 to 4")
+        plan.mask = mask
+
+    if (past_key is None) != (past_value is None):
+        raise NotFused("only one of past_key and past_value is given")
+    if past_key is not None:
+        if past_key.dtype != dtype or past_value.dtype != dtype:
+            raise NotFused("past_key / past_value do not have Q's type")
+        for x in (past_key, past_value):
+            r = u.rank(x)
+            if r is not None and r != 4:
+                raise NotFused(f"{x.name} has rank {r}, not 4")
+        plan.past_key, plan.past_value = past_key, past_value
+
+    if nonpad is not None:
+        if opset < 24:
+            raise NotFused("nonpad_kv_seqlen needs opset 24")
+        if nonpad.dtype is not None and nonpad.dtype != ir.DataType.INT64:
+            raise NotFused("nonpad_kv_seqlen is not int64")
+        if past_key is not None:
+            raise NotFused("nonpad_kv_seqlen together with past_key (ONNX Runtime refuses it)")
+        plan.nonpad = nonpad
+
+    for i in range(min(3, len(outputs))):
+        if _used(outputs[i]):
+            plan.outputs[i] = outputs[i]
+    if len(outputs) > 3 and _present(outputs[3]):
+        plan.notes.append("qk_matmul_output is declared but read by nothing; dropped")
+    return plan
+
+
+# ------------------------------------------------------------------ emission
+
+
+class _Writer(_Emitter):
+    """_Emitter plus the shape arithmetic the explicit masks need."""
+
+    def i64(self, value) -> ir.Value:
+        return self.const(np.asarray(value, np.int64))
+
+    def dim(self, x: ir.Value, axis: int, static: int | None) -> ir.Value:
+        """x.shape[axis] as an int64 scalar (a constant when static)."""
+        if static is not None:
+            return self.i64(static)
+        d = self.node("Shape", [x], start=axis, end=axis + 1)
+        return self.node("Squeeze", [d, self.i64([0])])
+
+    def unsqueeze(self, x: ir.Value, axes: list[int]) -> ir.Value:
+        return self.node("Unsqueeze", [x, self.i64(axes)])
+
+    def arange(self, n: ir.Value) -> ir.Value:
+        return self.node("Range", [self.i64(0), n, self.i64(1)])
+
+
+def _dim_of(value: ir.Value | None, axis: int) -> int | None:
+    shape = u.value_shape(value) if value is not None else None
+    return None if shape is None or len(shape) <= axis else _static(shape[axis])
+
+
+def _heads_first(e: _Writer, x: ir.Value, heads: int) -> ir.Value:
+    """[B, S, H·D] -> [B, H, S, D]."""
+    x = e.node("Reshape", [x, e.i64([0, 0, heads, -1])])
+    return e.node("Transpose", [x], perm=[0, 2, 1, 3])
+
+
+def _causal_mask(e: _Writer, p: _Plan, q4: ir.Value, k4: ir.Value) -> tuple[ir.Value | None, bool]:
+    """(an explicit bool mask, use FlashAttention's top-left is_causal) for ORT's causal rule."""
+    sq_static = _dim_of(p.q, 2 if p.rank == 4 else 1)
+    past_static = _dim_of(p.past_key, 2)
+    if p.nonpad is None and (p.past_key is None or past_static == 0):
+        p.causal = "top-left"
+        return None, True
+    if p.nonpad is None and past_static is not None and sq_static == 1:
+        p.causal = "none: one query after a past sees every key, as in ONNX Runtime"
+        return None, False
+    sq = e.dim(q4, 2, sq_static)
+    total = e.dim(k4, 2, _dim_of(k4, 2))
+    if p.nonpad is not None:
+        # Per batch, bottom-right: key j is seen by query i when j <= i + nonpad[b] - Sq.
+        p.causal = "bottom-right by nonpad_kv_seqlen"
+        offset = e.unsqueeze(e.node("Sub", [p.nonpad, sq]), [1, 2, 3])  # [B, 1, 1, 1]
+    else:
+        # j <= i + P, except that ORT lets a single query after a non-empty past see every key.
+        p.causal = "offset by the past length"
+        offset = e.dim(p.past_key, 2, past_static)
+        if sq_static is None or sq_static == 1:
+            single = e.node("Equal", [sq, e.i64(1)])
+            has_past = e.node("Greater", [offset, e.i64(0)])
+            pass
+    rows = e.unsqueeze(e.arange(sq), [1])  # [Sq, 1]
+    cols = e.unsqueeze(e.arange(total), [0])  # [1, T]
+    ahead = e.node("Sub", [cols, rows])  # j - i
+    return e.node("LessOrEqual", [ahead, offset]), False
+
+
+def _nonpad_mask(e: _Writer, p: _Plan, k4: ir.Value) -> ir.Value:
+    """keys j < nonpad[b]: [B, 1, 1, T]."""
+    total = e.dim(k4, 2, _dim_of(k4, 2))
+    cols = e.unsqueeze(e.arange(total), [0])  # [1, T]
+    lengths = e.unsqueeze(p.nonpad, [1])  # [B, 1]
+    return e.unsqueeze(e.node("Less", [cols, lengths]), [1, 2])
+
+
+def _emit(graph: ir.Graph, node: ir.Node, p: _Plan, policy: SoftmaxPolicy, opset: int, prefix: str) -> None:
+    e = _Writer(graph, node, prefix, opset)
+    acc = ir.DataType.FLOAT
+
+    if p.rank == 3:
+        q4 = _heads_first(e, p.q, p.q_heads)
+        k4 = _heads_first(e, p.k, p.kv_heads)
+        v4 = _heads_first(e, p.v, p.kv_heads)
+    else:
+        q4, k4, v4 = p.q, p.k, p.v
+    if p.past_key is not None:
+        k4 = e.node("Concat", [p.past_key, k4], axis=2)
+        v4 = e.node("Concat", [p.past_value, v4], axis=2)
+    present = {1: k4, 2: v4}
+
+    bias = None
+    if p.mask is not None and not p.mask_is_bool:
+        # ORT zeroes a row whose mask entries are all <= lowest(T); as -inf they make the
+        # row all -inf, which masked_rows=zero turns into zeros.
+        bias = p.mask if p.dtype == acc else e.cast(p.mask, acc)  # float16 -> float32 is exact
+        lowest = np.float32(np.finfo(p.dtype.numpy()).min)
+        dead = e.node("LessOrEqual", [bias, e.const(np.array(lowest))])
+        bias = e.node("Where", [dead, e.const(np.array(-np.inf, np.float32)), bias])
+
+    masks = []
+    if p.mask is not None and p.mask_is_bool:
+        masks.append(p.mask)
+    is_causal = False
+    if p.is_causal:
+        causal, is_causal = _causal_mask(e, p, q4, k4)
+        if causal is not None:
+            masks.append(causal)
+    if p.nonpad is not None:
+        masks.append(_nonpad_mask(e, p, k4))
+    mask = None
+    for m in masks:
+        mask = m if mask is None else e.node("And", [mask, m])
+
+    if bias is None:
+        bias = e.const(np.array(0.0, np.float32))  # the bridge's "no bias" (spec.INPUTS)
+    if mask is None:
+        mask = e.const(np.array(True))  # the bridge's "no mask"
+    fq, fk, fv = q4, k4, v4
+    if p.dtype != acc:
+        fq, fk, fv = (e.cast(x, acc) for x in (q4, k4, v4))
+    attrs = spec.validate(
+        {
+            "scale": p.scale,
+            "is_causal": int(is_causal),
+            **policy.attributes(),
+            "mask_fill": -math.inf,
+            "masked_rows": "zero",
+            "softcap": p.softcap,
+        }
+    )
+    out = e.node(spec.OP_TYPE, [fq, fk, fv, bias, mask], domain=spec.DOMAIN, **attrs)
+    if p.dtype != acc:
+        out = e.cast(out, p.dtype)
+    if p.rank == 3:
+        out = e.node("Transpose", [out], perm=[0, 2, 1, 3])
+        out = e.node("Reshape", [out, e.i64([0, 0, -1])])
+
+    for i, old in sorted(p.outputs.items()):
+        new = out if i == 0 else present[i]
+        made_here = new.producer() is not None and (new.producer().name or "").startswith(prefix + "/")
+        if not made_here:
+            new = e.node("Identity", [new])  # replace_output renames new: never rename K or V themselves
+        replace_output(graph, old, new)
+
+
+def fuse_attention_ops(graph: ir.Graph, opset: int, policy: SoftmaxPolicy) -> list[Block]:
+    """Rewrite every standard ONNX Attention node of graph into FlashAttention, in place.
+
+    New nodes go before each Attention node and its outputs are rerouted to them; the
+    Attention node is left dead for the caller's RemoveUnusedNodesPass. Returns one
+    Block per Attention node: fused, or kept with the reason.
+    """
+    blocks: list[Block] = []
+    taken = {n.name for n in graph}
+    for index, node in enumerate([n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]):
+        label = node.name or f"Attention_{index}"
+        try:
+            plan = _read(node, opset)
+        except NotFused as why:
+            blocks.append(Block(label, False, str(why), pattern="Attention"))
+            continue
+        prefix = f"ortflash/onnx_attention_{index}"
+        while any(name.startswith(prefix + "/") for name in taken):
+            prefix += "_"
+        _emit(graph, node, plan, policy, opset, prefix)
+        blocks.append(
+            Block(
+                label,
+                True,
+                "; ".join(plan.notes),
+                pattern=plan.pattern(),
+                heads=plan.q_heads,
+                kv_heads=plan.kv_heads,
+                head_dim=plan.head_dim,
+                scale=plan.scale,
+                mask=plan.summary(),
+                softmax=policy.mode,
+            )
+        )
+    return blocks

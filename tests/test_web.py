@@ -1,0 +1,299 @@
+"""web-check: lowered models give ONNX Runtime's answers in onnxruntime-web (wasm) and onnxruntime-node.
+
+Node.js is required here: without it these tests fail (web_check raises), they do not skip.
+Only the zoo tests skip, and only while ortflash/rewrites/lower.py does not exist yet.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import ortflash
+from ortflash import spec, web_check as wc
+from ortflash.optimize import OrtflashError
+from ortflash.verify import make_feeds
+
+from attention_graphs import Variant, build
+
+ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
+MANIFEST = json.load(open(os.path.join(ZOO, "manifest.json")))
+ENTRIES = [e for e in MANIFEST["models"] if e.get("file") and e.get("check", {}).get("ok", True)]
+TARGETS = ("contrib", "onnx")
+TARGET_OPS = {"contrib": {"MultiHeadAttention", "GroupQueryAttention"}, "onnx": {"Attention"}}
+vi = helper.make_tensor_value_info
+
+
+def test_node_is_installed():
+    """CI must have Node.js; web-check is part of the product, not an optional extra."""
+    assert shutil.which("node"), "node not found on PATH"
+    assert shutil.which("npm"), "npm not found on PATH"
+    out = subprocess.run(["node", "--version"], capture_output=True, text=True, check=True).stdout
+    assert int(out.strip().lstrip("v").split(".")[0]) >= 18
+
+
+# ------------------------------------------------------------------------------------------
+# The zoo, lowered to each target, in web-wasm and node-cpu
+
+
+_lowered_cache: dict = {}
+
+
+def _lowered(entry, target):
+    key = (entry["file"], target)
+    if key not in _lowered_cache:
+        lower_mod = pytest.importorskip("ortflash.rewrites.lower", reason="lower.py not written yet")
+        model = onnx.load(os.path.join(ZOO, entry["file"]))
+        fused, _ = ortflash.optimize(model)
+        out = lower_mod.lower(fused, target)
+        _lowered_cache[key] = out[0] if isinstance(out, tuple) else out
+    return _lowered_cache[key]
+
+
+def _zoo_feeds(model, entry):
+    dynamic = entry.get("dynamic", {})
+    cases = [(1, 7), (2, 21)] if dynamic.get("seq", True) else [(1, 16), (2, 16)]
+    if not dynamic.get("batch", True):
+        cases = [(1, s) for _, s in cases]
+    return [make_feeds(model, seq_len=s, batch=b, dims=entry.get("feed_dims"), seed=i) for i, (b, s) in enumerate(cases)]
+
+
+@pytest.mark.parametrize("runtime", ["web-wasm", "node-cpu"])
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["file"][:-5] for e in ENTRIES])
+def test_zoo_lowered_runs_in_js_runtimes(entry, target, runtime):
+    model = _lowered(entry, target)
+    assert not any(n.op_type == spec.OP_TYPE for n in model.graph.node)
+    # One Node process per model and runtime, for both input sets.
+    diffs = wc.web_check(model, _zoo_feeds(model, entry), runtime=runtime)
+    assert len(diffs) == 2 * len(model.graph.output)
+    assert all(d.ok for d in diffs), [(d.name, d.max_abs, d.max_rel, d.nan_mismatch) for d in diffs]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_zoo_lowering_emits_target_ops(target):
+    """The web checks above are about the target's ops: the zoo must actually contain them."""
+    count = sum(n.op_type in TARGET_OPS[target] for e in ENTRIES for n in _lowered(e, target).graph.node)
+    assert count > 0
+
+
+# ------------------------------------------------------------------------------------------
+# Hand-built com.microsoft MultiHeadAttention and ONNX Attention (opset 23) models
+
+
+def _mha_model(dtype, with_bias):
+    b, s, n, d = "B", "S", 2, 8
+    inputs = [vi(x, dtype, [b, s, n * d]) for x in "qkv"]
+    ins = ["q", "k", "v"]
+    if with_bias:
+        inputs.append(vi("ab", dtype, [b, 1, s, s]))
+        ins += ["", "", "ab"]
+    node = helper.make_node("MultiHeadAttention", ins, ["o"], domain="com.microsoft", num_heads=n, scale=0.3)
+    graph = helper.make_graph([node], "mha", inputs, [vi("o", dtype, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    return model
+
+
+def _attention23_model(dtype, causal=False, mask=None):
+    inputs = [vi("q", dtype, ["B", 4, "S", 8]), vi("k", dtype, ["B", 2, "S", 8]), vi("v", dtype, ["B", 2, "S", 8])]
+    ins = ["q", "k", "v"]
+    if mask is not None:
+        inputs.append(vi("m", mask, ["B", 1, "S", "S"]))
+        ins.append("m")
+    node = helper.make_node("Attention", ins, ["o"], is_causal=int(causal))
+    graph = helper.make_graph([node], "attn", inputs, [vi("o", dtype, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    return model
+
+
+def _random_feeds(model, dims, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for x in model.graph.input:
+        t = x.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param] for d in t.shape.dim]
+        np_dt = helper.tensor_dtype_to_np_dtype(t.elem_type)
+        out[x.name] = rng.random(shape) > 0.3 if np_dt == np.bool_ else rng.standard_normal(shape).astype(np_dt)
+    return out
+
+
+@pytest.mark.parametrize("runtime", ["web-wasm", "node-cpu"])
+def test_attention_ops_run_in_js_runtimes(runtime):
+    """MultiHeadAttention and Attention-23, float32 and float16, each model in one Node start."""
+    models = [
+        _mha_model(TensorProto.FLOAT, True), _mha_model(TensorProto.FLOAT16, True), _mha_model(TensorProto.FLOAT, False),
+        _attention23_model(TensorProto.FLOAT, mask=TensorProto.BOOL), _attention23_model(TensorProto.FLOAT16, causal=True),
+        _attention23_model(TensorProto.FLOAT, mask=TensorProto.FLOAT),
+    ]
+    for model in models:
+        feeds = [_random_feeds(model, {"B": 2, "S": 5}, 0), _random_feeds(model, {"B": 1, "S": 9}, 1)]
+        diffs = wc.web_check(model, feeds, runtime=runtime)
+        assert len(diffs) == 2 and all(d.ok for d in diffs), diffs
+
+
+@pytest.mark.parametrize("runtime", ["web-wasm", "node-cpu"])
+def test_tensor_types_round_trip_exactly(runtime):
+    """float32, float16, int64, int32 and bool go to Node and come back bit for bit."""
+    types = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "i64": TensorProto.INT64,
+             "i32": TensorProto.INT32, "b": TensorProto.BOOL}
+    nodes = [helper.make_node("Identity", [k], [f"{k}_out"]) for k in types]
+    graph = helper.make_graph(nodes, "id", [vi(k, t, None) for k, t in types.items()],
+                              [vi(f"{k}_out", t, None) for k, t in types.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    rng = np.random.default_rng(3)
+    feeds = {
+        "f32": np.array([[1.5, -np.inf, np.nan], [0.0, -0.0, 3e38]], np.float32),
+        "f16": rng.standard_normal((2, 3, 4)).astype(np.float16),
+        "i64": np.array([-(2**62), 2**40 + 7, -1], np.int64),
+        "i32": rng.integers(-(2**31), 2**31 - 1, size=(5,), dtype=np.int32),
+        "b": rng.random((3, 1, 2)) > 0.5,
+    }
+    (out,) = wc.run_node(model, [feeds], runtime)
+    assert list(out) == [f"{k}_out" for k in types]
+    for k, x in feeds.items():
+        y = out[f"{k}_out"]
+        assert y.dtype == x.dtype and y.shape == x.shape
+        assert x.tobytes() == y.tobytes()
+    diffs = wc.web_check(model, feeds, runtime=runtime)
+    assert [d.name for d in diffs] == [f"{k}_out" for k in types] and all(d.ok for d in diffs)
+
+
+def test_safetensors_files_round_trip(tmp_path):
+    tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "scalar": np.array(7, np.int64),
+               "empty": np.zeros((0, 4), np.float16), "mask": np.array([True, False])}
+    path = str(tmp_path / "t.safetensors")
+    wc.write_tensors(path, tensors)
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    assert (8 + n) % 8 == 0 and json.loads(raw[8:8 + n])["a"]["dtype"] == "F32"
+    back = wc.read_tensors(path)
+    assert list(back) == list(tensors)
+    for k in tensors:
+        assert back[k].dtype == tensors[k].dtype and np.array_equal(back[k], tensors[k])
+
+
+def test_random_feeds_when_none_given():
+    diffs = wc.web_check(_mha_model(TensorProto.FLOAT, True), runtime="node-cpu")
+    assert [d.name for d in diffs] == ["o"] and diffs[0].ok
+
+
+# ------------------------------------------------------------------------------------------
+# Clean errors
+
+
+def test_flash_attention_model_is_refused_with_the_targets_to_use():
+    fused, report = ortflash.optimize(build(Variant()))
+    assert report.fused == 1
+    with pytest.raises(OrtflashError) as err:
+        wc.web_check(fused)
+    msg = str(err.value)
+    assert "FlashAttention" in msg and "--target contrib" in msg and "--target onnx" in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("path", ["no/such/model.onnx", os.path.dirname(__file__), __file__])
+def test_bad_model_path(path):
+    with pytest.raises(OrtflashError):
+        wc.web_check(path)
+
+
+def _relu(ir_version=10, opsets=(("", 21),), domain="", op="Relu"):
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], domain=domain)], "g",
+                              [vi("x", TensorProto.FLOAT, [2, 3])], [vi("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+    model.ir_version = ir_version
+    return model
+
+
+def test_custom_domain_is_refused():
+    model = _relu(opsets=(("", 21), ("my.ops", 1)), domain="my.ops", op="Fancy")
+    with pytest.raises(OrtflashError, match="custom domain 'my.ops'"):
+        wc.web_check(model)
+
+
+def test_versions_beyond_onnxruntime_web_are_refused():
+    with pytest.raises(OrtflashError, match="IR version 14"):
+        wc.web_check(_relu(ir_version=wc.MAX_IR_VERSION + 1))
+    with pytest.raises(OrtflashError, match="opset 27"):
+        wc.web_check(_relu(opsets=(("", wc.MAX_OPSET[""] + 1),)))
+    with pytest.raises(OrtflashError, match="opset 2 of com.microsoft"):
+        wc.web_check(_relu(opsets=(("", 21), ("com.microsoft", 2))))
+
+
+def test_the_version_limits_are_the_runtimes_own():
+    """The highest IR version and opset accepted must load in both JS runtimes (one step up does not)."""
+    top = _relu(ir_version=wc.MAX_IR_VERSION, opsets=(("", wc.MAX_OPSET[""]),))
+    x = {"x": np.ones((2, 3), np.float32)}
+    for runtime in ("web-wasm", "node-cpu"):
+        assert wc.run_node(top, [x], runtime)[0]["y"].shape == (2, 3)
+    with pytest.raises(OrtflashError, match="Unsupported model IR version: 14"):
+        wc.run_node(_relu(ir_version=wc.MAX_IR_VERSION + 1), [x], "web-wasm")
+    with pytest.raises(OrtflashError, match="till opset 26"):
+        wc.run_node(_relu(opsets=(("", wc.MAX_OPSET[""] + 1),)), [x], "web-wasm")
+
+
+def test_node_load_failure_is_one_clean_line():
+    model = _relu(op="NoSuchOp")
+    with pytest.raises(OrtflashError) as err:
+        wc.run_node(model, [{"x": np.ones((2, 3), np.float32)}], "web-wasm")
+    msg = str(err.value)
+    assert msg.startswith("web-wasm could not load the model:") and "NoSuchOp" in msg
+    assert "\n" not in msg and ".cc:" not in msg
+
+
+def test_unknown_runtime():
+    with pytest.raises(OrtflashError, match="unknown runtime"):
+        wc.web_check(_relu(), runtime="browser")
+
+
+def test_node_webgpu_runs_or_says_there_is_no_adapter():
+    model = _mha_model(TensorProto.FLOAT, True)
+    try:
+        diffs = wc.web_check(model, runtime="node-webgpu", rtol=1e-3, atol=1e-4)
+    except OrtflashError as exc:
+        assert "WebGPU adapter" in str(exc) and "\n" not in str(exc)
+    else:
+        assert all(d.ok for d in diffs), diffs
+
+
+def test_missing_node_is_a_clean_error(monkeypatch):
+    monkeypatch.setattr(wc.shutil, "which", lambda name: None)
+    with pytest.raises(OrtflashError, match="node and npm not found"):
+        wc.web_check(_relu())
+
+
+def test_first_use_installs_the_node_packages(monkeypatch, capsys):
+    calls = []
+    state = {"installed": False}
+
+    def fake_run(args, **kw):
+        calls.append((args, kw))
+        state["installed"] = True
+        return subprocess.CompletedProcess(args, 0, stdout="", stderr="")
+
+    monkeypatch.setattr(wc, "_installed", lambda: state["installed"])
+    monkeypatch.setattr(wc.subprocess, "run", fake_run)
+    wc.ensure_node_packages()
+    (args, kw), = calls
+    assert args[1:3] == ["ci", "--no-audit"] and kw["cwd"] == wc.WEB_DIR
+    assert kw["env"]["ONNXRUNTIME_NODE_INSTALL"] == "skip"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "npm ci" in err
+    wc.ensure_node_packages()  # installed now: nothing more to run
+    assert len(calls) == 1
+
+
+def test_failed_install_is_a_clean_error(monkeypatch):
+    monkeypatch.setattr(wc, "_installed", lambda: False)
+    monkeypatch.setattr(wc.subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(
+        args, 1, stdout="npm error code E404\nnpm error 404 Not Found - GET https://registry/x\n"))
+    with pytest.raises(OrtflashError, match="npm ci in .* failed: npm error code E404"):
+        wc.ensure_node_packages()
