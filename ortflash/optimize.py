@@ -15,6 +15,7 @@ from .rewrites import ir_utils as u
 from .rewrites.attention import read_block, scores_kept
 from .rewrites.fuse import emit, replace_output
 from .rewrites.match import AttentionMatch, NotFused
+from .rewrites.onnx_attention import fuse_attention_ops
 
 
 class OrtflashError(Exception):
@@ -101,6 +102,8 @@ def optimize(
     model = ir.serde.deserialize_model(_with_shapes(proto))
     graph = model.graph
     report = Report(name)
+    # ONNX Attention ops (opset 23+) first: their Softmax is inside the op, not in the graph.
+    report.blocks += fuse_attention_ops(graph, opset, policy)
 
     for softmax in [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]:
         label = softmax.name or f"Softmax_{len(report.blocks)}"

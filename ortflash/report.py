@@ -31,8 +31,8 @@ class Report:
 
     def summary(self) -> str:
         if not self.blocks:
-            return f"{self.model}: no Softmax, no attention to fuse; the model is written unchanged"
-        return f"{self.model}: {self.fused} of {len(self.blocks)} attention-like Softmax nodes fused"
+            return f"{self.model}: no Softmax or Attention node, nothing to fuse; the model is written unchanged"
+        return f"{self.model}: {self.fused} of {len(self.blocks)} attention blocks (Softmax or Attention nodes) fused"
 
     def to_dict(self) -> dict:
         return {"model": self.model, "fused": self.fused, "blocks": [asdict(b) for b in self.blocks]}

@@ -58,6 +58,9 @@ def make_feeds(model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2, see
         elif np.issubdtype(np_type, np.integer):
             if "mask" in lname:
                 feeds[vi.name] = _padding_mask(shape, rng, np_type)
+            elif "nonpad" in lname or "seqlen" in lname:
+                # valid key counts, in [1, key length]; the key length is the sequence length here
+                feeds[vi.name] = rng.integers(1, seq_len + 1, size=shape).astype(np_type)
             elif "position" in lname:
                 feeds[vi.name] = np.broadcast_to(np.arange(shape[-1], dtype=np_type), shape).copy()
             elif "type" in lname:

@@ -256,6 +256,13 @@ def _dim_of(value: ir.Value | None, axis: int) -> int | None:
     return None if shape is None or len(shape) <= axis else _static(shape[axis])
 
 
+def _total_static(p: _Plan) -> int | None:
+    """The static key count past + new, when both are known."""
+    new = _dim_of(p.k, 2 if p.rank == 4 else 1)
+    past = 0 if p.past_key is None else _dim_of(p.past_key, 2)
+    return None if new is None or past is None else past + new
+
+
 def _heads_first(e: _Writer, x: ir.Value, heads: int) -> ir.Value:
     """[B, S, H·D] -> [B, H, S, D]."""
     x = e.node("Reshape", [x, e.i64([0, 0, heads, -1])])
@@ -273,7 +280,7 @@ def _causal_mask(e: _Writer, p: _Plan, q4: ir.Value, k4: ir.Value) -> tuple[ir.V
         p.causal = "none: one query after a past sees every key, as in ONNX Runtime"
         return None, False
     sq = e.dim(q4, 2, sq_static)
-    total = e.dim(k4, 2, _dim_of(k4, 2))
+    total = e.dim(k4, 2, _total_static(p))
     if p.nonpad is not None:
         # Per batch, bottom-right: key j is seen by query i when j <= i + nonpad[b] - Sq.
         p.causal = "bottom-right by nonpad_kv_seqlen"
@@ -285,7 +292,7 @@ def _causal_mask(e: _Writer, p: _Plan, q4: ir.Value, k4: ir.Value) -> tuple[ir.V
         if sq_static is None or sq_static == 1:
             single = e.node("Equal", [sq, e.i64(1)])
             has_past = e.node("Greater", [offset, e.i64(0)])
-            pass
+            offset = e.node("Where", [e.node("And", [single, has_past]), total, offset])
     rows = e.unsqueeze(e.arange(sq), [1])  # [Sq, 1]
     cols = e.unsqueeze(e.arange(total), [0])  # [1, T]
     ahead = e.node("Sub", [cols, rows])  # j - i
@@ -294,7 +301,7 @@ def _causal_mask(e: _Writer, p: _Plan, q4: ir.Value, k4: ir.Value) -> tuple[ir.V
 
 def _nonpad_mask(e: _Writer, p: _Plan, k4: ir.Value) -> ir.Value:
     """keys j < nonpad[b]: [B, 1, 1, T]."""
-    total = e.dim(k4, 2, _dim_of(k4, 2))
+    total = e.dim(k4, 2, _total_static(p))
     cols = e.unsqueeze(e.arange(total), [0])  # [1, T]
     lengths = e.unsqueeze(p.nonpad, [1])  # [B, 1]
     return e.unsqueeze(e.node("Less", [cols, lengths]), [1, 2])
@@ -355,6 +362,7 @@ def _emit(graph: ir.Graph, node: ir.Node, p: _Plan, policy: SoftmaxPolicy, opset
             "softcap": p.softcap,
         }
     )
+    attrs["exact_floats"] = spec.exact_floats(attrs)  # the bridge rounds float attributes to 6 digits
     out = e.node(spec.OP_TYPE, [fq, fk, fv, bias, mask], domain=spec.DOMAIN, **attrs)
     if p.dtype != acc:
         out = e.cast(out, p.dtype)
