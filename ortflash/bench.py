@@ -223,36 +223,49 @@ def lower_function():
     return lower
 
 
-def build_variant(model_path: str, variant: str, block_size: int = 64) -> tuple:
-    """(ModelProto, info dict, softmax mode or None) of one variant; raises with a reason."""
-    from .optimize import load, optimize
-
-    original = load(model_path)
+def parse_variant(variant: str) -> tuple[str, str, int | None, str | None]:
+    """'online@512' -> (label, kind, block size, path); 'mha=m.onnx' -> ('mha', 'file', None, 'm.onnx')."""
     if "=" in variant:
         label, path = variant.split("=", 1)
-        return load(path), {"source": path}, None
-    if variant == "original":
-        return original, {}, None
-    if variant in ORTFLASH_VARIANTS:
-        model, report = optimize(original, softmax=variant, block_size=block_size, min_seq_len=0)
-        info = {"blocks": len(report.blocks), "fused": report.fused}
+        return label, "file", None, path
+    kind, _, bs = variant.partition("@")
+    if kind not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)} "
+                         "(optionally @BLOCK_SIZE) or LABEL=PATH.onnx")
+    if bs and (not bs.isdigit() or int(bs) < 1):
+        raise ValueError(f"{variant!r}: the block size after @ must be a positive integer")
+    return variant, kind, int(bs) if bs else None, None
+
+
+def build_variant(model_path: str, variant: str, block_size: int = 64) -> tuple:
+    """(ModelProto, info dict, softmax mode or None, block size) of one variant; raises with a reason."""
+    from .optimize import load, optimize
+
+    label, kind, bs, path = parse_variant(variant)
+    block_size = bs or block_size
+    if kind == "file":
+        return load(path), {"source": path}, None, block_size
+    original = load(model_path)
+    if kind == "original":
+        return original, {}, None, block_size
+    if kind in ORTFLASH_VARIANTS:
+        model, report = optimize(original, softmax=kind, block_size=block_size, min_seq_len=0)
+        info = {"blocks": len(report.blocks), "fused": report.fused, "block_size": block_size}
         if not report.fused:
             info["note"] = "no block fused: the variant is the original model"
-        return model, info, variant
-    if variant in LOWERED_VARIANTS:
-        lower = lower_function()
-        if lower is None:
-            raise _Unavailable("ortflash.rewrites.lower is not in this tree")
-        fused, report = optimize(original, softmax="naive", block_size=block_size, min_seq_len=0)
-        lowered, notes = lower(fused, variant)
-        if not isinstance(lowered, type(original)):  # an onnx_ir model
-            import onnx_ir as ir
+        return model, info, kind, block_size
+    lower = lower_function()
+    if lower is None:
+        raise _Unavailable("ortflash.rewrites.lower is not in this tree")
+    fused, report = optimize(original, softmax="naive", block_size=block_size, min_seq_len=0)
+    lowered, notes = lower(fused, kind)
+    if not isinstance(lowered, type(original)):  # an onnx_ir model
+        import onnx_ir as ir
 
-            lowered = ir.serde.serialize_model(lowered)
-        info = {"blocks": len(report.blocks), "fused": report.fused,
-                "lower_notes": [str(n) for n in (notes or [])][:20]}
-        return lowered, info, None
-    raise ValueError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)} or LABEL=PATH.onnx")
+        lowered = ir.serde.serialize_model(lowered)
+    info = {"blocks": len(report.blocks), "fused": report.fused,
+            "lower_notes": [str(n) for n in (notes or [])][:20]}
+    return lowered, info, None, block_size
 
 
 class _Unavailable(RuntimeError):
@@ -326,7 +339,7 @@ def _session(model, mode, block_size, so):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def _profile(model, mode, block_size, feeds, tmp) -> dict:
+def _profile(model, mode, block_size, feeds, tmp, timer=None) -> dict:
     """One warm, profiled run in a fresh session: milliseconds per op type."""
     import onnxruntime as ort
 
@@ -337,7 +350,10 @@ def _profile(model, mode, block_size, feeds, tmp) -> dict:
     sess.run(None, feeds)
     inner = getattr(sess, "_session", sess)
     # the profile covers both runs; keep the second (warm) one
+    if timer:
+        timer.take()
     sess.run(None, feeds)
+    hook = timer.take()["hook"] * 1000 if timer else None
     path = inner.end_profiling()
     with open(path) as f:
         events = json.load(f)
@@ -353,7 +369,10 @@ def _profile(model, mode, block_size, feeds, tmp) -> dict:
     os.remove(path)
     total = runs[-1]["dur"] / 1000 if runs else None
     top = dict(sorted(per_op.items(), key=lambda kv: -kv[1])[:8])
-    return {"run_ms": total, "nodes_ms": round(nodes, 3), "per_op_ms": {k: round(v, 3) for k, v in top.items()}}
+    out = {"run_ms": total, "nodes_ms": round(nodes, 3), "per_op_ms": {k: round(v, 3) for k, v in top.items()}}
+    if hook is not None:
+        out["bridge_hook_ms"] = round(hook, 3)
+    return out
 
 
 def _status(path, text):
@@ -378,7 +397,7 @@ def run_worker(cfg: dict) -> dict:
     out = {"variant": cfg["variant"], "seq_len": cfg["seq_len"], "batch": cfg["batch"], "pid": os.getpid()}
     _status(status, "building")
     t0 = time.perf_counter()
-    model, info, mode = build_variant(cfg["model"], cfg["variant"], cfg["block_size"])
+    model, info, mode, block_size = build_variant(cfg["model"], cfg["variant"], cfg["block_size"])
     out["build"] = {**info, "seconds": round(time.perf_counter() - t0, 2), "model_ops": _count_ops(model)}
     feeds = make_feeds(model, seq_len=cfg["seq_len"], batch=cfg["batch"], seed=0, dims=cfg.get("dims"))
     out["feeds"] = {k: list(v.shape) for k, v in feeds.items()}
@@ -394,7 +413,7 @@ def run_worker(cfg: dict) -> dict:
     rss_build = _rss()
     probe.start()
     t0 = time.perf_counter()
-    sess = _session(model, mode, cfg["block_size"], so)
+    sess = _session(model, mode, block_size, so)
     out["session_seconds"] = round(time.perf_counter() - t0, 2)
     peak_session = probe.stop()
     try:
@@ -426,13 +445,15 @@ def run_worker(cfg: dict) -> dict:
     repeats = cfg["repeats"]
     if budget and cold > 0:
         repeats = max(cfg.get("min_repeats", 3), min(repeats, int(budget / cold)))
-    times, bridge = [], []
+    times, cpu, bridge = [], [], []
     probe.start()
     for i in range(repeats):
         _status(status, f"run {i + 1}/{repeats}")
+        c0 = time.process_time()
         t0 = time.perf_counter()
         sess.run(names, feeds)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         if timer:
             bridge.append(timer.take())
     peak_timed = probe.stop()
@@ -447,6 +468,10 @@ def run_worker(cfg: dict) -> dict:
         "runs": [round(t * 1000, 3) for t in times],
         "repeats": repeats,
         "warmup": cfg["warmup"],
+        # CPU time of all the worker's threads during a run (spinning thread-pool threads included):
+        # less sensitive than wall time to other jobs on a shared machine
+        "cpu_median": round(statistics.median(cpu) * 1000, 3),
+        "cpu_runs": [round(t * 1000, 3) for t in cpu],
     }
     out["memory_mb"] = {
         "inference_peak": round((max(peak_warm, peak_timed) - rss_before) / MIB, 1),
@@ -470,13 +495,15 @@ def run_worker(cfg: dict) -> dict:
     if cfg.get("profile"):
         _status(status, "profile run")
         try:
-            out["profile"] = _profile(model, mode, cfg["block_size"], feeds, tmp)
+            out["profile"] = _profile(model, mode, block_size, feeds, tmp, timer)
             if "bridge_ms" in out:
                 node = out["profile"]["per_op_ms"].get("FlashAttention")
-                if node is not None:
+                hook = out["profile"].get("bridge_hook_ms")
+                if node is not None and hook is not None:
                     out["bridge_ms"]["ort_node"] = node
-                    # C++ side of the bridge: inputs into numpy, the Python list back into a tensor
-                    out["bridge_ms"]["marshal"] = round(node - out["bridge_ms"]["hook"], 3)
+                    # C++ side of the bridge (inputs into numpy, the Python list back into a
+                    # tensor): the nodes' time in ORT's profile minus the Python hook, same run
+                    out["bridge_ms"]["marshal"] = round(node - hook, 3)
         except Exception as exc:
             out["profile"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     try:
@@ -563,6 +590,8 @@ def bench(
     block_size: int = 64,
     time_budget_s: float = 60.0,
     timeout_s: float = 900.0,
+    rounds: int = 1,
+    rounds_max_seq: int | None = None,
     max_seq_len: dict | None = None,
     profile: bool | int = True,
     dims: dict | None = None,
@@ -580,6 +609,9 @@ def bench(
     a variant that times out or fails is not run at larger lengths. ``profile``: True, False, or
     the largest sequence length to profile (one extra warm run in a second session).
     ``time_budget_s``: fewer timed runs (at least 3) when ``repeats`` cold-run times exceed it.
+    ``rounds``: measure every (variant, S) that many times, in alternating order (forward, reversed),
+    each time in a fresh process (only up to ``rounds_max_seq`` when given); latency is then the
+    median over all rounds' timed runs and memory the largest round's.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -592,6 +624,8 @@ def bench(
         raise OrtflashError(f"{model_path}: no such file")
     seq_lens = [int(s) for s in seq_lens]
     variants = list(variants)
+    for v in variants:
+        parse_variant(v)  # a bad name fails here, before any worker starts
     max_seq_len = dict(max_seq_len or {})
     results = {
         "name": name,
@@ -602,14 +636,22 @@ def bench(
         "versions": versions(),
         "config": {"seq_lens": seq_lens, "variants": variants, "batch": batch, "repeats": repeats, "warmup": warmup,
                    "block_size": block_size, "time_budget_s": time_budget_s, "timeout_s": timeout_s,
-                   "max_seq_len": max_seq_len, "profile": profile},
+                   "max_seq_len": max_seq_len, "profile": profile,
+                   "rounds": rounds, "rounds_max_seq": rounds_max_seq},
         "lower_available": lower_function() is not None,
         "notes": list(notes or []),
         "loadavg_start": _loadavg(),
         "runs": [],
     }
     stopped: dict[str, str] = {}
-    todo = [(s, v) for s in seq_lens for v in variants]
+    todo = []
+    for s in seq_lens:
+        n = rounds if rounds_max_seq is None or s <= rounds_max_seq else 1
+        for r in range(max(1, n)):
+            # round 0 in the given order, then reversed, and so on: a load that drifts during the
+            # run then weighs on every variant alike
+            todo += [(s, v, r) for v in (variants if r % 2 == 0 else variants[::-1])]
+    raw: dict[tuple, list] = {}
     # Every worker reads the same bytes, even if the file is rewritten while the benchmark runs.
     snapshot = tempfile.TemporaryDirectory(prefix="ortflash-bench-model-")
     model_copy = os.path.join(snapshot.name, os.path.basename(model_path))
@@ -619,36 +661,37 @@ def bench(
     with snapshot, Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, disable=not progress, transient=False) as bar:
         task = bar.add_task("bench", total=len(todo))
-        for s, v in todo:
-            label = v.split("=", 1)[0]
-            base = {"variant": label, "seq_len": s, "batch": batch}
+        for s, v, rnd in todo:
+            label = parse_variant(v)[0]
+            base = {"variant": label, "seq_len": s, "batch": batch, "round": rnd}
+            runs = raw.setdefault((s, v), [])
             if v in stopped:
-                results["runs"].append({**base, "status": "skipped", "error": stopped[v]})
+                runs.append({**base, "status": "skipped", "error": stopped[v]})
                 bar.advance(task)
                 continue
             if label in max_seq_len and s > max_seq_len[label]:
-                results["runs"].append({**base, "status": "skipped",
-                                        "error": f"above the chosen limit S <= {max_seq_len[label]}"})
+                runs.append({**base, "status": "skipped", "error": f"above the chosen limit S <= {max_seq_len[label]}"})
                 bar.advance(task)
                 continue
-            prof = profile if isinstance(profile, bool) else s <= int(profile)
+            prof = (profile if isinstance(profile, bool) else s <= int(profile)) and rnd == 0
             cfg = {"model": model_copy, "variant": v, "seq_len": s, "batch": batch, "repeats": repeats,
                    "warmup": max(1, warmup), "block_size": block_size, "time_budget_s": time_budget_s,
                    "profile": prof, "dims": dims}
-            desc = f"S={s:<5d} {label:<9s}"
+            desc = f"S={s:<5d} {label:<9s}" + (f" round {rnd + 1}" if rounds > 1 else "")
             bar.update(task, description=desc)
             res = _run_one(cfg, timeout_s, tick=lambda text, d=desc: bar.update(task, description=f"{d} {text}"))
-            res["variant"] = label
-            results["runs"].append(res)
+            res.update(variant=label, round=rnd)
+            runs.append(res)
             if res["status"] == "ok":
-                bar.console.print(f"  S={s:<5d} {label:<9s} {res['latency_ms']['median']:10.1f} ms  "
+                bar.console.print(f"  {desc} {res['latency_ms']['median']:10.1f} ms  "
                                   f"{res['memory_mb']['inference_peak']:8.1f} MiB  ({res['wall_s']} s)")
             else:
-                bar.console.print(f"  S={s:<5d} {label:<9s} {res['status']}: {res.get('error', '')}")
+                bar.console.print(f"  {desc} {res['status']}: {res.get('error', '')}")
                 if res["status"] in ("timeout", "error", "unavailable"):
                     stopped[v] = (f"not run: {res['status']} at S={s}" if res["status"] != "unavailable"
                                   else res.get("error", "unavailable"))
             bar.advance(task)
+    results["runs"] = [merge_rounds(raw[(s, v)]) for s in seq_lens for v in variants if (s, v) in raw]
     results["loadavg_end"] = _loadavg()
     results["ratios"] = ratios(results)
     print_table(results, console)
@@ -659,6 +702,34 @@ def bench(
 
 
 # ----------------------------------------------------------------------------- reporting
+
+
+def merge_rounds(runs: list[dict]) -> dict:
+    """One result from the rounds of one (variant, S): all timed runs pooled, the largest memory."""
+    ok = [r for r in runs if r.get("status") == "ok"]
+    if not ok:
+        return dict(runs[-1])
+    if len(ok) == 1 and len(runs) == 1:
+        return dict(ok[0])
+    out = dict(ok[0])
+    times = [t for r in ok for t in r["latency_ms"]["runs"]]
+    cpu = [t for r in ok for t in r["latency_ms"].get("cpu_runs", [])]
+    out["latency_ms"] = {**ok[0]["latency_ms"], "median": round(statistics.median(times), 3), "min": min(times),
+                         "max": max(times), "runs": times, "repeats": len(times),
+                         "round_medians": [r["latency_ms"]["median"] for r in ok]}
+    if cpu:
+        out["latency_ms"].update(cpu_median=round(statistics.median(cpu), 3), cpu_runs=cpu)
+    out["memory_mb"] = {k: max(r["memory_mb"][k] for r in ok) for k in ok[0]["memory_mb"]}
+    out["memory_mb"]["round_inference_peaks"] = [r["memory_mb"]["inference_peak"] for r in ok]
+    if all("bridge_ms" in r for r in ok):
+        out["bridge_ms"] = {**ok[0]["bridge_ms"], **{k: round(statistics.median(r["bridge_ms"][k] for r in ok), 3)
+                                                     for k in ("kernel", "op_body", "hook", "tolist")}}
+    out["rounds"] = len(ok)
+    out["wall_s"] = round(sum(r.get("wall_s", 0) for r in runs), 1)
+    failed = [r for r in runs if r.get("status") != "ok"]
+    if failed:
+        out["failed_rounds"] = [{"round": r.get("round"), "status": r.get("status"), "error": r.get("error")} for r in failed]
+    return out
 
 
 def _ok(results, variant, s):
@@ -689,8 +760,10 @@ def ratios(results, baseline: str = "original") -> dict:
             if not r:
                 continue
             bm, rm = base["memory_mb"], r["memory_mb"]
+            bc, rc = base["latency_ms"].get("cpu_median"), r["latency_ms"].get("cpu_median")
             row[v] = {
                 "speedup": round(base["latency_ms"]["median"] / r["latency_ms"]["median"], 3),
+                "cpu_speedup": round(bc / rc, 3) if bc and rc else None,
                 "inference_memory": round(rm["inference_peak"] / bm["inference_peak"], 3) if bm["inference_peak"] > 0 else None,
                 "process_memory": round(rm["process_peak"] / bm["process_peak"], 3),
             }
@@ -706,10 +779,12 @@ def _cell(results, v, s, key):
                 return {"skipped": "skip", "timeout": "timeout", "unavailable": "n/a"}.get(x.get("status"), "error")
         return ""
     rat = results.get("ratios", {}).get(str(s), {}).get(v, {})
-    if key == "latency":
-        val = r["latency_ms"]["median"]
+    if key in ("latency", "cpu"):
+        val = r["latency_ms"]["median" if key == "latency" else "cpu_median"]
+        if val is None:
+            return ""
         text = f"{val:,.0f} ms" if val >= 100 else f"{val:.1f} ms"
-        sp = rat.get("speedup")
+        sp = rat.get("speedup" if key == "latency" else "cpu_speedup")
         return text + (f" ({sp:.2f}x)" if sp is not None and v != "original" else "")
     mem = r["memory_mb"]["inference_peak" if key == "memory" else "process_peak"]
     ratio = rat.get("inference_memory" if key == "memory" else "process_memory")
@@ -730,7 +805,8 @@ def print_table(results, console=None) -> None:
             table.add_column(v, justify="right")
         for s in results["config"]["seq_lens"]:
             table.add_row(str(s), *[_cell(results, v, s, key) for v in variants])
-        console.print(table)
+        # a log or pipe gets the whole table unfolded; a terminal gets its own width
+        console.print(table, width=None if console.is_terminal else max(console.width, 12 + 20 * len(variants)))
 
 
 def _md_table(results, key) -> list[str]:
@@ -765,6 +841,8 @@ def markdown(results) -> str:
     for note in results.get("notes", []):
         lines.append(f"- {note}")
     lines += ["", "## Median latency (speedup vs original, higher is better)", ""] + _md_table(results, "latency")
+    lines += ["", "## CPU time per run, all threads (ratio original / variant; less sensitive to other jobs than "
+              "wall time, but counts spinning thread-pool threads)", ""] + _md_table(results, "cpu")
     lines += ["", "## Inference peak memory (ratio vs original, lower is better)", ""] + _md_table(results, "memory")
     lines += ["", "## Process peak RSS (session creation and runs, absolute)", ""] + _md_table(results, "process")
     bridge = [r for r in results["runs"] if r.get("status") == "ok" and "bridge_ms" in r]
@@ -869,8 +947,10 @@ def _int_list(text: str) -> list[int]:
 def _variant_list(text: str) -> list[str]:
     vals = [x for x in text.replace(" ", "").split(",") if x]
     for v in vals:
-        if "=" not in v and v not in VARIANTS:
-            raise argparse.ArgumentTypeError(f"unknown variant {v!r}: use {','.join(VARIANTS)} or LABEL=PATH.onnx")
+        try:
+            parse_variant(v)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return vals
 
 
@@ -880,11 +960,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-lens", type=_int_list, default=list(DEFAULT_SEQ_LENS),
                    help="comma-separated sequence lengths (default %(default)s)")
     p.add_argument("--variants", type=_variant_list, default=list(VARIANTS),
-                   help="comma-separated: original,naive,online,contrib,onnx or LABEL=PATH.onnx (default all)")
+                   help="comma-separated: original,naive,online,contrib,onnx (naive/online@BLOCK for another tile, "
+                        "e.g. online@512) or LABEL=PATH.onnx (default all five)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (default %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default %(default)s)")
     p.add_argument("--block-size", type=int, default=64, help="online softmax tile (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure each (variant, S) this many times, alternating the order (default %(default)s)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per worker before it is killed (default %(default)s)")
     p.add_argument("--no-profile", action="store_true", help="skip the extra ORT-profiled run")
     p.add_argument("--out", default="bench-results", help="folder for bench.json/.md/.png (default %(default)s)")
@@ -894,7 +977,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     """`ortflash bench`: returns an exit code (0 when every requested measurement succeeded)."""
     res = bench(args.model, seq_lens=args.seq_lens, variants=args.variants, batch=args.batch,
-                repeats=args.repeats, warmup=args.warmup, block_size=args.block_size, timeout_s=args.timeout,
+                repeats=args.repeats, warmup=args.warmup, rounds=args.rounds, block_size=args.block_size, timeout_s=args.timeout,
                 profile=not args.no_profile, out_dir=args.out, name=args.name)
     return 0 if all(r.get("status") in ("ok", "skipped") for r in res["runs"]) else 1
 

@@ -99,11 +99,13 @@ def read_tensors(path: str) -> dict[str, np.ndarray]:
 # Node and its packages
 
 
-def _node_tools() -> tuple[str, str]:
+def _node_tools(need_npm: bool) -> tuple[str, str | None]:
+    """node (always needed) and npm (needed only to install web/node_modules)."""
     node, npm = shutil.which("node"), shutil.which("npm")
-    if not node or not npm:
-        missing = " and ".join(n for n, p in (("node", node), ("npm", npm)) if not p)
-        raise OrtflashError(f"web-check needs Node.js: {missing} not found on PATH (install Node.js 18 or newer)")
+    if not node or (need_npm and not npm):
+        missing = " and ".join(n for n, p in (("node", node), ("npm", npm if need_npm else "-")) if not p)
+        raise OrtflashError(f"web-check needs Node.js: {missing} not found on PATH "
+                            "(install Node.js 18 or newer with npm, e.g. apt-get install nodejs npm)")
     return node, npm
 
 
@@ -114,9 +116,9 @@ def _installed() -> bool:
 
 def ensure_node_packages() -> str:
     """Path of `node`; installs web/node_modules (npm ci) the first time."""
-    node, npm = _node_tools()
     if _installed():
-        return node
+        return _node_tools(need_npm=False)[0]
+    node, npm = _node_tools(need_npm=True)
     print(f"ortflash: installing onnxruntime-web and onnxruntime-node into {os.path.join(WEB_DIR, 'node_modules')} "
           "(npm ci, first use only)", file=sys.stderr, flush=True)
     env = dict(os.environ, ONNXRUNTIME_NODE_INSTALL="skip")  # the Linux/macOS/Windows CPU bindings are bundled
@@ -127,7 +129,8 @@ def ensure_node_packages() -> str:
         raise OrtflashError(f"npm ci in {WEB_DIR} did not finish in {_NODE_TIMEOUT_S} s") from None
     if proc.returncode != 0 or not _installed():
         lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
-        err = next((ln for ln in lines if "ERR" in ln), lines[-1] if lines else f"exit status {proc.returncode}")
+        err = next((ln for ln in lines if ln.lower().startswith(("npm err", "npm error"))),
+                   lines[-1] if lines else f"exit status {proc.returncode}")
         raise OrtflashError(f"npm ci in {WEB_DIR} failed: {err[:300]}")
     return node
 
@@ -285,7 +288,7 @@ def web_check(model_path_or_proto, feeds=None, runtime: str = "web-wasm", rtol=N
     d_rtol, d_atol = default_tolerance(model)
     rtol = d_rtol if rtol is None else rtol
     atol = d_atol if atol is None else atol
-    _node_tools()  # fail on a missing Node before spending time in Python's runtime
+    _node_tools(need_npm=not _installed())  # fail on a missing Node before spending time in Python's runtime
     expected = [_python_run(model, f) for f in feed_sets]
     actual = run_node(model, feed_sets, runtime)
     diffs = []

@@ -493,11 +493,6 @@ def expanded(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-@pytest.mark.xfail(
-    reason="rules.py does not read the function body yet: its fully-masked-row guard "
-    "Where(Equal(ReduceMax(bias), -inf), CastLike(0, p), p) and its softcap Mul(Tanh(Div(s, c)), c)",
-    strict=False,
-)
 @pytest.mark.parametrize("name", sorted(EXPANDED))
 def test_expanded_function_body_fuses(name):
     model, feeds = build(EXPANDED[name])

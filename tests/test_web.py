@@ -45,13 +45,16 @@ _lowered_cache: dict = {}
 
 
 def _lowered(entry, target):
+    """(lowered model, reasons of the FlashAttention nodes lowering kept), cached per model and target."""
     key = (entry["file"], target)
     if key not in _lowered_cache:
         lower_mod = pytest.importorskip("ortflash.rewrites.lower", reason="lower.py not written yet")
         model = onnx.load(os.path.join(ZOO, entry["file"]))
         fused, _ = ortflash.optimize(model)
         out = lower_mod.lower(fused, target)
-        _lowered_cache[key] = out[0] if isinstance(out, tuple) else out
+        lowered, notes = out if isinstance(out, tuple) else (out, [])
+        kept = [getattr(n, "reason", str(n)) for n in notes if not getattr(n, "lowered", True)]
+        _lowered_cache[key] = (lowered, kept)
     return _lowered_cache[key]
 
 
@@ -67,8 +70,13 @@ def _zoo_feeds(model, entry):
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e["file"][:-5] for e in ENTRIES])
 def test_zoo_lowered_runs_in_js_runtimes(entry, target, runtime):
-    model = _lowered(entry, target)
-    assert not any(n.op_type == spec.OP_TYPE for n in model.graph.node)
+    model, kept = _lowered(entry, target)
+    if any(n.op_type == spec.OP_TYPE for n in model.graph.node):
+        # Lowering kept some blocks (it may, where the target op would compute something else):
+        # such a model cannot run in the JS runtimes, and web_check must say so before starting Node.
+        with pytest.raises(OrtflashError, match="--target contrib"):
+            wc.web_check(model, runtime=runtime)
+        pytest.xfail(f"{len(kept)} block(s) not lowered to {target}: {kept[0] if kept else '?'}")
     # One Node process per model and runtime, for both input sets.
     diffs = wc.web_check(model, _zoo_feeds(model, entry), runtime=runtime)
     assert len(diffs) == 2 * len(model.graph.output)
@@ -78,7 +86,7 @@ def test_zoo_lowered_runs_in_js_runtimes(entry, target, runtime):
 @pytest.mark.parametrize("target", TARGETS)
 def test_zoo_lowering_emits_target_ops(target):
     """The web checks above are about the target's ops: the zoo must actually contain them."""
-    count = sum(n.op_type in TARGET_OPS[target] for e in ENTRIES for n in _lowered(e, target).graph.node)
+    count = sum(n.op_type in TARGET_OPS[target] for e in ENTRIES for n in _lowered(e, target)[0].graph.node)
     assert count > 0
 
 
@@ -162,6 +170,7 @@ def test_tensor_types_round_trip_exactly(runtime):
         y = out[f"{k}_out"]
         assert y.dtype == x.dtype and y.shape == x.shape
         assert x.tobytes() == y.tobytes()
+    feeds["f32"] = rng.standard_normal((2, 3)).astype(np.float32)  # compare() wants finite floats
     diffs = wc.web_check(model, feeds, runtime=runtime)
     assert [d.name for d in diffs] == [f"{k}_out" for k in types] and all(d.ok for d in diffs)
 
@@ -266,7 +275,19 @@ def test_node_webgpu_runs_or_says_there_is_no_adapter():
 
 def test_missing_node_is_a_clean_error(monkeypatch):
     monkeypatch.setattr(wc.shutil, "which", lambda name: None)
-    with pytest.raises(OrtflashError, match="node and npm not found"):
+    with pytest.raises(OrtflashError, match="needs Node.js: node not found on PATH"):
+        wc.web_check(_relu())
+    monkeypatch.setattr(wc, "_installed", lambda: False)
+    with pytest.raises(OrtflashError, match="needs Node.js: node and npm not found on PATH"):
+        wc.web_check(_relu())
+
+
+def test_npm_is_needed_only_to_install(monkeypatch):
+    which = shutil.which
+    monkeypatch.setattr(wc.shutil, "which", lambda name: None if name == "npm" else which(name))
+    assert wc.web_check(_relu(), runtime="node-cpu")[0].ok
+    monkeypatch.setattr(wc, "_installed", lambda: False)
+    with pytest.raises(OrtflashError, match="npm not found on PATH"):
         wc.web_check(_relu())
 
 

@@ -10,7 +10,8 @@ from .rules import PROBS_RULES, SCORE_RULES, softmax_axis_is_last
 
 
 def _next_probs_node(value: ir.Value, m: AttentionMatch):
-    consumers = list(value.consumers())
+    # CastLike(x, p) reads only p's type, not its values.
+    consumers = [c for c in value.consumers() if not (c.op_type == "CastLike" and c.inputs[0] is not value)]
     if value.is_graph_output():
         raise NotFused(f"the attention probabilities {value.name} are a graph output")
     isnan = [c for c in consumers if c.op_type == "IsNaN"]
@@ -48,7 +49,16 @@ def read_block(softmax: ir.Node, opset: int) -> AttentionMatch:
             raise NotFused(f"the scores come from {node.op_type} {node.name}, which no rule reads")
         rule.check(node, value, m)
         value = rule.apply(node, value, m)
+    if m.guard_bias is not None and (m.masks or [_strip(b) for b in m.biases] != [_strip(m.guard_bias)]):
+        raise NotFused("the fully-masked-row guard tests a tensor other than the block's only bias")
     return m
+
+
+def _strip(value: ir.Value) -> ir.Value:
+    """value without Identity/Cast wrappers, to compare two reads of one tensor."""
+    while (node := u.producer(value, ("Identity", "Cast"))) is not None:
+        value = node.inputs[0]
+    return value
 
 
 def scores_kept(m: AttentionMatch) -> list[str]:

@@ -94,6 +94,7 @@ def emit(graph: ir.Graph, m: AttentionMatch, policy: SoftmaxPolicy, opset: int, 
             **policy.attributes(),
             "mask_fill": -math.inf if m.mask_fill is None else m.mask_fill,
             "masked_rows": "zero" if m.nan_guard else "nan",
+            "softcap": m.softcap,
         }
     )
     attrs["exact_floats"] = spec.exact_floats(attrs)

@@ -17,7 +17,7 @@ _UNARY = {
     "Abs": np.abs,
 }
 _BINARY = {"Div": np.divide, "Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Pow": np.power}
-_EVALUATED = set(_UNARY) | set(_BINARY) | {"Shape", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Gather"}
+_EVALUATED = set(_UNARY) | set(_BINARY) | {"Shape", "Cast", "CastLike", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Gather"}
 
 
 def producer(value: ir.Value | None, op_type: str | tuple[str, ...] | None = None) -> ir.Node | None:
@@ -62,6 +62,9 @@ def const_array(value: ir.Value | None, depth: int = 10) -> np.ndarray | None:
             return None
         start, end = attr_int(node, "start", 0), attr_int(node, "end", None)
         return np.array(shape[start:end], np.int64)
+    if op == "CastLike":  # only the first input's value matters; the second gives the dtype
+        x, like = const_array(node.inputs[0], depth - 1), node.inputs[1].dtype
+        return None if x is None or like is None else x.astype(like.numpy())
     args = []
     for v in node.inputs:
         args.append(const_array(v, depth - 1))

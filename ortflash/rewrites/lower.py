@@ -136,7 +136,9 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
         irm.opset_imports[CONTRIB_DOMAIN] = CONTRIB_VERSION
     out = ir.serde.serialize_model(irm)
     _drop_unused_contrib_import(out)
-    out.ir_version = ONNX_IR_VERSION if target == "onnx" else model.ir_version
+    # Opset 23 belongs to IR 11, but IR 10 is what ONNX Runtime 1.31 and onnxruntime-web 1.30
+    # load it with; a model already above 10 keeps its version.
+    out.ir_version = max(model.ir_version, ONNX_IR_VERSION) if target == "onnx" else model.ir_version
     declared = {vi.name for vi in model.graph.value_info}
     kept_info = [vi for vi in out.graph.value_info if vi.name in declared]
     del out.graph.value_info[:]
@@ -184,10 +186,199 @@ def _default_opset(model: onnx.ModelProto) -> int:
 
 
 def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """model with inferred value_info, FlashAttention outputs included.
+
+    ONNX shape inference knows nothing of FlashAttention, so everything after the first block
+    would lose its types. It runs on a copy where each block is a stand-in of the same output
+    type and shape (ReduceSum(Q over D) * ReduceSum(V over heads and keys): [B, Hq, Sq, Dv] in
+    Q's dtype); the types found are copied onto the real graph."""
+    opset = _default_opset(model)
+    proxy = onnx.ModelProto()
+    proxy.CopyFrom(model)
+    nodes = []
+    for i, n in enumerate(proxy.graph.node):
+        if n.domain != spec.DOMAIN or n.op_type != spec.OP_TYPE or len(n.input) < 3:
+            nodes.append(n)
+            continue
+        tag = f"ortflash_shape_proxy_{i}"
+        rq, rv = f"{tag}_q", f"{tag}_v"
+        if opset >= 13:
+            nodes.append(onnx.helper.make_node(
+                "Constant", [], [f"{tag}_aq"], value=onnx.numpy_helper.from_array(np.array([3], np.int64))))
+            nodes.append(onnx.helper.make_node(
+                "Constant", [], [f"{tag}_av"], value=onnx.numpy_helper.from_array(np.array([1, 2], np.int64))))
+            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[0], f"{tag}_aq"], [rq], keepdims=1))
+            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[2], f"{tag}_av"], [rv], keepdims=1))
+        else:
+            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[0]], [rq], axes=[3], keepdims=1))
+            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[2]], [rv], axes=[1, 2], keepdims=1))
+        nodes.append(onnx.helper.make_node("Mul", [rq, rv], [n.output[0]]))
+    del proxy.graph.node[:]
+    proxy.graph.node.extend(nodes)
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(proxy, data_prop=True)
     except Exception:
         return model  # shapes only prove head counts and equal dims; without them fewer blocks lower
+    known = {vi.name for vi in model.graph.value_info}
+    known |= {vi.name for vi in model.graph.input} | {vi.name for vi in model.graph.output}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.value_info.extend(
+        vi for vi in inferred.graph.value_info if vi.name not in known and not vi.name.startswith("ortflash_shape_proxy_"))
+    return out
+
+
+# A few static facts the shape inference leaves open (TorchScript exports reshape heads as
+# [B, S, -1, D] from runtime shapes): sizes of shape tensors, element by element.
+
+
+_DEPTH = 32  # hops the dim resolver may follow through the graph
+
+
+def _shape_elems(value: ir.Value | None, depth: int = _DEPTH) -> list | None:
+    """A 1-D int64 (shape) tensor as a list of ints, symbol names, or None for unknown elements;
+    None when even its length is unknown."""
+    if value is None or depth <= 0:
+        return None
+    arr = u.const_array(value)
+    if arr is not None:
+        return [int(x) for x in np.asarray(arr).reshape(-1)] if arr.ndim <= 1 else None
+    node = u.producer(value)
+    if node is None:
+        return None
+    op = node.op_type
+    if op == "Concat":
+        out = []
+        for x in node.inputs:
+            part = _shape_elems(x, depth - 1)
+            if part is None:
+                return None
+            out += part
+        return out
+    if op == "Shape":
+        rank = u.rank(node.inputs[0])
+        if rank is None:
+            return None
+        dims = [_resolved_dim(node.inputs[0], i, depth - 1) for i in range(rank)]
+        start, end = u.attr_int(node, "start", 0), u.attr_int(node, "end", None)
+        return dims[start:end]
+    if op in ("Cast", "Identity"):
+        return _shape_elems(node.inputs[0], depth - 1)
+    if op == "Unsqueeze" and _axes(node) == [0]:
+        return [_scalar_elem(node.inputs[0], depth - 1)]
+    if op == "Gather" and u.attr_int(node, "axis", 0) == 0:
+        idx = u.const_array(node.inputs[1])
+        data = _shape_elems(node.inputs[0], depth - 1)
+        if idx is None or data is None or idx.ndim != 1:
+            return None
+        try:
+            return [data[int(i)] for i in idx]
+        except IndexError:
+            return None
+    return None
+
+
+_SCALAR_OPS = {"Mul": lambda a, b: a * b, "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b,
+               "Div": lambda a, b: a // b if b and a % b == 0 else None}
+
+
+def _scalar_elem(value: ir.Value | None, depth: int = _DEPTH):
+    """A scalar int64 as an int or a symbol name (None when unknown)."""
+    if value is None or depth <= 0:
+        return None
+    arr = u.const_array(value)
+    if arr is not None:
+        arr = np.asarray(arr)
+        return int(arr.reshape(())) if arr.size == 1 and np.issubdtype(arr.dtype, np.integer) else None
+    node = u.producer(value)
+    if node is None:
+        return None
+    op = node.op_type
+    if op in ("Cast", "Identity"):
+        return _scalar_elem(node.inputs[0], depth - 1)
+    if op == "Gather" and u.attr_int(node, "axis", 0) == 0:
+        idx = u.const_array(node.inputs[1])
+        data = _shape_elems(node.inputs[0], depth - 1)
+        if idx is None or data is None or idx.ndim != 0:
+            return None
+        try:
+            return data[int(idx)]
+        except IndexError:
+            return None
+    if op in _SCALAR_OPS and len(node.inputs) == 2:
+        a, b = (_scalar_elem(x, depth - 1) for x in node.inputs)
+        if isinstance(a, int) and isinstance(b, int):
+            return _SCALAR_OPS[op](a, b)
+    return None
+
+
+def _reshape_dims(node: ir.Node, depth: int = _DEPTH) -> list | None:
+    """The output dims of a Reshape, -1 and 0 resolved where the input's dims allow it."""
+    target = _shape_elems(node.inputs[1], depth - 1)
+    x = node.inputs[0]
+    rank = u.rank(x)
+    if target is None:
+        return None
+    x_dims = None if rank is None else [_resolved_dim(x, i, depth - 1) for i in range(rank)]
+    allowzero = u.attr_int(node, "allowzero", 0)
+    dims = list(target)
+    for i, d in enumerate(dims):
+        if d == 0 and not allowzero:
+            dims[i] = x_dims[i] if x_dims is not None and i < len(x_dims) else None
+    if dims.count(-1) == 1 and x_dims is not None and None not in x_dims:
+        others = [d for d in dims if d != -1]
+        if None not in others:
+            total_int = math.prod(d for d in x_dims if isinstance(d, int))
+            other_int = math.prod(d for d in others if isinstance(d, int))
+            total_sym = sorted(d for d in x_dims if isinstance(d, str))
+            other_sym = sorted(d for d in others if isinstance(d, str))
+            if total_sym == other_sym and other_int > 0 and total_int % other_int == 0:
+                dims[dims.index(-1)] = total_int // other_int
+    return [d if isinstance(d, (int, str)) and d != -1 else None for d in dims]
+
+
+_ELEMENTWISE = ("Mul", "Div", "Add", "Sub", "Where", "Pow")
+
+
+def _resolved_dim(value: ir.Value, axis: int, depth: int = _DEPTH):
+    """value's size along axis: an int, a symbol name, or None. Beyond shape inference it
+    follows Transposes, Reshapes with computed shapes and broadcasting elementwise ops back to
+    a static size (used for head counts and head sizes, which MultiHeadAttention needs)."""
+    d = _dim(value, axis)
+    if isinstance(d, int) or depth <= 0:
+        return d
+    node = u.producer(value)
+    if node is None:
+        return d
+    op = node.op_type
+    found = None
+    if op == "Transpose":
+        perm = _perm(node)
+        if perm is not None and axis < len(perm):
+            found = _resolved_dim(node.inputs[0], perm[axis], depth - 1)
+    elif op == "Reshape":
+        dims = _reshape_dims(node, depth - 1)
+        if dims is not None and axis < len(dims):
+            found = dims[axis]
+    elif op in ("Cast", "Identity", "Neg", "Sqrt", "Exp", "Tanh", "Erf", "Sigmoid", "Relu"):
+        found = _resolved_dim(node.inputs[0], axis, depth - 1)
+    elif op in _ELEMENTWISE:
+        # Broadcasting: the output's size is an operand's size other than 1 (operands aligned right).
+        out_rank = u.rank(value)
+        ranks = [u.rank(x) for x in node.inputs]
+        if out_rank is not None and None not in ranks:
+            sizes = []
+            for x, r in zip(node.inputs, ranks):
+                a = axis - (out_rank - r)
+                sizes.append(1 if a < 0 else _resolved_dim(x, a, depth - 1))
+            static = {s for s in sizes if isinstance(s, int) and s != 1}
+            if len(static) == 1:
+                found = static.pop()
+            elif sizes and all(s == 1 for s in sizes):
+                found = 1
+    if isinstance(found, int):
+        return found
+    return d if d is not None else found
 
 
 def _drop_unused_contrib_import(model: onnx.ModelProto) -> None:
@@ -231,11 +422,11 @@ class _Block:
 
     @property
     def hq(self):
-        return _static(_dim(self.q, 1))
+        return _static(_resolved_dim(self.q, 1))
 
     @property
     def hkv(self):
-        return _static(_dim(self.k, 1))
+        return _static(_resolved_dim(self.k, 1))
 
     @property
     def causal(self) -> bool:
@@ -262,7 +453,7 @@ class _Block:
         q, k, v, bias, mask = node.inputs
         dtype = q.dtype
         if dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
-            raise _Kept(f"Q's element type is {dtype}, not float32 or float16")
+            raise _Kept(f"Q's element type is {dtype or 'not known'}, not float32 or float16")
         for label, x in (("Q", q), ("K", k), ("V", v)):
             r = u.rank(x)
             if r is not None and r != 4:
@@ -364,15 +555,22 @@ def _to_bsd(e: _Emitter, x: ir.Value, heads: int | None, bypass: bool = True) ->
     if src is not None and u.producer(x, "Unsqueeze") is not None:
         return src
     bshd = src if src is not None else e.op("Transpose", [x], perm=_SWAP_SH)
-    return e.op("Reshape", [bshd, e.i64([0, 0, -1])])
+    return e.op("Reshape", [bshd, e.i64([0, 0, _width(x, heads)])])
 
 
-def _repeat_bsd(e: _Emitter, x: ir.Value, repeats: int, bypass: bool) -> ir.Value:
+def _width(x: ir.Value, heads: int | None) -> int:
+    """H·D for a reshape to [B, S, H·D]: static where D is, so that a wrong head count fails
+    loudly at run time instead of splitting heads differently; -1 otherwise."""
+    d = _static(_resolved_dim(x, 3))
+    return heads * d if heads is not None and d is not None else -1
+
+
+def _repeat_bsd(e: _Emitter, x: ir.Value, heads: int, repeats: int, bypass: bool) -> ir.Value:
     """[B, Hkv, S, D] -> [B, S, Hkv·repeats·D], query head h reading kv head h // repeats."""
     t = u.producer(x, "Transpose") if bypass else None
     bshd = t.inputs[0] if t is not None and _perm(t) == _SWAP_SH else e.op("Transpose", [x], perm=_SWAP_SH)
     wide = e.op("Expand", [e.op("Unsqueeze", [bshd, e.i64([3])]), e.i64([1, 1, 1, repeats, 1])])
-    return e.op("Reshape", [wide, e.i64([0, 0, -1])])
+    return e.op("Reshape", [wide, e.i64([0, 0, _width(x, heads * repeats)])])
 
 
 def _replace_bsd_output(e: _Emitter, out3: ir.Value, heads: int, old: ir.Value, bypass: bool) -> None:
@@ -437,11 +635,12 @@ def _lower_contrib(graph: ir.Graph, b: _Block, opset: int, index: int) -> tuple[
         raise _Kept("the head counts (dim 1 of Q and K) are not static; MultiHeadAttention needs num_heads")
     if hkv < 1 or hq % hkv:
         raise _Kept(f"{hq} query heads are not a multiple of {hkv} key/value heads")
-    sq, sk = _dim(b.q, 2), _dim(b.k, 2)
-    d, dv = _dim(b.q, 3), _dim(b.v, 3)
+    sq, sk = _resolved_dim(b.q, 2), _resolved_dim(b.k, 2)
+    d, dk, dv = _resolved_dim(b.q, 3), _resolved_dim(b.k, 3), _resolved_dim(b.v, 3)
     # GroupQueryAttention without past: Sq == Sk, one head size (a multiple of 8 on the CPU EP), and
-    # always causal here (its causal=0 attribute is recent; older runtimes would read the block as causal).
-    gqa_fits = (b.causal and b.fill == -math.inf and u.same_dim(sq, sk) and u.same_dim(_dim(b.k, 3), dv)
+    # causal blocks only: its causal=0 attribute is recent (ONNX Runtime 1.31 has it, older ones
+    # reject it), and MultiHeadAttention covers non-causal blocks everywhere.
+    gqa_fits = (b.causal and b.fill == -math.inf and u.same_dim(sq, sk) and u.same_dim(dk, dv)
                 and u.same_dim(d, dv) and isinstance(d, int) and d % 8 == 0)
     softcap = b.attrs["softcap"]
     if softcap > 0 and not gqa_fits:
@@ -454,7 +653,7 @@ def _lower_contrib(graph: ir.Graph, b: _Block, opset: int, index: int) -> tuple[
     f16 = b.dtype != ir.DataType.FLOAT
     q, k, v = (e.cast(x, ir.DataType.FLOAT) for x in (b.q, b.k, b.v))
     bypass = not f16  # with casts around, the surrounding Transposes are not the inputs
-    parts = []
+    parts = [f"{hq} query / {hkv} key-value heads"]
     if use_gqa:
         q3, k3, v3 = (_to_bsd(e, x, h, bypass) for x, h in ((q, hq), (k, hkv), (v, hkv)))
         e.lengths = {"q": (q3, 1), "k": (k3, 1)}
@@ -470,16 +669,16 @@ def _lower_contrib(graph: ir.Graph, b: _Block, opset: int, index: int) -> tuple[
         out = e.op("GroupQueryAttention", [q3, k3, v3, None, None, seqlens, total, None, None, None, bias],
                    domain=CONTRIB_DOMAIN, **attrs)
         op = OP_GQA
-        parts.insert(0, f"{hq} query / {hkv} key-value heads, causal (Sq == Sk proved)")
+        parts.append("Sq == Sk proved")
     else:
         q3 = _to_bsd(e, q, hq, bypass)
         if hkv != hq:
             r = hq // hkv
-            k_in, v_in = _repeat_bsd(e, k, r, bypass), _repeat_bsd(e, v, r, bypass)
-            parts.append(f"key/value heads repeated {r}x ({hq} query / {hkv} key-value heads)")
+            k_in, v_in = _repeat_bsd(e, k, hkv, r, bypass), _repeat_bsd(e, v, hkv, r, bypass)
+            parts.append(f"key/value heads repeated {r}x")
         elif bypass and _bsd_source(k, hkv) is not None and _bsd_source(v, hkv) is not None:
             k_in, v_in = _to_bsd(e, k, hkv), _to_bsd(e, v, hkv)
-        elif u.same_dim(_dim(b.k, 3), dv) and u.same_dim(_dim(b.k, 2), _dim(b.v, 2)):
+        elif u.same_dim(dk, dv) and u.same_dim(sk, _resolved_dim(b.v, 2)):
             k_in, v_in = k, v  # 4D BNSH, as MultiHeadAttention takes when key and value shapes agree
         else:
             k_in, v_in = _to_bsd(e, k, hkv, bypass), _to_bsd(e, v, hkv, bypass)

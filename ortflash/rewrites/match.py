@@ -27,6 +27,8 @@ class AttentionMatch:
     mask_fill: float | None = None
     is_causal: bool = False
     nan_guard: bool = False
+    guard_bias: ir.Value | None = None  # the tensor a row-max guard tests (must be the only bias)
+    softcap: float = 0.0
     rank: int | None = None
     nodes: list[ir.Node] = field(default_factory=list)  # matched nodes, top (output) first
     ops: list[str] = field(default_factory=list)  # op types as read, for the report

@@ -129,6 +129,39 @@ class AdditiveBias(Rule):
         return scores
 
 
+class Softcap(Rule):
+    """c · tanh(s / c): the soft cap, applied to the scaled scores under every bias and mask."""
+
+    pattern = "Mul(Tanh(Div(scores, c)), c)"
+    op_types = ("Mul",)
+
+    @staticmethod
+    def _split(node):
+        for tanh_out, c in (node.inputs, reversed(node.inputs)):
+            tanh = u.producer(tanh_out, "Tanh")
+            div = u.producer(tanh.inputs[0], "Div") if tanh is not None else None
+            cap = u.scalar(c)
+            if div is not None and cap is not None and cap > 0 and u.scalar(div.inputs[1]) == cap:
+                return tanh, div, cap
+        return None
+
+    def matches(self, node, value):
+        return node.op_type == "Mul" and self._split(node) is not None
+
+    def check(self, node, value, m):
+        if m.seen_scale_above:
+            raise NotFused(f"the scores are scaled after the softcap {node.name}")
+        if m.softcap:
+            raise NotFused("two softcaps on one block")
+
+    def apply(self, node, value, m):
+        tanh, div, cap = self._split(node)
+        m.softcap = cap
+        m.add(node, "Softcap")
+        m.nodes += [tanh, div]
+        return div.inputs[0]
+
+
 class ScalarScale(Rule):
     """scores * c or scores / c with c one constant number."""
 
@@ -238,7 +271,7 @@ class QKMatMul(Rule):
         return q_label, k_label
 
 
-SCORE_RULES: tuple[Rule, ...] = (FloatCast(), BooleanMask(), AdditiveBias(), ScalarScale(), QKMatMul())
+SCORE_RULES: tuple[Rule, ...] = (FloatCast(), BooleanMask(), AdditiveBias(), Softcap(), ScalarScale(), QKMatMul())
 
 
 def _try_scale(node: ir.Node, operand: ir.Value):
@@ -275,7 +308,7 @@ def _reaches_qk(value: ir.Value, depth: int = 16) -> bool:
             return False
         if node.op_type == "MatMul":
             return u.const_array(node.inputs[0]) is None and u.const_array(node.inputs[1]) is None
-        if node.op_type in ("Cast", "Mul", "Div"):
+        if node.op_type in ("Cast", "Mul", "Div", "Tanh"):
             value = node.inputs[0] if u.const_array(node.inputs[0]) is None else node.inputs[1]
         elif node.op_type == "Where":
             value = node.inputs[1] if u.scalar(node.inputs[1]) is None else node.inputs[2]
@@ -409,7 +442,43 @@ class ProbsMatMulV(Rule):
         return None
 
 
-PROBS_RULES: tuple[Rule, ...] = (ProbsCast(), NanGuard(), ProbsMatMulV())
+class RowMaxGuard(Rule):
+    """where(reducemax(bias) == -inf, 0, p): ONNX Attention's function body zeroes the rows its
+    bias masks out entirely. Equal to masked_rows='zero' when that bias is the block's only
+    source of -inf, which read_block checks once the score side is read."""
+
+    pattern = "Where(Equal(ReduceMax(bias, axes=[-1]), -inf), 0, p)"
+
+    def _guarded_bias(self, node, value):
+        if node.op_type != "Where" or node.inputs[2] is not value or u.scalar(node.inputs[1]) != 0.0:
+            return None
+        eq = u.producer(node.inputs[0], "Equal")
+        if eq is None:
+            return None
+        for row_max, neg_inf in (eq.inputs, reversed(eq.inputs)):
+            reduce = u.producer(row_max, "ReduceMax")
+            if reduce is None or u.scalar(neg_inf) != -math.inf:
+                continue
+            axes = u.attr_ints(reduce, "axes")
+            if axes is None and len(reduce.inputs) > 1:
+                arr = u.const_array(reduce.inputs[1])
+                axes = None if arr is None else [int(a) for a in arr.reshape(-1)]
+            r = u.rank(reduce.inputs[0])
+            if axes is not None and len(axes) == 1 and (axes[0] == -1 or (r is not None and axes[0] == r - 1)):
+                return reduce.inputs[0]
+        return None
+
+    def matches(self, node, value):
+        return self._guarded_bias(node, value) is not None
+
+    def apply(self, node, value, m):
+        m.nan_guard = True
+        m.guard_bias = self._guarded_bias(node, value)
+        m.add(node, "Where(rowmax=-inf)")
+        return node.outputs[0]
+
+
+PROBS_RULES: tuple[Rule, ...] = (ProbsCast(), NanGuard(), RowMaxGuard(), ProbsMatMulV())
 
 
 def softmax_axis_is_last(node: ir.Node, opset: int) -> None:

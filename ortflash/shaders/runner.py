@@ -21,6 +21,7 @@ import math
 import os
 import re
 import string
+import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -188,17 +189,34 @@ def flash_tiles(
 
 
 def _tile_score(t: FlashTile, d4: int, dv4: int, sq: int) -> float:
+    """Rank of a tile; the shape of the rule comes from the H200 sweep
+    (benchmarks/results/gpu_sweep_nvidia-h200.json): one row block per
+    invocation (rv=1), 2-4 keys and at most 4 output vec4s per invocation, 64
+    rows and 16-32 keys per tile ran fastest; rv=2 and vpt=8 (more live
+    registers per invocation) ran 1.5-4x slower, and fewer than 4 invocations
+    per row group starved the score phase."""
     kpt = t.bc // t.c
-    # FMAs per vec4 load from workgroup memory, score phase and output phase.
-    fma_s = 16 * kpt * t.rv / (4 * t.rv + kpt)
-    fma_p = 16 * t.rv * t.vpt / (t.rv + t.vpt)
-    work_s, work_p = d4, dv4 * t.vpt * t.c / dv4  # output columns past DV are wasted work
-    cost = work_s / fma_s + work_p / fma_p
-    # Staging and barriers: 3 barriers per tile of br*bc pairs; K/V reuse grows with br.
-    overhead = 1 + 24.0 / t.bc + 16.0 / t.br
-    rows_used = min(t.br, max(sq, 1)) / t.br
-    occupancy = min(1.0, t.workgroup_size / 64)
-    return rows_used * occupancy / (cost * overhead)
+    score = float(min(t.br, 128) * min(t.bc, 32))  # reuse of each staged K/V row and Q row
+    score *= 0.6 if t.rv > 1 else 1.0
+    score *= 0.4 if t.vpt >= 8 else (0.8 if t.vpt > 4 else 1.0)
+    score *= 0.5 if t.c < 4 else 1.0
+    score *= 1.0 if kpt in (2, 4) else 0.7
+    score *= 1.0 if t.workgroup_size >= 64 else 0.7
+    score *= 1.0 if t.br == 64 else 0.95
+    score *= min(t.br, max(sq, 1)) / t.br  # rows past Sq are wasted
+    score *= dv4 / (t.vpt * t.c)  # output columns past Dv are wasted
+    return score
+
+
+# Tiles measured best on an adapter with 48 KiB of workgroup storage (H200,
+# benchmarks/results/gpu_attention_nvidia-h200.md), by (D4, DV4, io). Used
+# when they fit the adapter and Sq fills them; else the ranking above.
+TUNED_TILES = {
+    (16, 16, "f32"): FlashTile(br=64, bc=32, c=8, rv=1, vpt=2),
+    (16, 16, "f16"): FlashTile(br=128, bc=16, c=4, rv=1, vpt=4),
+    (32, 32, "f32"): FlashTile(br=64, bc=16, c=8, rv=1, vpt=4),
+    (32, 32, "f16"): FlashTile(br=64, bc=16, c=8, rv=1, vpt=4),
+}
 
 
 # --------------------------------------------------------------------------- adapter
@@ -262,7 +280,11 @@ def _timestamp_period(queue) -> float:
 
 
 class Runner:
-    """One wgpu device running the attention kernels. Not thread-safe."""
+    """One wgpu device running the attention kernels.
+
+    Calls are serialised by a lock: they share device buffers, and wgpu's
+    calls release the GIL (ONNX Runtime may run custom ops from several threads).
+    """
 
     def __init__(self, adapter=None, *, use_f16: bool = True, use_timestamps: bool = True):
         import wgpu
@@ -292,6 +314,8 @@ class Runner:
         self._modules: dict = {}
         self._pipelines: dict = {}
         self._buffers: dict = {}
+        self._pending_uploads: list = []
+        self._lock = threading.RLock()
         self._layout = self._make_layout()
         if self.has_timestamps:
             self._query_set = self.device.create_query_set(type="timestamp", count=2)
@@ -361,14 +385,30 @@ class Runner:
         return buf
 
     def _upload(self, role: str, array: np.ndarray):
-        usage = self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_DST
+        """Stage `array` for the storage buffer of `role`; the copy is recorded by _flush_uploads.
+
+        Uploads go through a persistent mapped staging buffer per role: one
+        memcpy on the host and one copy on the device, with no fresh
+        allocation per call (queue.write_buffer allocates a new staging area
+        every time, several times slower for tens of MiB).
+        """
+        wgpu = self.wgpu
         data = np.ascontiguousarray(array)
         if data.nbytes % 4:
             data = np.concatenate([data.reshape(-1).view(np.uint8), np.zeros(4 - data.nbytes % 4, np.uint8)])
         self._check_binding(role, data.nbytes)
-        buf = self._buffer(role, data.nbytes, usage)
-        self.queue.write_buffer(buf, 0, data)
+        buf = self._buffer(role, data.nbytes, wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST)
+        staging = self._buffer(role + "_upload", data.nbytes, wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
+        staging.map_sync(wgpu.MapMode.WRITE, 0, staging.size)
+        staging.write_mapped(data.reshape(-1).view(np.uint8), 0)
+        staging.unmap()
+        self._pending_uploads.append((staging, buf, -(-data.nbytes // 4) * 4))
         return buf, data.nbytes
+
+    def _flush_uploads(self, encoder):
+        for staging, buf, nbytes in self._pending_uploads:
+            encoder.copy_buffer_to_buffer(staging, 0, buf, 0, nbytes)
+        self._pending_uploads = []
 
     def _check_binding(self, role: str, nbytes: int):
         cap = self.limits.get("max-storage-buffer-binding-size", 1 << 27)
@@ -397,6 +437,10 @@ class Runner:
         Returns O [B, Hq, Sq, Dv] with Q's dtype. ``tile`` overrides the flash
         tile; ``score_chunk_bytes`` caps the naive kernel's score buffer.
         """
+        with self._lock:
+            return self._attention(q, k, v, bias, mask, attrs, kernel, tile, score_chunk_bytes)
+
+    def _attention(self, q, k, v, bias, mask, attrs, kernel, tile, score_chunk_bytes):
         t_start = time.perf_counter()
         if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
             raise ValueError(f"FlashAttention wants 4D Q, K, V; got {q.shape}, {k.shape}, {v.shape}")
@@ -503,6 +547,7 @@ class Runner:
         ]
 
         encoder = self.device.create_command_encoder()
+        self._flush_uploads(encoder)
         pass_args = {}
         if self.has_timestamps:
             pass_args["timestamp_writes"] = {
@@ -529,8 +574,10 @@ class Runner:
             encoder.copy_buffer_to_buffer(resolve, 0, ts_read, 0, 16)
         self.queue.submit([encoder.finish()])
 
-        staging.map_sync(wgpu.MapMode.READ, 0, out_nbytes)
-        raw = np.frombuffer(staging.read_mapped(0, out_nbytes), dtype=host_dtype)
+        staging.map_sync(wgpu.MapMode.READ, 0, staging.size)
+        view = staging.read_mapped(0, out_nbytes, copy=False)
+        # The one host copy (astype always copies), made before unmap invalidates the view.
+        out = np.frombuffer(view, dtype=host_dtype).reshape(b, hq, sq, 4 * dv4)[..., :dv].astype(out_dtype)
         staging.unmap()
         if self.has_timestamps:
             ts_read.map_sync(wgpu.MapMode.READ, 0, 16)
@@ -540,23 +587,25 @@ class Runner:
         else:
             self.last_device_ms = None
 
-        out = raw.reshape(b, hq, sq, 4 * dv4)[..., :dv]
-        out = out.astype(out_dtype, copy=False) if out.dtype == out_dtype else out.astype(out_dtype)
         self.last_host_ms = (time.perf_counter() - t_start) * 1e3
-        return np.ascontiguousarray(out)
+        return out
 
     # ---------------------------------------------------------------- planning
 
-    def flash_tile(self, d: int, dv: int, sq: int = 4096) -> FlashTile:
-        """The flash tile this adapter runs for head dims d, dv and Sq query rows."""
+    def flash_tile(self, d: int, dv: int, sq: int = 4096, io: str = "f32") -> FlashTile:
+        """The flash tile this adapter runs for head dims d, dv, Sq query rows and io (f32/f16)."""
         d4, dv4 = -(-d // 4), -(-dv // 4)
-        tiles = flash_tiles(
-            d4,
-            dv4,
-            sq,
-            self.limits["max-compute-workgroup-storage-size"],
-            self.limits["max-compute-invocations-per-workgroup"],
-        )
+        smem = self.limits["max-compute-workgroup-storage-size"]
+        invocations = self.limits["max-compute-invocations-per-workgroup"]
+        tuned = TUNED_TILES.get((d4, dv4, io))
+        if (
+            tuned is not None
+            and sq >= tuned.br
+            and tuned.smem_bytes(d4) <= smem
+            and tuned.workgroup_size <= invocations
+        ):
+            return tuned
+        tiles = flash_tiles(d4, dv4, sq, smem, invocations)
         if not tiles:
             raise RuntimeError(f"no flash tile fits this adapter for head dims {d}/{dv}")
         return tiles[0]
@@ -567,7 +616,7 @@ class Runner:
         return [(s, min(cap, total - s)) for s in range(0, total, cap)]
 
     def _plan_flash(self, d4, dv4, b, hq, sq, io, params, tile):
-        tile = tile or self.flash_tile(4 * d4, 4 * dv4, sq)
+        tile = tile or self.flash_tile(4 * d4, 4 * dv4, sq, io)
         if tile.smem_bytes(d4) > self.limits["max-compute-workgroup-storage-size"]:
             raise ValueError(f"{tile} needs {tile.smem_bytes(d4)} bytes of workgroup storage")
         constants = {
