@@ -83,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="list every Softmax: fused or why not; writes nothing")
     p.add_argument("model")
 
+    p = sub.add_parser("validate", help="check each fused node's kernel (numpy or WGSL) against the naive ORT subgraph")
+    p.add_argument("original")
+    p.add_argument("--optimized", help="a fused model of ORIGINAL (default: optimize ORIGINAL now)")
+    p.add_argument("--backend", choices=("wgsl", "cpu"), default="cpu", help="kernel to check (default %(default)s)")
+    p.add_argument("--softmax", choices=("naive", "online"), help="softmax to run (default: each node's own)")
+    p.add_argument("--block-size", type=_positive_int, help="keys per tile for online")
+    _add_feeds(p)
+
     p = sub.add_parser("verify", help="compare an optimized model with its original in ONNX Runtime")
     p.add_argument("original")
     p.add_argument("optimized")
@@ -133,6 +141,39 @@ def _verify(original, optimized, args, console) -> int:
     return EXIT_OK if ok else EXIT_MISMATCH
 
 
+def _validate(args, console) -> int:
+    from rich.table import Table
+
+    from .validate import validate
+
+    original = load(args.original)
+    optimized = load(args.optimized) if args.optimized else optimize(original)[0]
+    feeds = _load_feeds(args, original)
+    try:
+        checks = validate(original, optimized, feeds, backend=args.backend, softmax=args.softmax,
+                          block_size=args.block_size, rtol=args.rtol, atol=args.atol)
+    except (RuntimeError, ValueError) as exc:
+        raise OrtflashError(str(exc).splitlines()[0]) from None
+    if not checks:
+        console.print("no FlashAttention node to validate")
+        return EXIT_OK
+    where = "numpy (CPU)"
+    if args.backend == "wgsl":
+        from .ops import wgpu_kernel
+
+        where = f"WGSL on {wgpu_kernel.adapter_info()}"
+    table = Table(title=f"each fused node, {where}, against the naive ONNX Runtime subgraph", title_justify="left")
+    for col in ("node", "replaces", "softmax", "shapes", "max abs err", "max rel err", "NaN mismatches", "result"):
+        table.add_column(col, overflow="fold")
+    for c in checks:
+        table.add_row(c.node, c.replaces, c.mode, c.shapes, f"{c.max_abs:.3g}", f"{c.max_rel:.3g}",
+                      str(c.nan_mismatch), "[green]ok[/]" if c.ok else "[red]DIFFERENT[/]")
+    console.print(table)
+    ok = all(c.ok for c in checks)
+    console.print(f"validated: {len(checks)} fused nodes agree" if ok else "[red]validation FAILED[/]")
+    return EXIT_OK if ok else EXIT_MISMATCH
+
+
 def main(argv=None) -> int:
     from rich.console import Console
 
@@ -164,6 +205,8 @@ def main(argv=None) -> int:
             report.model = args.model
             report.print(console)
             return EXIT_OK
+        if args.command == "validate":
+            return _validate(args, console)
         if args.command == "verify":
             from .ops import ort_op
 

@@ -106,8 +106,19 @@ def emit(graph: ir.Graph, m: AttentionMatch, policy: SoftmaxPolicy, opset: int, 
     return out
 
 
+REPLACES = "ortflash.replaces"  # node metadata: the original value a FlashAttention node computes
+
+
 def replace_output(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
-    """Point every reader of old (graph outputs included, under old's name) at new."""
+    """Point every reader of old (graph outputs included, under old's name) at new, and note
+    on the FlashAttention node which original value it stands for (ortflash validate reads it)."""
+    node = new.producer()
+    while node is not None and node.op_type != spec.OP_TYPE and node.inputs and node.op_type in (
+        "Cast", "Squeeze", "Reshape", "Transpose", "Identity"
+    ):
+        node = node.inputs[0].producer()
+    if node is not None and node.op_type == spec.OP_TYPE:
+        node.metadata_props[REPLACES] = old.name
     if old.is_graph_output():
         name = old.name
         for i, out in enumerate(graph.outputs):

@@ -1,0 +1,53 @@
+"""ortflash validate: every fused node's kernel (numpy, and WGSL on the software Vulkan driver
+in CI) against the naive ONNX Runtime subgraph it replaced."""
+
+import json
+import os
+
+import onnx
+import pytest
+
+import ortflash
+from ortflash.cli import main
+from ortflash.validate import validate
+from ortflash.verify import make_feeds
+
+ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
+ENTRIES = [e for e in json.load(open(os.path.join(ZOO, "manifest.json")))["models"] if e.get("file")]
+
+
+def _wgsl_ready():
+    from ortflash.ops import wgpu_kernel
+
+    if not wgpu_kernel.available():
+        pytest.skip(f"no WebGPU adapter at all: {wgpu_kernel.unavailable_reason()}")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "wgsl"])
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["file"] for e in ENTRIES])
+def test_every_fused_node_agrees_with_the_naive_ort_subgraph(entry, backend):
+    if backend == "wgsl":
+        _wgsl_ready()
+    model = onnx.load(os.path.join(ZOO, entry["file"]))
+    fused, _ = ortflash.optimize(model)
+    feeds = make_feeds(model, seq_len=13, batch=2)
+    for softmax in ("naive", "online"):
+        checks = validate(model, fused, feeds, backend=backend, softmax=softmax, block_size=8)
+        assert len(checks) == entry["attention_blocks"]
+        assert all(c.ok for c in checks), [(c.node, c.max_abs, c.nan_mismatch) for c in checks]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "wgsl"])
+def test_a_tampered_scale_fails(tmp_path, backend):
+    if backend == "wgsl":
+        _wgsl_ready()
+    path = os.path.join(ZOO, "bert_eager_torchscript.onnx")
+    fused, _ = ortflash.optimize(path)
+    node = next(n for n in fused.graph.node if n.op_type == "FlashAttention")
+    for a in node.attribute:
+        if a.name == "scale":
+            a.f *= 1.5
+    bad = str(tmp_path / "bad.onnx")
+    onnx.save(fused, bad)
+    assert main(["validate", path, "--optimized", bad, "--backend", backend]) == 1
+    assert main(["validate", path, "--backend", backend]) == 0
