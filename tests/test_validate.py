@@ -51,3 +51,21 @@ def test_a_tampered_scale_fails(tmp_path, backend):
     onnx.save(fused, bad)
     assert main(["validate", path, "--optimized", bad, "--backend", backend]) == 1
     assert main(["validate", path, "--backend", backend]) == 0
+
+
+def test_inference_session_runs_fused_nodes_through_wgsl():
+    import numpy as np
+
+    from ortflash.verify import run_model
+
+    _wgsl_ready()
+    path = os.path.join(ZOO, "gpt2_sdpa_dynamo.onnx")
+    model = onnx.load(path)
+    fused, _ = ortflash.optimize(model)
+    feeds = make_feeds(model, seq_len=11)
+    want = run_model(model, feeds)
+    sess = ortflash.InferenceSession(fused, backend="wgpu", softmax="online", block_size=4)
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    for name, w in want.items():
+        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5)
+    ortflash.session_options(backend="numpy")  # leave the process-wide kernel as it was
