@@ -91,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=_positive_int, help="keys per tile for online")
     _add_feeds(p)
 
+    p = sub.add_parser("web-check", help="run a lowered model in onnxruntime-web / onnxruntime-node and compare with ONNX Runtime")
+    p.add_argument("model", help="a model without FlashAttention nodes (ortflash optimize ... --target contrib or --target onnx)")
+    p.add_argument("--runtime", choices=("web-wasm", "node-cpu", "node-webgpu"), default="web-wasm",
+                   help="web-wasm: onnxruntime-web's wasm backend under Node; node-cpu / node-webgpu: onnxruntime-node's "
+                        "CPU / WebGPU execution provider (default %(default)s)")
+    _add_feeds(p)
+
     p = sub.add_parser("verify", help="compare an optimized model with its original in ONNX Runtime")
     p.add_argument("original")
     p.add_argument("optimized")
@@ -113,10 +120,10 @@ def _load_feeds(args, model):
         raise OrtflashError(f"{args.feeds}: not a readable .npz file ({type(exc).__name__})") from None
 
 
-def _print_diffs(diffs, console) -> bool:
+def _print_diffs(diffs, console, title="ONNX Runtime: original vs optimized") -> bool:
     from rich.table import Table
 
-    table = Table(title="ONNX Runtime: original vs optimized", title_justify="left")
+    table = Table(title=title, title_justify="left")
     for col in ("output", "max abs err", "max rel err", "NaN mismatches", "result"):
         table.add_column(col)
     for d in diffs:
@@ -205,6 +212,15 @@ def main(argv=None) -> int:
             report.model = args.model
             report.print(console)
             return EXIT_OK
+        if args.command == "web-check":
+            from .web_check import web_check
+
+            model = load(args.model)
+            diffs = web_check(model, _load_feeds(args, model), runtime=args.runtime, rtol=args.rtol, atol=args.atol)
+            ok = _print_diffs(diffs, console, title=f"ONNX Runtime (Python, CPU) vs {args.runtime}")
+            console.print(f"web-check: outputs match in {args.runtime}" if ok
+                          else f"[red]web-check FAILED[/]: outputs differ in {args.runtime}")
+            return EXIT_OK if ok else EXIT_MISMATCH
         if args.command == "validate":
             return _validate(args, console)
         if args.command == "verify":

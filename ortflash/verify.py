@@ -93,8 +93,11 @@ def compare(expected: np.ndarray, actual: np.ndarray, name: str, rtol: float, at
         return OutputDiff(name, float(bad), float(bad), 0, bad == 0)
     e, a = expected.astype(np.float64), actual.astype(np.float64)
     nan_mismatch = int(np.sum(np.isnan(e) != np.isnan(a)))
-    both = ~(np.isnan(e) | np.isnan(a))
-    diff = np.abs(e - a)[both]
+    # equal infinities agree (inf - inf would be NaN); an infinity against a number does not
+    same_inf = np.isinf(e) & (e == a)
+    both = ~(np.isnan(e) | np.isnan(a) | same_inf)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(e - a)[both]
     max_abs = float(diff.max()) if diff.size else 0.0
     max_rel = float((diff / (np.abs(e[both]) + atol)).max()) if diff.size else 0.0
     ok = nan_mismatch == 0 and bool(np.all(diff <= atol + rtol * np.abs(e[both])))

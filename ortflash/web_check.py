@@ -154,8 +154,9 @@ def check_web_compatible(model: onnx.ModelProto) -> None:
                         yield from nodes(g)
 
     functions = {(f.domain, f.name) for f in model.functions}
+    everywhere = [n for n in nodes(model.graph)] + [n for f in model.functions for n in nodes(f)]
     flash = custom = None
-    for n in nodes(model.graph):
+    for n in everywhere:
         if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN:
             flash = flash or n
         elif n.domain not in WEB_DOMAINS and (n.domain, n.op_type) not in functions and custom is None:
@@ -257,6 +258,8 @@ def run_node(model: onnx.ModelProto, feed_sets: Sequence[dict], runtime: str = "
         if not status.get("ok"):
             stage, msg = status.get("stage"), clean_ort_message(status.get("message", ""))
             if runtime == "node-webgpu" and "adapter" in msg.lower():
+                at = msg.find("Failed to get a WebGPU adapter")
+                msg = msg[at:] if at >= 0 else msg
                 raise OrtflashError(f"node-webgpu: no usable WebGPU adapter on this machine ({msg[:200]}); "
                                     "use --runtime node-cpu or web-wasm here")
             what = {"load": "could not load the model", "run": "could not run the model"}.get(stage, "failed")

@@ -121,6 +121,18 @@ def _attention23_model(dtype, causal=False, mask=None):
     return model
 
 
+def _gqa_model(dtype):
+    """Causal grouped-query attention without a past (the form lower.py may emit for causal GQA)."""
+    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "", "", "seqlens_k", "total_len"], ["o", "pk", "pv"],
+                            domain="com.microsoft", num_heads=4, kv_num_heads=2)
+    inputs = [vi("q", dtype, ["B", "S", 32]), vi("k", dtype, ["B", "S", 16]), vi("v", dtype, ["B", "S", 16]),
+              vi("seqlens_k", TensorProto.INT32, ["B"]), vi("total_len", TensorProto.INT32, [])]
+    graph = helper.make_graph([node], "gqa", inputs, [vi("o", dtype, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    return model
+
+
 def _random_feeds(model, dims, seed=0):
     rng = np.random.default_rng(seed)
     out = {}
@@ -128,15 +140,21 @@ def _random_feeds(model, dims, seed=0):
         t = x.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param] for d in t.shape.dim]
         np_dt = helper.tensor_dtype_to_np_dtype(t.elem_type)
-        out[x.name] = rng.random(shape) > 0.3 if np_dt == np.bool_ else rng.standard_normal(shape).astype(np_dt)
+        if np_dt == np.bool_:
+            out[x.name] = rng.random(shape) > 0.3
+        elif np.issubdtype(np_dt, np.integer):  # GroupQueryAttention's lengths: every key, no past
+            out[x.name] = np.full(shape, dims["S"] - 1 if shape else dims["S"], np_dt)
+        else:
+            out[x.name] = rng.standard_normal(shape).astype(np_dt)
     return out
 
 
 @pytest.mark.parametrize("runtime", ["web-wasm", "node-cpu"])
 def test_attention_ops_run_in_js_runtimes(runtime):
-    """MultiHeadAttention and Attention-23, float32 and float16, each model in one Node start."""
+    """MultiHeadAttention, GroupQueryAttention and Attention-23, float32 and float16, one Node start per model."""
     models = [
         _mha_model(TensorProto.FLOAT, True), _mha_model(TensorProto.FLOAT16, True), _mha_model(TensorProto.FLOAT, False),
+        _gqa_model(TensorProto.FLOAT), _gqa_model(TensorProto.FLOAT16),
         _attention23_model(TensorProto.FLOAT, mask=TensorProto.BOOL), _attention23_model(TensorProto.FLOAT16, causal=True),
         _attention23_model(TensorProto.FLOAT, mask=TensorProto.FLOAT),
     ]
