@@ -3,6 +3,7 @@
 from .optimize import OrtflashError, optimize, save
 from .policy import SoftmaxPolicy
 from .report import Block, Report
+from .rewrites.lower import LoweringNote, lower
 from .session import InferenceSession, session_options
 
 __version__ = "0.1.0"
@@ -15,4 +16,6 @@ __all__ = [
     "Report",
     "Block",
     "OrtflashError",
+    "lower",
+    "LoweringNote",
 ]

@@ -444,7 +444,7 @@ def run_worker(cfg: dict) -> dict:
     budget = cfg.get("time_budget_s") or 0
     repeats = cfg["repeats"]
     if budget and cold > 0:
-        repeats = max(cfg.get("min_repeats", 3), min(repeats, int(budget / cold)))
+        repeats = min(repeats, max(cfg.get("min_repeats", 3), int(budget / cold)))
     times, cpu, bridge = [], [], []
     probe.start()
     for i in range(repeats):
@@ -894,10 +894,13 @@ def plot_results(results, path) -> str | None:
         if not pts:
             continue
         xs = [s for s, _ in pts]
-        axes[0].plot(xs, [r["latency_ms"]["median"] for _, r in pts], marker="o", label=v)
-        axes[1].plot(xs, [max(r["memory_mb"]["inference_peak"], 0.1) for _, r in pts], marker="o", label=v)
+        style = {"color": "black", "linewidth": 2.5, "linestyle": "--"} if v == "original" else {}
+        axes[0].plot(xs, [r["latency_ms"]["median"] for _, r in pts], marker="o", label=v, **style)
+        axes[1].plot(xs, [max(r["memory_mb"]["inference_peak"], 0.1) for _, r in pts], marker="o", label=v, **style)
     for ax, ylabel in zip(axes, ("median latency (ms)", "inference peak memory (MiB)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(results["config"]["seq_lens"])
+        ax.set_xticklabels([str(s) for s in results["config"]["seq_lens"]])
         ax.set_yscale("log")
         ax.set_xlabel("sequence length")
         ax.set_ylabel(ylabel)
@@ -988,7 +991,14 @@ def main(argv=None) -> int:
         return _worker_main(argv[1])
     p = argparse.ArgumentParser(prog="python -m ortflash.bench", description=__doc__.split("\n\n")[0])
     add_arguments(p)
-    return run(p.parse_args(argv))
+    args = p.parse_args(argv)
+    from .optimize import OrtflashError
+
+    try:
+        return run(args)
+    except OrtflashError as exc:
+        print(f"ortflash bench: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="input .onnx model (never modified)")
     p.add_argument("-o", "--output", help="output path (default: IN.flash.onnx)")
     _add_policy(p, None)
+    p.add_argument("--target", choices=("ortflash", "contrib", "onnx"), default="ortflash",
+                   help="ortflash: FlashAttention nodes (run with ortflash.session_options()); contrib: ONNX Runtime's "
+                        "com.microsoft MultiHeadAttention/GroupQueryAttention; onnx: ONNX Attention (opset 23). A block no "
+                        "native op computes exactly stays FlashAttention (default %(default)s)")
     p.add_argument("--verify", action="store_true", help="then run both models in ONNX Runtime and compare")
     _add_feeds(p)
     p.add_argument("--json", help="also write the report as JSON to this file")
@@ -191,9 +195,14 @@ def main(argv=None) -> int:
             policy = _policy(args) or SoftmaxPolicy("naive", args.block_size, args.min_seq_len)
             out_path = args.output or (args.model[:-5] if args.model.endswith(".onnx") else args.model) + ".flash.onnx"
             original = load(args.model)
-            model, report = optimize(original, policy=policy)
+            model, report = optimize(original, policy=policy, target=args.target)
             report.model = args.model
             report.print(console)
+            if args.target != "ortflash":
+                kept = [b for b in report.blocks if b.fused and b.target == "ortflash"]
+                if kept:
+                    console.print(f"[yellow]{len(kept)} block(s) stay FlashAttention[/]: the output still needs "
+                                  "ortflash (ortflash.session_options()) to run")
             save(model, out_path)
             console.print(f"wrote {out_path}")
             if args.json:

@@ -15,6 +15,7 @@ from .rewrites import ir_utils as u
 from .rewrites.attention import read_block, scores_kept
 from .rewrites.fuse import emit, replace_output
 from .rewrites.match import AttentionMatch, NotFused
+from .rewrites.lower import TARGETS, block_index, lower
 from .rewrites.onnx_attention import fuse_attention_ops
 
 
@@ -83,6 +84,7 @@ def optimize(
     block_size: int = spec.ATTRIBUTES["block_size"].default,
     min_seq_len: int = spec.ATTRIBUTES["min_seq_len"].default,
     policy: SoftmaxPolicy | None = None,
+    target: str = "ortflash",
 ) -> tuple[onnx.ModelProto, Report]:
     """Fuse every provable attention block into FlashAttention.
 
@@ -96,6 +98,8 @@ def optimize(
             policy = SoftmaxPolicy(mode, block_size, min_seq_len)
         except spec.SpecError as exc:
             raise OrtflashError(str(exc)) from None
+    if target not in TARGETS:
+        raise OrtflashError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
     proto = load(model_or_path)
     name = proto.graph.name or "model"
     opset = default_opset(proto)
@@ -128,6 +132,16 @@ def optimize(
     kept_info = [vi for vi in out.graph.value_info if vi.name in declared]
     del out.graph.value_info[:]
     out.graph.value_info.extend(kept_info)
+    if target != "ortflash" and report.fused:
+        out, notes = lower(out, target)
+        for note in notes:
+            i = block_index(note.node_name)
+            if i is None:
+                continue
+            block = report.blocks[i]
+            block.target = note.op if note.lowered else "ortflash"
+            if not note.lowered:
+                block.reason = "; ".join(filter(None, [block.reason, f"not lowered to {target}: {note.reason}"]))
     return out, report
 
 

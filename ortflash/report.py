@@ -50,6 +50,8 @@ class Report:
             if b.kv_heads not in (None, b.heads):
                 heads += f" (kv {b.kv_heads})"
             result = f"[green]fused[/] ({b.softmax})" if b.fused else f"[yellow]kept:[/] {b.reason}"
+            if b.fused and b.target != "ortflash":
+                result = f"[green]fused[/] → {b.target}"
             if b.fused and b.reason:
                 result += f"; {b.reason}"
             table.add_row(

@@ -26,6 +26,7 @@ from ortflash.rewrites.lower import (
     OP_MHA,
     TARGETS,
     LoweringNote,
+    block_index,
     lower,
 )
 from ortflash.verify import compare, default_tolerance, make_feeds, run_model, verify
@@ -94,6 +95,7 @@ def test_zoo_model_lowers_every_block_and_verifies(zoo_fused, target):
     entry, model, fused = zoo_fused
     lowered, notes = lower(fused, target)
     assert len(notes) == entry["attention_blocks"]
+    assert len({block_index(n.node_name) for n in notes} - {None}) == len(notes)  # one report row each
     kept = [str(n) for n in notes if not n.lowered]
     expected = ZOO_KEPT.get((entry["file"], target))
     if expected is not None:
@@ -133,20 +135,28 @@ def test_zoo_has_models_to_lower():
 
 SHAPES = [{"B": 2, "S": 5, "T": 9, "BH": 4}, {"B": 2, "S": 8, "T": 3, "BH": 4}]
 
-# name -> (variant, op per target; None: kept, with this fragment of the reason)
+LOWERED = {"contrib": OP_MHA, "onnx": OP_ATTENTION}
+
+
+def _kept(reason_fragment):
+    return {t: f"kept: {reason_fragment}" for t in NATIVE}
+
+
+# name -> (variant, {target: op, or "kept: <reason fragment>"})
 BUILT = {
-    "bool_mask_inf_fill": (Variant(where_mask="keep", mask_shape=("B", 1, "S", "T")), None),
-    "bool_mask_nan_guard": (Variant(where_mask="drop", nan_guard=True, mask_shape=("B", 1, "S", "T")), None),
-    "bool_mask_lowest_fill": (Variant(where_mask="keep", mask_shape=("B", 1, "S", "T"), fill=LOWEST), None),
-    "bool_mask_finite_fill": (Variant(where_mask="keep", mask_shape=("B", 1, "S", "T"), fill=-1e4), "mask_fill"),
-    "padding_bias": (Variant(bias_shapes=(("B", 1, 1, "T"),)), None),
-    "bias_and_mask_guard": (Variant(bias_shapes=(("B", 1, "S", "T"),), where_mask="keep", nan_guard=True), None),
-    "rank3": (Variant(rank=3, bias_shapes=(("BH", "S", "T"),)), None),
-    "rank3_plain": (Variant(rank=3, scale_site="mul_scores", scale=0.3), None),
-    "bshd_k": (Variant(k_form="bshd"), None),
-    "float16": (Variant(dtype=F16, softmax_cast=True, bias_shapes=(("B", 1, 1, "T"),)), None),
+    "bool_mask_inf_fill": (Variant(where_mask="keep", mask_shape=("B", 1, "S", "T")), LOWERED),
+    "bool_mask_nan_guard": (Variant(where_mask="drop", nan_guard=True, mask_shape=("B", 1, "S", "T")), LOWERED),
+    "bool_mask_lowest_fill": (Variant(where_mask="keep", mask_shape=("B", 1, "S", "T"), fill=LOWEST), LOWERED),
+    "bool_mask_finite_fill": (Variant(where_mask="keep", mask_shape=("B", 1, "S", "T"), fill=-1e4), _kept("mask_fill")),
+    "padding_bias": (Variant(bias_shapes=(("B", 1, 1, "T"),)), LOWERED),
+    "bias_and_mask_guard": (Variant(bias_shapes=(("B", 1, "S", "T"),), where_mask="keep", nan_guard=True), LOWERED),
+    "rank3": (Variant(rank=3, bias_shapes=(("BH", "S", "T"),)), LOWERED),
+    "rank3_plain": (Variant(rank=3, scale_site="mul_scores", scale=0.3), LOWERED),
+    "bshd_k": (Variant(k_form="bshd"), LOWERED),
+    "float16": (Variant(dtype=F16, softmax_cast=True, bias_shapes=(("B", 1, 1, "T"),)), LOWERED),
     "float16_mask_guard": (Variant(dtype=F16, softmax_cast=True, where_mask="keep", nan_guard=True,
-                                   mask_shape=("B", 1, "S", "T")), None),
+                                   mask_shape=("B", 1, "S", "T")), LOWERED),
+    "opset12": (Variant(opset=12, softmax_axis=3, where_mask="keep"), {"contrib": "kept: opset 12", "onnx": OP_ATTENTION}),
 }
 
 
@@ -170,18 +180,17 @@ def _with_masked_rows(model: onnx.ModelProto, f: dict) -> dict:
 @pytest.mark.parametrize("target", NATIVE)
 @pytest.mark.parametrize("name", sorted(BUILT))
 def test_built_block_lowers_exactly_or_stays(name, target):
-    variant, kept_reason = BUILT[name]
+    variant, expect = BUILT[name]
     model = build(variant)
     fused, report = ortflash.optimize(model)
     assert report.fused == 1, report.blocks[0].reason
     lowered, (note,) = lower(fused, target)
-    if kept_reason is not None:
+    if expect[target].startswith("kept: "):
         assert not note.lowered and note.op == OP_KEPT
-        assert kept_reason in note.reason and "needs ortflash" in note.reason
+        assert expect[target][len("kept: "):] in note.reason and "needs ortflash" in note.reason
         assert lowered is fused
         return
-    assert note.lowered, note.reason
-    assert note.op == (OP_MHA if target == "contrib" else OP_ATTENTION)
+    assert note.lowered and note.op == expect[target], note
     check_lowered_model(lowered, target)
     if variant.rank == 3:  # [B·H, S, D] blocks need no Unsqueeze/Squeeze around the native op
         producers = {o: n.op_type for n in lowered.graph.node for o in n.output}
@@ -320,6 +329,27 @@ def test_partly_lowered_model_keeps_ortflash_and_still_computes_the_same():
         f = fa_feeds(a, {"B": 2, "S": 6, "T": 6}, np.random.default_rng(0), masked_rows=True)
         d = compare(run_model(a, f)["o2"], run_model(lowered, f)["o2"], "o2", 1e-4, 1e-5)
         assert d.ok, (target, d)
+
+
+def test_lowering_twice_mixes_targets_without_name_clashes():
+    """contrib keeps a bidirectional soft-capped block; onnx then lowers it beside the first."""
+    a = fa_model(hkv=4, mask=("B", 1, "S", "T"))
+    b = fa_model(hkv=4, mask=("B", 1, "S", "T"), softcap=2.0)
+    node_b = onnx.NodeProto()
+    node_b.CopyFrom(b.graph.node[0])
+    node_b.name, node_b.input[0], node_b.output[0] = "fa_b", "o", "o2"
+    a.graph.node.append(node_b)
+    a.graph.output[0].name = "o2"
+    once, notes = lower(a, "contrib")
+    assert [n.lowered for n in notes] == [True, False] and "softcap" in notes[1].reason
+    twice, notes = lower(once, "onnx")
+    assert [(n.node_name, n.lowered) for n in notes] == [("fa_b", True)]
+    onnx.checker.check_model(twice)  # SSA: no value name of the first run reused
+    assert {"MultiHeadAttention", "Attention"} <= set(op_types(twice)) and spec.OP_TYPE not in op_types(twice)
+    assert {imp.domain: imp.version for imp in twice.opset_import} == {"": 23, CONTRIB_DOMAIN: 1}
+    f = fa_feeds(a, {"B": 2, "S": 6, "T": 6}, np.random.default_rng(3), masked_rows=True)
+    d = compare(run_model(a, f)["o2"], plain_run(twice, f)["o2"], "o2", 1e-4, 1e-5)
+    assert d.ok, d
 
 
 def test_api_edges():

@@ -20,14 +20,18 @@ measured on ONNX Runtime 1.31 (CPU EP) and is pinned by tests/test_lower.py:
   float32-lowest scores gives the uniform average (no special case). ``unidirectional`` is
   top-left aligned when Sq >= Sk but not when Sq < Sk (the last query row then sees every key),
   so causality is always written into ``attention_bias`` instead. Float16 runs on the CPU EP.
-- GroupQueryAttention (no past): needs Sq == Sk and equal key/value head sizes; causal with
+- GroupQueryAttention (no past): needs Sq == Sk, equal key/value head sizes and (CPU EP) a
+  head size that is a multiple of 8; causal with
   ``seqlens_k = Sk - 1`` for every row is then the top-left mask; softcap is applied before
   ``attention_bias``; all -inf rows give NaN, like MHA.
 - ONNX Attention (opset 23): 4D Q/K/V, native GQA, V's head size free, softcap before the mask;
   ``is_causal`` is top-left aligned without past (Sq < Sk and Sq > Sk checked); ``attn_mask``
   must be 2D-4D with its last two dims exactly [Sq, Sk]. A row whose scores are all -inf gives
-  zeros (the opset-23 errata), and so does a row whose maximum is float32-lowest (ONNX Runtime
-  uses lowest as its own mask sentinel), which the ONNX reference gives the uniform average for.
+  zeros (the opset-23 errata; NaN before it), and so does a row whose maximum is float32-lowest
+  (ONNX Runtime uses lowest as its own mask sentinel) where the ONNX reference gives the uniform
+  average. So the lowering writes fully masked rows out itself (Where on ReduceMax(mask) ==
+  -inf: NaN, or zeros after a NaN guard) and moves float32-lowest mask values one float up
+  (the same for softmax, not the sentinel).
 
 Exactness of the additive form: FlashAttention *replaces* masked scores with ``mask_fill``;
 native ops *add* a bias. With ``mask_fill = -inf`` that is the same (s + -inf = -inf). A finite
@@ -35,11 +39,18 @@ fill at or below -2**127 (float32-lowest, as transformers writes) is absorbed to
 to a number that softmax treats exactly as fill for |s| < 2**103. A smaller finite fill (-1e4,
 -1e9) is not: rows whose keys are all masked give the mean of V in FlashAttention and something
 else natively, so such blocks stay.
+
+Also: a NaN guard (``masked_rows = "zero"``) on the contrib ops is Where(IsNaN(out), 0, out),
+exact for finite V; float16 blocks keep the exact casts around the node and lower in float32;
+grouped-query blocks that GroupQueryAttention does not provably compute go to
+MultiHeadAttention with K/V heads repeated (Unsqueeze/Expand/Reshape, query head h reading kv
+head h // (Hq/Hkv)); a negative scale stays (both native ops take positive scales only).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +95,13 @@ class LoweringNote:
         return f"{self.node_name}: {state}" + (f" ({self.reason})" if self.reason else "")
 
 
+def block_index(node_name: str) -> int | None:
+    """The report row (index in Report.blocks) a FlashAttention node written by ortflash.optimize
+    stands for: fuse.py names them ``ortflash/attention_<index>/...``. None for other names."""
+    m = re.match(r"ortflash/attention_(\d+)/", node_name)
+    return int(m.group(1)) if m else None
+
+
 class _Kept(Exception):
     """A precondition of the target op that this block does not meet."""
 
@@ -115,14 +133,16 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
     graph = irm.graph
 
     notes: list[LoweringNote] = []
+    stem = _fresh_stem(irm)
     for index, node in enumerate([n for n in graph if _is_fa(n)]):
         name = _name(node, index)
         try:
             block = _Block.read(node)
+            e = _Emitter(graph, node, f"{stem}_{index}")
             if target == "contrib":
-                op, how = _lower_contrib(graph, block, opset, index)
+                op, how = _lower_contrib(e, block, opset)
             else:
-                op, how = _lower_onnx(graph, block, index)
+                op, how = _lower_onnx(e, block)
         except _Kept as why:
             notes.append(LoweringNote(name, False, f"{why}; {_NEEDS_ORTFLASH}", OP_KEPT))
             continue
@@ -164,6 +184,19 @@ def replace_output(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
         new.dtype = old.dtype
     if old.shape is not None:
         new.shape = old.shape
+
+
+def _fresh_stem(model: ir.Model) -> str:
+    """A name stem no node or value of the model uses yet (a model may be lowered twice)."""
+    taken = set()
+    for node in model.graph.all_nodes():
+        taken.add(node.name or "")
+        taken.update(v.name or "" for v in node.outputs)
+    stems = ("ortflash/lower",) + tuple(f"ortflash/lower{i}" for i in range(2, 1000))
+    for stem in stems:
+        if not any(t.startswith(stem + "_") for t in taken):
+            return stem
+    raise RuntimeError("no free node-name stem")  # pragma: no cover
 
 
 def _fa_protos(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -447,13 +480,13 @@ class _Block:
             raise _Kept(f"{len(node.inputs)} inputs, the contract has {len(spec.INPUTS)} (Q, K, V, bias, mask)")
         raw = {name: a.value for name, a in node.attributes.items()}
         try:
-            attrs = spec.validate(raw)
+            attrs = spec.validate(spec.resolve_exact_floats(raw))
         except spec.SpecError as exc:
             raise _Kept(f"attributes outside the FlashAttention contract: {exc}") from None
         q, k, v, bias, mask = node.inputs
         dtype = q.dtype
-        if dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
-            raise _Kept(f"Q's element type is {dtype or 'not known'}, not float32 or float16")
+        if dtype is not None and dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            raise _Kept(f"Q's element type is {dtype}, not float32 or float16")
         for label, x in (("Q", q), ("K", k), ("V", v)):
             r = u.rank(x)
             if r is not None and r != 4:
@@ -491,6 +524,7 @@ class _Emitter:
         self.graph, self.anchor, self.prefix = graph, anchor, prefix
         self.count = 0
         self._shapes: dict[int, ir.Value] = {}
+        self._consts: dict[tuple, ir.Value] = {}
         self.lengths: dict[str, tuple[ir.Value, int]] = {}  # "q"/"k" -> (tensor, its sequence axis)
 
     def op(self, op_type: str, inputs, domain: str = "", **attrs) -> ir.Value:
@@ -502,7 +536,11 @@ class _Emitter:
         return node.outputs[0]
 
     def const(self, array) -> ir.Value:
-        return self.op("Constant", [], value=ir.tensor(np.asarray(array)))
+        array = np.asarray(array)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._consts:
+            self._consts[key] = self.op("Constant", [], value=ir.tensor(array))
+        return self._consts[key]
 
     def i64(self, values) -> ir.Value:
         return self.const(np.asarray(values, np.int64))
@@ -627,7 +665,7 @@ def _fill_text(b: _Block) -> str:
     return "-inf" if b.fill == -math.inf else f"{b.fill:g}"
 
 
-def _lower_contrib(graph: ir.Graph, b: _Block, opset: int, index: int) -> tuple[str, str]:
+def _lower_contrib(e: _Emitter, b: _Block, opset: int) -> tuple[str, str]:
     if opset < MIN_CONTRIB_OPSET:
         raise _Kept(f"the model's opset {opset} is below {MIN_CONTRIB_OPSET}, which the reshaping ops are written for")
     hq, hkv = b.hq, b.hkv
@@ -649,8 +687,9 @@ def _lower_contrib(graph: ir.Graph, b: _Block, opset: int, index: int) -> tuple[
             "with mask_fill -inf, Sq == Sk and one static head size that is a multiple of 8, not proved here")
     use_gqa = gqa_fits and (hkv < hq or softcap > 0)
 
-    e = _Emitter(graph, b.node, f"ortflash/lower_{index}")
-    f16 = b.dtype != ir.DataType.FLOAT
+    if b.dtype is None and opset < 15:
+        raise _Kept("Q's element type is not known and the model's opset has no CastLike (15) to restore it")
+    f16 = b.dtype != ir.DataType.FLOAT  # float16, or not known: computed in float32 between casts
     q, k, v = (e.cast(x, ir.DataType.FLOAT) for x in (b.q, b.k, b.v))
     bypass = not f16  # with casts around, the surrounding Transposes are not the inputs
     parts = [f"{hq} query / {hkv} key-value heads"]
@@ -693,10 +732,17 @@ def _lower_contrib(graph: ir.Graph, b: _Block, opset: int, index: int) -> tuple[
         out = e.op("Where", [e.op("IsNaN", [out]), e.f32(0.0), out])
         parts.append("NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)")
     if f16:
-        out = e.cast(out, b.dtype)
-        parts.append(f"computed in float32 between casts (Q is {b.dtype})")
+        out, note = _cast_back(e, out, b)
+        parts.append(note)
     _replace_bsd_output(e, out, hq, b.node.outputs[0], bypass)
     return op, "; ".join(parts)
+
+
+def _cast_back(e: _Emitter, out: ir.Value, b: _Block) -> tuple[ir.Value, str]:
+    """out (float32) back to Q's element type: Cast where it is known, CastLike(Q) where not."""
+    if b.dtype is None:
+        return e.op("CastLike", [out, b.q]), "computed in float32 between Cast and CastLike (Q's type not inferred)"
+    return e.cast(out, b.dtype), f"computed in float32 between casts (Q is {b.dtype.name.lower()})"
 
 
 def _mask_parts(b: _Block, causal_folded: bool) -> list[str]:
@@ -710,9 +756,9 @@ def _mask_parts(b: _Block, causal_folded: bool) -> list[str]:
     return parts
 
 
-def _lower_onnx(graph: ir.Graph, b: _Block, index: int) -> tuple[str, str]:
-    e = _Emitter(graph, b.node, f"ortflash/lower_{index}")
-    f16 = b.dtype != ir.DataType.FLOAT
+def _lower_onnx(e: _Emitter, b: _Block) -> tuple[str, str]:
+    graph = e.graph
+    f16 = b.dtype != ir.DataType.FLOAT  # float16, or not known: computed in float32 between casts
     three_d = None if f16 else _three_d_sources(b)
     if three_d is not None:
         q, k, v, squeeze = three_d  # [B·H, S, D]: one head each
@@ -747,8 +793,8 @@ def _lower_onnx(graph: ir.Graph, b: _Block, index: int) -> tuple[str, str]:
         out = e.op("Where", [dead, e.f32(math.nan if rows == "nan" else 0.0), out])
         parts.append(f"fully masked rows -> {'NaN' if rows == 'nan' else 'zeros'} by Where")
     if f16:
-        out = e.cast(out, b.dtype)
-        parts.append(f"computed in float32 between casts (Q is {b.dtype})")
+        out, note = _cast_back(e, out, b)
+        parts.append(note)
     if three_d is not None:
         replace_output(graph, squeeze.outputs[0], out)
         graph.remove(squeeze, safe=True)
