@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from . import spec
-from .optimize import OrtflashError, load, optimize, save
+from .optimize import OrtflashError, external_locations, load, optimize, save
 from .policy import SoftmaxPolicy
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
@@ -138,9 +138,10 @@ def _print_diffs(diffs, console, title="ONNX Runtime: original vs optimized") ->
 
 
 def _verify(original, optimized, args, console) -> int:
+    """original/optimized: paths (external weights resolve) or protos."""
     from .verify import verify
 
-    feeds = _load_feeds(args, original)
+    feeds = _load_feeds(args, load(original))
     try:
         diffs = verify(original, optimized, feeds, rtol=args.rtol, atol=args.atol)
     except OrtflashError:
@@ -158,7 +159,15 @@ def _validate(args, console) -> int:
     from .validate import validate
 
     original = load(args.original)
+    if external_locations(original):  # validate runs the graph from memory: bring the weights in
+        import onnx
+
+        original = onnx.load(args.original)
     optimized = load(args.optimized) if args.optimized else optimize(original)[0]
+    if external_locations(optimized):
+        import onnx
+
+        optimized = onnx.load(args.optimized)
     feeds = _load_feeds(args, original)
     try:
         checks = validate(original, optimized, feeds, backend=args.backend, softmax=args.softmax,
@@ -203,7 +212,7 @@ def main(argv=None) -> int:
                 if kept:
                     console.print(f"[yellow]{len(kept)} block(s) stay FlashAttention[/]: the output still needs "
                                   "ortflash (ortflash.session_options()) to run")
-            save(model, out_path)
+            save(model, out_path, source_dir=os.path.dirname(os.path.abspath(args.model)))
             console.print(f"wrote {out_path}")
             if args.json:
                 import json
@@ -214,7 +223,7 @@ def main(argv=None) -> int:
                 from .ops import ort_op
 
                 ort_op.configure(policy=None)
-                return _verify(original, model, args, console)
+                return _verify(args.model, out_path, args, console)
             return EXIT_OK
         if args.command == "inspect":
             _, report = optimize(args.model)
@@ -235,9 +244,9 @@ def main(argv=None) -> int:
         if args.command == "verify":
             from .ops import ort_op
 
-            original, optimized = load(args.original), load(args.optimized)
+            load(args.original), load(args.optimized)  # one-line errors for bad files
             ort_op.configure(policy=_policy(args))
-            return _verify(original, optimized, args, console)
+            return _verify(args.original, args.optimized, args, console)
     except OrtflashError as exc:
         print(f"ortflash: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

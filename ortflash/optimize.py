@@ -23,7 +23,23 @@ class OrtflashError(Exception):
     """A problem with the user's input; the CLI prints it as one line and exits 2."""
 
 
+def external_locations(model: onnx.ModelProto) -> list[str]:
+    """The files a model's external initializers live in (relative to the model's folder)."""
+    found = []
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in init.external_data if e.key == "location"), None)
+            if loc and loc not in found:
+                found.append(loc)
+    return found
+
+
 def load(model_or_path) -> onnx.ModelProto:
+    """Read a model without loading its external data: weights stay on disk, referenced.
+
+    The rewrites never read weights (scales are small inline constants), so a model of
+    any size is optimized in the memory its graph takes.
+    """
     if isinstance(model_or_path, onnx.ModelProto):
         return model_or_path
     path = os.fspath(model_or_path)
@@ -32,11 +48,15 @@ def load(model_or_path) -> onnx.ModelProto:
     if os.path.isdir(path):
         raise OrtflashError(f"{path}: is a folder, not an ONNX model file")
     try:
-        model = onnx.load(path)
+        model = onnx.load(path, load_external_data=False)
     except Exception as exc:  # protobuf raises several types for a file that is not ONNX
         raise OrtflashError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {str(exc)[:120]})") from None
     if not model.graph.node and not model.graph.output:
         raise OrtflashError(f"{path}: not an ONNX model (no graph in it)")
+    folder = os.path.dirname(os.path.abspath(path))
+    for loc in external_locations(model):
+        if not os.path.isfile(os.path.join(folder, loc)):
+            raise OrtflashError(f"{path}: its external data file {loc} is missing from {folder}")
     return model
 
 
@@ -145,16 +165,51 @@ def optimize(
     return out, report
 
 
-def save(model: onnx.ModelProto, path: str) -> None:
-    """Write atomically: a temporary file beside the target, then a rename."""
+def save(model: onnx.ModelProto, path: str, source_dir: str | None = None) -> None:
+    """Write atomically (a temporary file beside the target, then a rename).
+
+    A model whose weights are external references (as ``load`` leaves them) keeps them:
+    in the source folder they are shared; elsewhere the data files are copied next to
+    the output, streamed, never held in memory. A model too large for one protobuf
+    (2 GiB) is written with its weights in ``OUT.data``.
+    """
+    import shutil
+
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise OrtflashError(f"{path}: the output folder {folder} does not exist")
     tmp = f"{path}.tmp-{os.getpid()}"
+    copied = []
     try:
-        onnx.save(model, tmp)
+        locations = external_locations(model)
+        if locations:
+            if source_dir is None:
+                raise OrtflashError("this model's weights are external: save(model, path, source_dir=<its folder>)")
+            if os.path.abspath(source_dir) != folder:
+                renamed = {}
+                for loc in locations:
+                    new_loc = f"{os.path.basename(path)}.{os.path.basename(loc)}"
+                    dst = os.path.join(folder, new_loc)
+                    shutil.copyfile(os.path.join(source_dir, loc), dst + ".tmp")
+                    copied.append(dst)
+                    renamed[loc] = new_loc
+                for init in model.graph.initializer:
+                    for entry in init.external_data:
+                        if entry.key == "location" and entry.value in renamed:
+                            entry.value = renamed[entry.value]
+                for dst in copied:
+                    os.replace(dst + ".tmp", dst)
+            onnx.save(model, tmp)
+        elif model.ByteSize() > 2**31 - 2**20:
+            data = f"{os.path.basename(path)}.data"
+            onnx.save(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True, location=data)
+        else:
+            onnx.save(model, tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+        for dst in copied:
+            if os.path.exists(dst + ".tmp"):
+                os.remove(dst + ".tmp")

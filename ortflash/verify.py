@@ -110,19 +110,22 @@ def default_tolerance(model: onnx.ModelProto) -> tuple[float, float]:
     return (2e-2, 2e-3) if f16 else (1e-4, 1e-5)
 
 
-def run_model(model: onnx.ModelProto, feeds: dict) -> dict:
+def run_model(model, feeds: dict) -> dict:
+    """Outputs by name; model is a ModelProto or a path (a path resolves external weights)."""
     from .ops import ort_op
 
     so = ort.SessionOptions()
     so.register_custom_ops_library(ort_op.library_path())
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feeds)))
 
 
-def verify(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: dict, *, rtol=None, atol=None) -> list[OutputDiff]:
-    """Worst error per output of optimized against original on the same feeds."""
-    d_rtol, d_atol = default_tolerance(original)
+def verify(original, optimized, feeds: dict, *, rtol=None, atol=None) -> list[OutputDiff]:
+    """Worst error per output of optimized against original on the same feeds (protos or paths)."""
+    d_rtol, d_atol = default_tolerance(original if isinstance(original, onnx.ModelProto)
+                                       else onnx.load(str(original), load_external_data=False))
     rtol = d_rtol if rtol is None else rtol
     atol = d_atol if atol is None else atol
     expected = run_model(original, feeds)

@@ -49,9 +49,12 @@ def const_array(value: ir.Value | None, depth: int = 10) -> np.ndarray | None:
     expression of those and of static shapes); None otherwise."""
     if value is None:
         return None
-    tensor = ir.convenience.get_const_tensor(value)
-    if tensor is not None:
-        return tensor.numpy()
+    try:
+        tensor = ir.convenience.get_const_tensor(value)
+        if tensor is not None:
+            return tensor.numpy()
+    except (OSError, ValueError):  # external data not loaded: a weight, never a scale
+        return None
     node = producer(value)
     if node is None or depth == 0 or node.op_type not in _EVALUATED:
         return None
