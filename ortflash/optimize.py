@@ -181,15 +181,20 @@ def save(model: onnx.ModelProto, path: str, source_dir: str | None = None) -> No
         raise OrtflashError(f"{path}: the output folder {folder} does not exist")
     tmp = f"{path}.tmp-{os.getpid()}"
     copied = []
+    done = False
     try:
         locations = external_locations(model)
         if locations:
             if source_dir is None:
                 raise OrtflashError("this model's weights are external: save(model, path, source_dir=<its folder>)")
             if os.path.abspath(source_dir) != folder:
+                copy = onnx.ModelProto()
+                copy.CopyFrom(model)  # cheap: the weights are references; the caller's model stays as it was
+                model = copy
                 renamed = {}
                 for loc in locations:
-                    new_loc = f"{os.path.basename(path)}.{os.path.basename(loc)}"
+                    # one file per location, named after the output; the relative path keeps names apart
+                    new_loc = f"{os.path.basename(path)}.{loc.replace('/', '_').replace(os.sep, '_')}"
                     dst = os.path.join(folder, new_loc)
                     shutil.copyfile(os.path.join(source_dir, loc), dst + ".tmp")
                     copied.append(dst)
@@ -198,18 +203,23 @@ def save(model: onnx.ModelProto, path: str, source_dir: str | None = None) -> No
                     for entry in init.external_data:
                         if entry.key == "location" and entry.value in renamed:
                             entry.value = renamed[entry.value]
-                for dst in copied:
-                    os.replace(dst + ".tmp", dst)
             onnx.save(model, tmp)
+            for dst in copied:
+                os.replace(dst + ".tmp", dst)
         elif model.ByteSize() > 2**31 - 2**20:
             data = f"{os.path.basename(path)}.data"
             onnx.save(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True, location=data)
         else:
             onnx.save(model, tmp)
         os.replace(tmp, path)
+        done = True
+    except OSError as exc:
+        raise OrtflashError(f"{path}: could not write the model ({exc.strerror or exc})") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
         for dst in copied:
             if os.path.exists(dst + ".tmp"):
                 os.remove(dst + ".tmp")
+            if not done and os.path.exists(dst):
+                os.remove(dst)
