@@ -60,13 +60,6 @@ def load(model_or_path) -> onnx.ModelProto:
     return model
 
 
-def default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return imp.version
-    return 1
-
-
 def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -122,7 +115,7 @@ def optimize(
         raise OrtflashError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
     proto = load(model_or_path)
     name = proto.graph.name or "model"
-    opset = default_opset(proto)
+    opset = u.default_opset(proto)
     model = ir.serde.deserialize_model(_with_shapes(proto))
     graph = model.graph
     report = Report(name)

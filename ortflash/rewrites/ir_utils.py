@@ -20,6 +20,14 @@ _BINARY = {"Div": np.divide, "Mul": np.multiply, "Add": np.add, "Sub": np.subtra
 _EVALUATED = set(_UNARY) | set(_BINARY) | {"Shape", "Cast", "CastLike", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Gather"}
 
 
+def default_opset(model) -> int:
+    """The default-domain opset of an onnx.ModelProto."""
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 1
+
+
 def producer(value: ir.Value | None, op_type: str | tuple[str, ...] | None = None) -> ir.Node | None:
     """The node computing value, when it is in the default domain and of the given op type(s)."""
     if value is None:

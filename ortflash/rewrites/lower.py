@@ -59,6 +59,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from .. import spec
+from . import fuse
 from . import ir_utils as u
 
 TARGETS = ("ortflash", "contrib", "onnx")
@@ -121,14 +122,14 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
         return model, [LoweringNote(n, False, why, OP_KEPT) for n in names]
 
     work = model
-    if target == "onnx" and _default_opset(model) < ONNX_ATTENTION_OPSET:
+    if target == "onnx" and u.default_opset(model) < ONNX_ATTENTION_OPSET:
         try:
             work = onnx.version_converter.convert_version(model, ONNX_ATTENTION_OPSET)
         except Exception as exc:  # the converter raises several types
             why = (f"the model could not be converted to opset {ONNX_ATTENTION_OPSET} for Attention "
                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); {_NEEDS_ORTFLASH}")
             return model, [LoweringNote(n, False, why, OP_KEPT) for n in names]
-    opset = _default_opset(work)
+    opset = u.default_opset(work)
     irm = ir.serde.deserialize_model(_with_shapes(work))
     graph = irm.graph
 
@@ -211,13 +212,6 @@ def _name(node, index: int) -> str:
     return node.name or f"{spec.OP_TYPE}_{index}"
 
 
-def _default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return imp.version
-    return 1
-
-
 def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """model with inferred value_info, FlashAttention outputs included.
 
@@ -225,7 +219,7 @@ def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     would lose its types. It runs on a copy where each block is a stand-in of the same output
     type and shape (ReduceSum(Q over D) * ReduceSum(V over heads and keys): [B, Hq, Sq, Dv] in
     Q's dtype); the types found are copied onto the real graph."""
-    opset = _default_opset(model)
+    opset = u.default_opset(model)
     proxy = onnx.ModelProto()
     proxy.CopyFrom(model)
     nodes = []
@@ -517,29 +511,23 @@ class _Block:
 # emitting
 
 
-class _Emitter:
-    """Inserts nodes before the FlashAttention node being lowered."""
+class _Emitter(fuse._Emitter):
+    """fuse's emitter, before the FlashAttention node being lowered, with shared constants."""
 
     def __init__(self, graph: ir.Graph, anchor: ir.Node, prefix: str):
-        self.graph, self.anchor, self.prefix = graph, anchor, prefix
-        self.count = 0
+        super().__init__(graph, anchor, prefix, opset=0)  # opset only matters to fuse's reshapes
         self._shapes: dict[int, ir.Value] = {}
         self._consts: dict[tuple, ir.Value] = {}
         self.lengths: dict[str, tuple[ir.Value, int]] = {}  # "q"/"k" -> (tensor, its sequence axis)
 
     def op(self, op_type: str, inputs, domain: str = "", **attrs) -> ir.Value:
-        self.count += 1
-        name = f"{self.prefix}/{op_type}_{self.count}"
-        node = ir.node(op_type, inputs, attributes=attrs, domain=domain, name=name)
-        node.outputs[0].name = name + "_out"
-        self.graph.insert_before(self.anchor, node)
-        return node.outputs[0]
+        return self.node(op_type, inputs, domain, **attrs)
 
     def const(self, array) -> ir.Value:
         array = np.asarray(array)
         key = (array.dtype.str, array.shape, array.tobytes())
         if key not in self._consts:
-            self._consts[key] = self.op("Constant", [], value=ir.tensor(array))
+            self._consts[key] = super().const(array)
         return self._consts[key]
 
     def i64(self, values) -> ir.Value:
