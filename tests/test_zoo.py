@@ -48,3 +48,14 @@ def test_zoo_model_fuses_every_block_and_verifies(zoo_model, mode):
         diffs = verify(model, fused, feeds)
         assert all(d.ok for d in diffs), [(d.name, d.max_abs, d.nan_mismatch) for d in diffs]
         assert max(d.max_abs for d in diffs) < 1e-3
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e["kv_heads"] < e["num_heads"]], ids=lambda e: e["file"])
+def test_grouped_kv_heads_are_read_without_the_repeat(entry):
+    """Llama's repeat_kv (Unsqueeze→Expand→Reshape) is proved from static, inferred or
+    TorchScript-computed shapes, so the fused node reads K and V with their own kv heads."""
+    import onnx
+
+    fused, report = ortflash.optimize(onnx.load(os.path.join(ZOO, entry["file"])))
+    assert all("repeat(k," in b.pattern for b in report.blocks), [b.pattern for b in report.blocks]
+    assert "Expand" not in {n.op_type for n in fused.graph.node}

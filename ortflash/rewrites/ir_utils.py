@@ -17,7 +17,9 @@ _UNARY = {
     "Abs": np.abs,
 }
 _BINARY = {"Div": np.divide, "Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Pow": np.power}
-_EVALUATED = set(_UNARY) | set(_BINARY) | {"Shape", "Cast", "CastLike", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Gather"}
+_EVALUATED = set(_UNARY) | set(_BINARY) | {
+    "Shape", "Cast", "CastLike", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Gather", "ConstantOfShape"
+}
 
 
 def default_opset(model) -> int:
@@ -76,6 +78,11 @@ def const_array(value: ir.Value | None, depth: int = 10) -> np.ndarray | None:
     if op == "CastLike":  # only the first input's value matters; the second gives the dtype
         x, like = const_array(node.inputs[0], depth - 1), node.inputs[1].dtype
         return None if x is None or like is None else x.astype(like.numpy())
+    if op == "ConstantOfShape":
+        shape = const_array(node.inputs[0], depth - 1)
+        fill = node.attributes.get("value")
+        fill = np.zeros(1, np.float32) if fill is None else fill.as_tensor().numpy().reshape(-1)
+        return None if shape is None else np.full([int(d) for d in shape], fill[0], fill.dtype)
     args = []
     for v in node.inputs:
         args.append(const_array(v, depth - 1))
@@ -152,3 +159,82 @@ def unsqueeze_axes(node: ir.Node) -> list[int] | None:
         arr = const_array(node.inputs[1])
         axes = None if arr is None else [int(a) for a in arr.reshape(-1)]
     return axes
+
+
+# Shape arithmetic, symbolically: a dim is an int, ("dim", id(x), i) for dim i of tensor x,
+# or ("mul", dim, k). Enough to prove what TorchScript's shape subgraphs compute
+# (Concat of Unsqueeze(Gather(Shape(x), i)), times a constant).
+
+
+def dim_terms(x: ir.Value) -> list | None:
+    shape = value_shape(x)
+    if shape is None:
+        return None
+    return [d if isinstance(d, int) else ("dim", id(x), i) for i, d in enumerate(shape)]
+
+
+def sym_vec(value: ir.Value, depth: int = 12) -> list | None:
+    """A 1-D int64 shape tensor as a list of dim terms, or None."""
+    arr = const_array(value)
+    if arr is not None:
+        return [int(d) for d in arr.reshape(-1)] if arr.ndim == 1 else None
+    node = producer(value)
+    if node is None or depth == 0:
+        return None
+    op = node.op_type
+    if op == "Shape":
+        dims = dim_terms(node.inputs[0])
+        if dims is None:
+            return None
+        return dims[attr_int(node, "start", 0) : attr_int(node, "end", None)]
+    if op == "Concat":
+        out = []
+        for v in node.inputs:
+            part = sym_vec(v, depth - 1)
+            if part is None:
+                return None
+            out += part
+        return out
+    if op == "Unsqueeze":
+        term = sym_scalar(node.inputs[0], depth - 1)
+        return None if term is None else [term]
+    if op in ("Cast", "Identity") or (op == "Reshape" and (const_array(node.inputs[1]) is not None)
+                                      and const_array(node.inputs[1]).tolist() == [-1]):
+        return sym_vec(node.inputs[0], depth - 1)
+    if op == "Where":
+        # where(s == -1, ones, s) is s when no dim of s can be -1 (dims are >= 0)
+        cond, _, s = node.inputs
+        eq = producer(cond, "Equal")
+        vec = sym_vec(s, depth - 1)
+        if eq is None or vec is None or s not in eq.inputs or -1 in vec:
+            return None
+        other = eq.inputs[1] if eq.inputs[0] is s else eq.inputs[0]
+        arr = const_array(other)
+        return vec if arr is not None and np.all(arr == -1) else None
+    return None
+
+
+def sym_scalar(value: ir.Value, depth: int = 12):
+    arr = const_array(value)
+    if arr is not None:
+        return int(arr.reshape(-1)[0]) if arr.size == 1 else None
+    node = producer(value)
+    if node is None or depth == 0:
+        return None
+    if node.op_type == "Gather":
+        vec, idx = sym_vec(node.inputs[0], depth - 1), const_array(node.inputs[1])
+        if vec is None or idx is None or idx.ndim != 0 or attr_int(node, "axis", 0) != 0:
+            return None
+        return vec[int(idx)]
+    if node.op_type == "Mul":
+        a, b = sym_scalar(node.inputs[0], depth - 1), sym_scalar(node.inputs[1], depth - 1)
+        if isinstance(a, int) and isinstance(b, int):
+            return a * b
+        if isinstance(b, int) and a is not None:
+            return ("mul", a, b)
+        if isinstance(a, int) and b is not None:
+            return ("mul", b, a)
+        return None
+    if node.op_type in ("Cast", "Identity", "Squeeze"):
+        return sym_scalar(node.inputs[0], depth - 1)
+    return None

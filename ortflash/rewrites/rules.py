@@ -335,6 +335,9 @@ class RepeatedKV(Rule):
         if unsq is None or u.unsqueeze_axes(unsq) != [2]:
             return None
         kv = unsq.inputs[0]
+        symbolic = RepeatedKV._find_symbolic(reshape, expand, kv)
+        if symbolic is not None:
+            return symbolic
         base = u.value_shape(kv)
         target = u.const_array(expand.inputs[1])
         expanded = [int(d) for d in target] if target is not None else u.value_shape(expand.outputs[0])
@@ -357,6 +360,27 @@ class RepeatedKV(Rule):
         if not (isinstance(out[1], int) and isinstance(base[1], int) and out[1] == base[1] * groups):
             if not (out[2] != -1 and u.same_dim(out[2], base[2])):
                 return None
+        return kv, groups
+
+    @staticmethod
+    def _find_symbolic(reshape: ir.Node, expand: ir.Node, kv: ir.Value):
+        """The same proof on the shape subgraphs themselves (TorchScript computes them)."""
+        base = u.dim_terms(kv)
+        expanded = u.sym_vec(expand.inputs[1])
+        target = u.sym_vec(reshape.inputs[1])
+        if base is None or expanded is None or target is None or len(base) != 4:
+            return None
+        if len(expanded) != 5 or len(target) != 4 or u.attr_int(reshape, "allowzero", 0):
+            return None
+        unsqueezed = [base[0], base[1], 1, base[2], base[3]]
+        expanded = [unsqueezed[i] if d == 1 else d for i, d in enumerate(expanded)]
+        groups = expanded[2]
+        if expanded[:2] != base[:2] or expanded[3:] != base[2:] or not (isinstance(groups, int) and groups > 1):
+            return None
+        out = [expanded[i] if d == 0 else d for i, d in enumerate(target)]
+        heads = base[1] * groups if isinstance(base[1], int) else ("mul", base[1], groups)
+        if [out[0], out[2], out[3]] != [base[0], base[2], base[3]] or out[1] != heads:
+            return None
         return kv, groups
 
 
