@@ -58,4 +58,7 @@ def test_grouped_kv_heads_are_read_without_the_repeat(entry):
 
     fused, report = ortflash.optimize(onnx.load(os.path.join(ZOO, entry["file"])))
     assert all("repeat(k," in b.pattern for b in report.blocks), [b.pattern for b in report.blocks]
-    assert "Expand" not in {n.op_type for n in fused.graph.node}
+    made_by = {o: n.op_type for n in fused.graph.node for o in n.output}
+    for node in (n for n in fused.graph.node if n.op_type == "FlashAttention"):
+        assert made_by.get(node.input[1]) != "Reshape" and made_by.get(node.input[2]) != "Reshape"
+    assert all(b.kv_heads == entry["kv_heads"] for b in report.blocks if isinstance(b.kv_heads, int))
