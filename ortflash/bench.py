@@ -339,11 +339,19 @@ def _session(model, mode, block_size, so):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def _profile(model, mode, block_size, feeds, tmp, timer=None) -> dict:
-    """One warm, profiled run in a fresh session: milliseconds per op type."""
+def _session_options(threads: int | None):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+    return so
+
+
+def _profile(model, mode, block_size, feeds, tmp, timer=None, threads=None) -> dict:
+    """One warm, profiled run in a fresh session: milliseconds per op type."""
+    so = _session_options(threads)
     so.enable_profiling = True
     so.profile_file_prefix = os.path.join(tmp, "profile")
     sess = _session(model, mode, block_size, so)
@@ -406,7 +414,7 @@ def run_worker(cfg: dict) -> dict:
     probe = PeakProbe()
     out["memory_method"] = probe.method
     tmp = tempfile.mkdtemp(prefix="ortflash-bench-")
-    so = ort.SessionOptions()
+    so = _session_options(cfg.get("threads"))
     opt_path = os.path.join(tmp, "optimized.onnx")
     so.optimized_model_filepath = opt_path
     _status(status, "creating the session")
@@ -495,7 +503,7 @@ def run_worker(cfg: dict) -> dict:
     if cfg.get("profile"):
         _status(status, "profile run")
         try:
-            out["profile"] = _profile(model, mode, block_size, feeds, tmp, timer)
+            out["profile"] = _profile(model, mode, block_size, feeds, tmp, timer, cfg.get("threads"))
             if "bridge_ms" in out:
                 node = out["profile"]["per_op_ms"].get("FlashAttention")
                 hook = out["profile"].get("bridge_hook_ms")
@@ -544,6 +552,9 @@ def _run_one(cfg: dict, timeout: float, tick=None) -> dict:
             json.dump(cfg, f)
         env = dict(os.environ)
         env["PYTHONPATH"] = str(_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if cfg.get("threads"):  # numpy's BLAS reads these when it loads
+            for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+                env[var] = str(cfg["threads"])
         log = open(os.path.join(tmp, "log"), "w+")
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "ortflash.bench", "--worker", cfg_path],
@@ -592,6 +603,7 @@ def bench(
     timeout_s: float = 900.0,
     rounds: int = 1,
     rounds_max_seq: int | None = None,
+    threads: int | None = None,
     max_seq_len: dict | None = None,
     profile: bool | int = True,
     dims: dict | None = None,
@@ -611,7 +623,8 @@ def bench(
     ``time_budget_s``: fewer timed runs (at least 3) when ``repeats`` cold-run times exceed it.
     ``rounds``: measure every (variant, S) that many times, in alternating order (forward, reversed),
     each time in a fresh process (only up to ``rounds_max_seq`` when given); latency is then the
-    median over all rounds' timed runs and memory the largest round's.
+    median over all rounds' timed runs and memory the largest round's. ``threads``: ONNX Runtime's
+    intra-op threads and numpy's BLAS threads in every worker (default: each library's own).
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -637,7 +650,7 @@ def bench(
         "config": {"seq_lens": seq_lens, "variants": variants, "batch": batch, "repeats": repeats, "warmup": warmup,
                    "block_size": block_size, "time_budget_s": time_budget_s, "timeout_s": timeout_s,
                    "max_seq_len": max_seq_len, "profile": profile,
-                   "rounds": rounds, "rounds_max_seq": rounds_max_seq},
+                   "rounds": rounds, "rounds_max_seq": rounds_max_seq, "threads": threads},
         "lower_available": lower_function() is not None,
         "notes": list(notes or []),
         "loadavg_start": _loadavg(),
@@ -676,7 +689,7 @@ def bench(
             prof = (profile if isinstance(profile, bool) else s <= int(profile)) and rnd == 0
             cfg = {"model": model_copy, "variant": v, "seq_len": s, "batch": batch, "repeats": repeats,
                    "warmup": max(1, warmup), "block_size": block_size, "time_budget_s": time_budget_s,
-                   "profile": prof, "dims": dims}
+                   "profile": prof, "dims": dims, "threads": threads}
             desc = f"S={s:<5d} {label:<9s}" + (f" round {rnd + 1}" if rounds > 1 else "")
             bar.update(task, description=desc)
             res = _run_one(cfg, timeout_s, tick=lambda text, d=desc: bar.update(task, description=f"{d} {text}"))
@@ -829,6 +842,8 @@ def markdown(results) -> str:
         f"- load average at start / end: {results.get('loadavg_start')} / {results.get('loadavg_end')} "
         "(other jobs share this machine: compare the ratios, measured side by side)",
         "- versions: " + ", ".join(f"{k} {x}" for k, x in v.items()),
+        f"- threads per worker: {c.get('threads') or 'the libraries default (ORT: one per physical core; numpy BLAS: all cores)'}; "
+        f"rounds: {c.get('rounds', 1)}" + (f" (S <= {c['rounds_max_seq']}, one above)" if c.get("rounds_max_seq") and c.get("rounds", 1) > 1 else ""),
         f"- model: `{results['model']}`; batch {c['batch']}; block size {c['block_size']}; "
         f"{c['warmup']} untimed run(s) then up to {c['repeats']} timed runs (at least 3 when one run "
         f"exceeds {c['time_budget_s']:g} s / repeats)",
@@ -972,6 +987,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (default %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default %(default)s)")
     p.add_argument("--block-size", type=int, default=64, help="online softmax tile (default %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="ONNX Runtime intra-op and numpy BLAS threads per worker (default: the libraries' own)")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure each (variant, S) this many times, alternating the order (default %(default)s)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per worker before it is killed (default %(default)s)")
@@ -983,7 +1000,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     """`ortflash bench`: returns an exit code (0 when every requested measurement succeeded)."""
     res = bench(args.model, seq_lens=args.seq_lens, variants=args.variants, batch=args.batch,
-                repeats=args.repeats, warmup=args.warmup, rounds=args.rounds, block_size=args.block_size, timeout_s=args.timeout,
+                repeats=args.repeats, warmup=args.warmup, rounds=args.rounds, threads=args.threads, block_size=args.block_size, timeout_s=args.timeout,
                 profile=not args.no_profile, out_dir=args.out, name=args.name)
     return 0 if all(r.get("status") in ("ok", "skipped") for r in res["runs"]) else 1
 

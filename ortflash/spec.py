@@ -30,11 +30,20 @@ OP_TYPE = "FlashAttention"
 
 # Positional inputs. bias and mask are optional in the contract; the ONNX Runtime
 # bridge (onnxruntime-extensions' Python ops) cannot take missing inputs, so an
-# absent one is written as a neutral scalar initializer with one of these names.
+# absent one is written as a neutral scalar: bias 0.0 (float32), mask True.
 INPUTS = ("Q", "K", "V", "bias", "mask")
-NO_BIAS = "ortflash_no_bias"  # float32 scalar 0.0
-NO_MASK = "ortflash_no_mask"  # bool scalar True
 OUTPUTS = ("O",)
+
+
+
+def absent_as_none(bias, mask):
+    """(bias, mask) with the neutral placeholder scalars turned back into None (numpy arrays)."""
+    if bias is not None and bias.size == 1 and float(bias.reshape(())) == 0.0:
+        bias = None
+    if mask is not None and mask.size == 1 and bool(mask.reshape(())):
+        mask = None
+    return bias, mask
+
 
 SOFTMAX_MODES = ("naive", "online", "auto")
 MASKED_ROWS = ("nan", "zero")

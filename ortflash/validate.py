@@ -102,8 +102,7 @@ def validate(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: dict,
         if softmax or block_size:
             policy = SoftmaxPolicy(softmax or policy.mode, block_size or policy.block_size, policy.min_seq_len)
         q, k, v, bias, mask = (values[i] for i in node.input)
-        bias = None if bias.size == 1 and float(bias.reshape(())) == 0.0 else bias
-        mask = None if mask.size == 1 and bool(mask.reshape(())) else mask
+        bias, mask = spec.absent_as_none(bias, mask)
         got = kernel(q, k, v, bias, mask, policy=policy, **attrs)
         want = values[_replaced_name(node)]
         got = got.reshape(want.shape) if got.size == want.size else got

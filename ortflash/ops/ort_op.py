@@ -53,9 +53,7 @@ def _kernel(backend: str):
     attrs={name: _ATTR_TYPES[a.kind] for name, a in spec.ATTRIBUTES.items()},
 )
 def _flash_attention_op(q, k, v, bias, mask, **attrs):
-    # The neutral scalars the rewrite writes for absent optional inputs.
-    bias = None if bias.size == 1 and float(bias.reshape(())) == 0.0 else bias
-    mask = None if mask.size == 1 and bool(mask.reshape(())) else mask
+    bias, mask = spec.absent_as_none(bias, mask)
     attrs = spec.resolve_exact_floats(attrs)
     backend, policy = current()
     try:

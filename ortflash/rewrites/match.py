@@ -18,7 +18,7 @@ class AttentionMatch:
     softmax: ir.Node
     output: ir.Value | None = None  # the value the fused node replaces (probs @ v)
     q: ir.Value | None = None
-    k: ir.Value | None = None  # [.., Sk, D] unless k_needs_transpose
+    k: ir.Value | None = None  # [B, H, Sk, D] after k_perm
     k_perm: list[int] | None = None  # Transpose to apply to `k` to get [B, H, Sk, D]; None = as is
     v: ir.Value | None = None
     scale: float = 1.0
@@ -33,9 +33,8 @@ class AttentionMatch:
     nodes: list[ir.Node] = field(default_factory=list)  # matched nodes, top (output) first
     ops: list[str] = field(default_factory=list)  # op types as read, for the report
 
-    # After the walk: where scale ops sat, and whether a bias was already seen above.
+    # Read so far above the current op (the walk goes from the Softmax towards Q·Kᵀ).
     seen_bias_above: bool = False
-    seen_finite_where_above: bool = False
     seen_scale_above: bool = False
 
     probs_ops: int = 0  # how many of `ops` were read on the probability side

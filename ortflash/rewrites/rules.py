@@ -90,8 +90,6 @@ class BooleanMask(Rule):
         cond, scores, fill, inverted = self._split(node)
         m.masks.append((cond, inverted))
         m.mask_fill = fill
-        if not math.isinf(fill):
-            m.seen_finite_where_above = True
         m.add(node)
         return scores
 
