@@ -44,32 +44,46 @@ def _grouped(q, k, v, bias, mask):
 
 
 def _scores(qg, kt, bias, mask, key_offset, attrs):
-    """Scaled, capped, biased and masked scores of the keys [key_offset, key_offset + kt.shape[-2])."""
-    s = np.matmul(qg, np.swapaxes(kt, -1, -2)) * ACC(attrs["scale"])
+    """Scaled, capped, biased and masked scores of the keys [key_offset, key_offset + kt.shape[-2]).
+
+    Computed in place on the one fresh array the matmul returns (the tile is the only
+    score-sized allocation)."""
+    s = np.matmul(qg, np.swapaxes(kt, -1, -2))
+    s *= ACC(attrs["scale"])
     if attrs["softcap"] > 0:
         cap = ACC(attrs["softcap"])
-        s = cap * np.tanh(s / cap)
+        s /= cap
+        np.tanh(s, out=s)
+        s *= cap
     stop = key_offset + kt.shape[-2]
     if bias is not None:
-        s = s + (bias if bias.shape[-1] == 1 else bias[..., key_offset:stop])
+        tile = bias if bias.shape[-1] == 1 else bias[..., key_offset:stop]
+        if np.broadcast_shapes(s.shape, tile.shape) != s.shape:
+            s = s + tile  # a bias with a dim the scores broadcast over (batch 1 scores, say)
+        else:
+            s += tile
     fill = ACC(attrs["mask_fill"])
     if mask is not None:
-        s = np.where(mask if mask.shape[-1] == 1 else mask[..., key_offset:stop], s, fill)
+        keep = mask if mask.shape[-1] == 1 else mask[..., key_offset:stop]
+        if np.broadcast_shapes(s.shape, keep.shape) != s.shape:
+            s = np.broadcast_to(s, np.broadcast_shapes(s.shape, keep.shape)).copy()
+        np.copyto(s, fill, where=~keep)
     if attrs["is_causal"]:
         rows = np.arange(qg.shape[-2])[:, None]
         cols = np.arange(key_offset, stop)[None, :]
-        s = np.where(cols <= rows, s, fill)
+        np.copyto(s, fill, where=cols > rows)
     return s
 
 
 def _naive(qg, kg, vg, bias, mask, attrs):
     s = _scores(qg, kg, bias, mask, 0, attrs)
     with np.errstate(invalid="ignore", over="ignore"):
-        e = np.exp(s - s.max(axis=-1, keepdims=True))
-        p = e / e.sum(axis=-1, keepdims=True)
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
     if attrs["masked_rows"] == "zero":
-        p = np.where(np.isnan(p), ACC(0), p)
-    return np.matmul(p, vg)
+        s[np.isnan(s)] = 0
+    return np.matmul(s, vg)
 
 
 def _online(qg, kg, vg, bias, mask, attrs):
@@ -82,16 +96,19 @@ def _online(qg, kg, vg, bias, mask, attrs):
     acc = np.zeros(lead + (sq, vg.shape[-1]), ACC)  # unnormalised output, in units of exp(-m)
     with np.errstate(invalid="ignore", over="ignore"):
         for start in range(0, sk, block):
-            s = _scores(qg, kg[..., start : start + block, :], bias, mask, start, attrs)
-            new_max = np.maximum(running_max, s.max(axis=-1, keepdims=True))
+            p = _scores(qg, kg[..., start : start + block, :], bias, mask, start, attrs)
+            new_max = np.maximum(running_max, p.max(axis=-1, keepdims=True))
             # A row whose keys so far are all -inf keeps 0 as its reference, so
             # exp(-inf - ref) = 0 instead of NaN; a fully masked row ends with
             # running_sum 0 and yields 0/0 = NaN, as the naive softmax does.
             ref = np.where(np.isneginf(new_max), ACC(0), new_max)
             rescale = np.exp(running_max - ref)  # shrink what was summed under the old max
-            p = np.exp(s - ref)
-            running_sum = running_sum * rescale + p.sum(axis=-1, keepdims=True)
-            acc = acc * rescale + np.matmul(p, vg[..., start : start + block, :])
+            p -= ref
+            np.exp(p, out=p)
+            running_sum *= rescale
+            running_sum += p.sum(axis=-1, keepdims=True)
+            acc *= rescale
+            acc += np.matmul(p, vg[..., start : start + block, :])
             running_max = new_max
         out = acc / running_sum
     if attrs["masked_rows"] == "zero":
