@@ -396,9 +396,6 @@ def run_worker(cfg: dict) -> dict:
     """Build one variant, run it at one sequence length, measure. Runs inside the worker process."""
     import resource
 
-    import numpy as np
-    import onnxruntime as ort
-
     from .verify import make_feeds
 
     status = cfg.get("status_file")
@@ -520,7 +517,6 @@ def run_worker(cfg: dict) -> dict:
         pass
     out["status"] = "ok"
     out["numpy_threads_env"] = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ}
-    del np
     return out
 
 

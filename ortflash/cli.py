@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "CPU / WebGPU execution provider (default %(default)s)")
     _add_feeds(p)
 
+    from . import bench as _bench
+
+    p = sub.add_parser("bench", help="latency and peak memory of each variant against sequence length, one process each")
+    _bench.add_arguments(p)
+
     p = sub.add_parser("verify", help="compare an optimized model with its original in ONNX Runtime")
     p.add_argument("original")
     p.add_argument("optimized")
@@ -230,6 +235,10 @@ def main(argv=None) -> int:
             report.model = args.model
             report.print(console)
             return EXIT_OK
+        if args.command == "bench":
+            from . import bench
+
+            return bench.run(args)
         if args.command == "web-check":
             from .web_check import web_check
 
