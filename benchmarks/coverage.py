@@ -327,15 +327,9 @@ def run_tool(tool, path, entry, timeout) -> dict:
 
 
 def versions() -> dict:
-    from importlib import metadata
+    from ortflash.bench import versions as installed
 
-    out = {}
-    for pkg in ("ortflash", "onnxruntime", "onnxscript", "onnx", "onnx-ir", "torch", "transformers"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
+    return installed(("ortflash", "onnxruntime", "onnxscript", "onnx", "onnx-ir", "torch", "transformers"))
 
 
 def verdict(check) -> str:

@@ -99,11 +99,15 @@ def machine_info() -> dict:
     }
 
 
-def versions() -> dict:
+VERSIONED = ("ortflash", "onnxruntime", "onnxruntime-extensions", "onnx", "onnx-ir", "numpy", "onnxscript")
+
+
+def versions(packages=VERSIONED) -> dict:
+    """Installed versions of the packages that decide a result, for the results files."""
     from importlib import metadata
 
     out = {}
-    for pkg in ("ortflash", "onnxruntime", "onnxruntime-extensions", "onnx", "onnx-ir", "numpy", "onnxscript"):
+    for pkg in packages:
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
