@@ -205,3 +205,13 @@ def test_scale_with_more_than_six_digits_is_exact_in_the_kernel(monkeypatch):
     fused, _ = ortflash.optimize(model)
     _run(fused, feeds(model, SHAPES[0], np.random.default_rng(0)))
     assert seen["scale"] == float(np.float32(1 / np.sqrt(32)))
+
+
+def test_plain_onnxruntime_session_with_ortflash_options_runs_a_fused_model(tmp_path):
+    model = build(Variant(bias_shapes=(("B", 1, 1, "T"),)))
+    fused, _ = ortflash.optimize(model, softmax="online", block_size=8, min_seq_len=0)
+    path = str(tmp_path / "fused.onnx")
+    ortflash.save(fused, path)
+    f = feeds(model, SHAPES[0], np.random.default_rng(0))
+    sess = ort.InferenceSession(path, ortflash.session_options(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, f)[0], _run(model, f), rtol=1e-4, atol=1e-5)
