@@ -114,3 +114,19 @@ def test_online_never_allocates_a_whole_head_score_matrix(monkeypatch):
     k = rng.standard_normal((1, 1, 1000, 32), np.float32)
     flash_attention(q, k, k, scale=0.1, policy=SoftmaxPolicy("online", block_size=128))
     assert max(shapes) == 128 and len(shapes) == 8
+
+
+@pytest.mark.parametrize("b,hq,hkv,sq,sk,d,dv,block", CASES)
+def test_heads_split_over_threads_give_the_same_numbers(monkeypatch, b, hq, hkv, sq, sk, d, dv, block):
+    import ortflash.ops.reference as ref
+
+    rng = np.random.default_rng(sk + d)
+    q = rng.standard_normal((b, hq, sq, d), np.float32)
+    k = rng.standard_normal((b, hkv, sk, d), np.float32)
+    v = rng.standard_normal((b, hkv, sk, dv), np.float32)
+    bias = rng.standard_normal((1, hq, sq, sk)).astype(np.float32)
+    mask = rng.random((b, 1, 1, sk)) > 0.2
+    serial = flash_attention(q, k, v, bias, mask, scale=0.2, masked_rows="zero", policy=SoftmaxPolicy("naive"))
+    monkeypatch.setattr(ref, "_PARALLEL_MIN_SCORES", 0)
+    split = flash_attention(q, k, v, bias, mask, scale=0.2, masked_rows="zero", policy=SoftmaxPolicy("naive"))
+    np.testing.assert_array_equal(split, serial)

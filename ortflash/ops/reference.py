@@ -116,6 +116,45 @@ def _online(qg, kg, vg, bias, mask, attrs):
     return out
 
 
+# numpy's elementwise work (exp, max, sums) runs on one core; heads are independent, so
+# large naive calls split them over a few threads (ufuncs and BLAS release the GIL). The
+# online kernel's small tile matmuls gained nothing from it on 2 cores (measured), so it
+# stays on one thread.
+_PARALLEL_MIN_SCORES = 1 << 22
+
+
+def _over_heads(kernel, qg, kg, vg, bias, mask, attrs):
+    import concurrent.futures
+    import os
+
+    workers = min(os.cpu_count() or 1, 8)
+    axis = 1 if qg.shape[1] >= qg.shape[2] else 2  # kv heads, or the query heads of one kv head
+    parts = min(workers, qg.shape[axis])
+    too_small = qg.shape[1] * qg.shape[2] * qg.shape[3] * kg.shape[3] < _PARALLEL_MIN_SCORES
+    if kernel is not _naive or parts < 2 or too_small:
+        return kernel(qg, kg, vg, bias, mask, attrs)
+    bounds = np.linspace(0, qg.shape[axis], parts + 1).astype(int)
+
+    def cut(t, lo, hi):
+        if t is None or t.shape[axis] == 1:
+            return t  # broadcast along this axis
+        index = [slice(None)] * t.ndim
+        index[axis] = slice(lo, hi)
+        return t[tuple(index)]
+
+    with concurrent.futures.ThreadPoolExecutor(parts) as pool:
+        futures = [
+            pool.submit(kernel, cut(qg, lo, hi), cut(kg, lo, hi), cut(vg, lo, hi), cut(bias, lo, hi),
+                        cut(mask, lo, hi), attrs)
+            for lo, hi in zip(bounds[:-1], bounds[1:])
+        ]
+        outs = [f.result() for f in futures]
+    # a part can come back broadcast-smaller (e.g. batch 1 scores); bring all to one shape first
+    shape = np.broadcast_shapes(*[o.shape[:axis] + (1,) + o.shape[axis + 1 :] for o in outs])
+    outs = [np.broadcast_to(o, shape[:axis] + (o.shape[axis],) + shape[axis + 1 :]) for o in outs]
+    return np.concatenate(outs, axis=axis)
+
+
 def flash_attention(q, k, v, bias=None, mask=None, *, policy: SoftmaxPolicy | None = None, **attrs) -> np.ndarray:
     """Run FlashAttention on numpy arrays. ``attrs`` are spec attributes (scale, is_causal, ...).
 
@@ -127,6 +166,6 @@ def flash_attention(q, k, v, bias=None, mask=None, *, policy: SoftmaxPolicy | No
     attrs["block_size"] = policy.block_size
     qg, kg, vg, bias_g, mask_g, (b, hq, sq, sk) = _grouped(q, k, v, bias, mask)
     kernel = _online if policy.choose(sk) == "online" else _naive
-    out = kernel(qg, kg, vg, bias_g, mask_g, attrs)
+    out = _over_heads(kernel, qg, kg, vg, bias_g, mask_g, attrs)
     out = np.broadcast_to(out, (b, k.shape[1], hq // k.shape[1], sq, v.shape[-1]))
     return out.reshape(b, hq, sq, v.shape[-1]).astype(q.dtype)
