@@ -162,3 +162,12 @@ def build_gqa(heads=4, kv_heads=2, head_dim=32, static=False, opset=17) -> onnx.
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     return model
+
+
+def tamper_scale(model: onnx.ModelProto, factor: float) -> onnx.ModelProto:
+    """Tamper with a fused model: multiply the first FlashAttention node's scale (a check must fail)."""
+    node = next(n for n in model.graph.node if n.op_type == "FlashAttention")
+    for a in node.attribute:
+        if a.name == "scale":
+            a.f *= factor
+    return model

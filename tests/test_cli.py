@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from attention_graphs import Variant, build
+from attention_graphs import Variant, build, tamper_scale
 
 import ortflash
 from ortflash.cli import main
@@ -38,10 +38,7 @@ def test_optimize_writes_default_output_and_verifies(model_path, capsys):
 
 def test_verify_fails_with_exit_1_on_a_tampered_model(model_path, tmp_path):
     fused, _ = ortflash.optimize(model_path)
-    node = next(n for n in fused.graph.node if n.op_type == "FlashAttention")
-    for a in node.attribute:
-        if a.name == "scale":
-            a.f *= 1.5
+    tamper_scale(fused, 1.5)
     bad = str(tmp_path / "bad.onnx")
     onnx.save(fused, bad)
     assert main(["verify", model_path, bad]) == 1
