@@ -114,7 +114,7 @@ def check_outputs(original, rewritten, entry) -> dict:
         so = ort.SessionOptions()
         so.log_severity_level = 3
         if any(n.domain == "ai.onnx.contrib" for n in m.graph.node):
-            from ortflash.ops import ort_op
+            from ortflash.kernels import ort_bridge as ort_op
 
             so.register_custom_ops_library(ort_op.library_path())
         return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])

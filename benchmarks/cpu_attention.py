@@ -156,7 +156,7 @@ def kernel_alone(seq_len: int = TARGET_S, block_sizes=(64, 256, 512, 1024), repe
     the output's flatten().tolist() that onnxruntime-extensions does after it."""
     import time
 
-    from ortflash.ops import reference
+    from ortflash.kernels import reference
     from ortflash.policy import SoftmaxPolicy
 
     rng = np.random.default_rng(0)

@@ -99,7 +99,7 @@ def bench_wgsl(runner, q, k, v, kernel, dtype, reps, tile=None):
 
 
 def reference_heads(q, k, v, heads=2):
-    from ortflash.ops import reference
+    from ortflash.kernels import reference
 
     d = q.shape[-1]
     return reference.flash_attention(q[:, :heads], k[:, :heads], v[:, :heads], scale=d**-0.5)

@@ -283,7 +283,7 @@ class _BridgeTimer:
     def __init__(self):
         from onnxruntime_extensions import _ocos
 
-        from .ops import ort_op
+        from .kernels import ort_bridge as ort_op
 
         self.t = {"kernel": 0.0, "body": 0.0, "hook": 0.0, "calls": 0}
         kernel_of = ort_op._kernel
@@ -337,7 +337,7 @@ def _session(model, mode, block_size, so):
 
         return InferenceSession(model, softmax=mode, block_size=block_size, min_seq_len=0, sess_options=so)
     if _uses_custom_ops(model):
-        from .ops import ort_op
+        from .kernels import ort_bridge as ort_op
 
         so.register_custom_ops_library(ort_op.library_path())
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

@@ -225,7 +225,7 @@ def main(argv=None) -> int:
                 with open(args.json, "w") as f:
                     json.dump(report.to_dict(), f, indent=2)
             if args.verify:
-                from .ops import ort_op
+                from .kernels import ort_bridge as ort_op
 
                 ort_op.configure(policy=None)
                 return _verify(args.model, out_path, args, console)
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
         if args.command == "validate":
             return _validate(args, console)
         if args.command == "verify":
-            from .ops import ort_op
+            from .kernels import ort_bridge as ort_op
 
             load(args.original), load(args.optimized)  # one-line errors for bad files
             ort_op.configure(policy=_policy(args))

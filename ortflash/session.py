@@ -25,7 +25,7 @@ def session_options(*, softmax=None, online_softmax=None, block_size=None, min_s
     With no policy arguments, each node runs the softmax written on it. Policy
     arguments (or backend='wgpu') apply to every FlashAttention run in this process.
     """
-    from .ops import ort_op  # registers the op; onnxruntime-extensions is slow to import
+    from .kernels import ort_bridge as ort_op  # registers the op; onnxruntime-extensions is slow to import
 
     ort_op.configure(backend, _policy(softmax, block_size, min_seq_len, online_softmax))
     so = base or ort.SessionOptions()
@@ -50,7 +50,7 @@ class InferenceSession:
         )
 
     def run(self, output_names, input_feed, run_options=None):
-        from .ops import ort_op
+        from .kernels import ort_bridge as ort_op
 
         # Kernel choice is process-wide in the bridge: set ours for this call.
         ort_op.configure(self._backend, self._policy)

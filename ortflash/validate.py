@@ -85,7 +85,7 @@ def validate(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: dict,
             raise RuntimeError(f"no WebGPU adapter: {wgpu_kernel.unavailable_reason()}")
         kernel = wgpu_kernel.flash_attention
     else:
-        from .ops.reference import flash_attention as kernel
+        from .kernels.reference import flash_attention as kernel
     model, fused = capture_model(original, optimized)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]

@@ -112,7 +112,7 @@ def default_tolerance(model: onnx.ModelProto) -> tuple[float, float]:
 
 def run_model(model, feeds: dict) -> dict:
     """Outputs by name; model is a ModelProto or a path (a path resolves external weights)."""
-    from .ops import ort_op
+    from .kernels import ort_bridge as ort_op
 
     so = ort.SessionOptions()
     so.register_custom_ops_library(ort_op.library_path())

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ortflash import SoftmaxPolicy
-from ortflash.ops.reference import flash_attention
+from ortflash.kernels.reference import flash_attention
 
 
 def float64_attention(q, k, v, bias, mask, scale, is_causal, fill=-np.inf, zero_rows=False):
@@ -98,7 +98,7 @@ def test_causal_and_finite_fill(mode):
 
 
 def test_online_never_allocates_a_whole_head_score_matrix(monkeypatch):
-    import ortflash.ops.reference as ref
+    import ortflash.kernels.reference as ref
 
     shapes = []
     real = ref._scores
@@ -118,7 +118,7 @@ def test_online_never_allocates_a_whole_head_score_matrix(monkeypatch):
 
 @pytest.mark.parametrize("b,hq,hkv,sq,sk,d,dv,block", CASES)
 def test_heads_split_over_threads_give_the_same_numbers(monkeypatch, b, hq, hkv, sq, sk, d, dv, block):
-    import ortflash.ops.reference as ref
+    import ortflash.kernels.reference as ref
 
     rng = np.random.default_rng(sk + d)
     q = rng.standard_normal((b, hq, sq, d), np.float32)

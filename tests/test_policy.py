@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ortflash import SoftmaxPolicy, spec
-from ortflash.ops.reference import flash_attention
+from ortflash.kernels.reference import flash_attention
 
 
 def test_online_and_naive_agree_numerically():

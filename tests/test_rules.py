@@ -191,7 +191,7 @@ def test_lowest_fill_and_bias_survive_the_bridge_exactly():
 
 
 def test_scale_with_more_than_six_digits_is_exact_in_the_kernel(monkeypatch):
-    import ortflash.ops.reference as ref
+    import ortflash.kernels.reference as ref
 
     seen = {}
     real = ref.flash_attention

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ortflash.ops import reference
+from ortflash.kernels import reference
 from ortflash.ops import wgpu_kernel as wk
 from ortflash.policy import SoftmaxPolicy
 

@@ -1,7 +1,7 @@
 """FlashAttention on the GPU through wgpu: the WGSL kernels behind a numpy interface.
 
 ``flash_attention`` has the signature and semantics of
-``ortflash.ops.reference.flash_attention``: Q [B, Hq, Sq, D], K [B, Hkv, Sk, D],
+``ortflash.kernels.reference.flash_attention``: Q [B, Hq, Sq, D], K [B, Hkv, Sk, D],
 V [B, Hkv, Sk, Dv], optional additive ``bias`` and boolean ``mask``
 broadcastable to [B, Hq, Sq, Sk], the spec's attributes as keywords, and a
 ``policy`` whose choice for the key length picks the shader: ``naive`` runs

@@ -40,7 +40,7 @@ def current() -> tuple[str, SoftmaxPolicy | None]:
 
 def _kernel(backend: str):
     if backend == "wgpu":
-        from . import wgpu_kernel
+        from ..ops import wgpu_kernel
 
         return wgpu_kernel.flash_attention
     return reference.flash_attention
