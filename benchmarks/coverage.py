@@ -5,7 +5,7 @@ For every model in models/manifest.json, in one run:
   blocks           the manifest's ``attention_blocks`` (one per attention Softmax)
   ortflash         ``report.fused`` of ``ortflash.optimize`` (each block proved and verified
                    against the original in ONNX Runtime), then, when
-                   ``ortflash.rewrites.lower`` exists, how many of them ``lower(model, "contrib")``
+                   ``ortflash.lowering`` exists, how many of them ``lower(model, "contrib")``
                    and ``lower(model, "onnx")`` turn into native attention ops
   ORT session      ONNX Runtime's own C++ graph fusions: the attention ops in the graph an
                    ``InferenceSession`` (CPU, ORT_ENABLE_ALL) optimizes to
@@ -108,7 +108,7 @@ def check_outputs(original, rewritten, entry) -> dict:
     import numpy as np
     import onnxruntime as ort
 
-    from ortflash.verify import make_feeds
+    from ortflash.checks.feeds import make_feeds
 
     def session(m):
         so = ort.SessionOptions()
@@ -198,11 +198,8 @@ def tool_ortflash(path, entry) -> dict:
     res = _result(fused, original, entry, reasons=[b.reason for b in report.blocks if not b.fused])
     res["report_fused"] = report.fused
     res["fused"] = min(report.fused, entry["attention_blocks"])
-    try:
-        from ortflash.rewrites.lower import lower
-    except ImportError:
-        res["lower"] = "ortflash.rewrites.lower not in this tree"
-        return res
+    from ortflash.lowering import lower
+
     res["lower"] = {}
     for target in ("contrib", "onnx"):
         try:
@@ -422,7 +419,7 @@ def markdown(data) -> str:
         "out on that export (below).",
         "",
         "- **ortflash**: `ortflash.optimize` (`report.fused`); **→ contrib / → onnx**: of those, how many "
-        "`ortflash.rewrites.lower` turns into com.microsoft MultiHeadAttention/GroupQueryAttention or ONNX "
+        "`ortflash.lowering` turns into com.microsoft MultiHeadAttention/GroupQueryAttention or ONNX "
         "Attention-23 (the rest stay FlashAttention).",
         "- **ORT session**: what ONNX Runtime fuses by itself when it loads the model (CPU, ORT_ENABLE_ALL).",
         "- **ORT transformers optimizer**: `optimize_model(path, model_type=T, num_heads=<true heads>, "

@@ -1,40 +1,38 @@
-"""GPU attention benchmark: ortflash's WGSL kernels against ONNX Runtime's WebGPU EP and PyTorch.
+"""GPU attention benchmark: ortflash's WGSL kernels against PyTorch SDPA and ONNX Runtime's WebGPU EP.
 
-Meant for a Linux machine with an NVIDIA GPU and no package registry
-(/work/shared/GPU.md, or the project's notes, say what has to travel: the wgpu
-wheels, optionally onnxruntime-webgpu, and the Vulkan loader). One run, the
-same random inputs for every contender (float32 inputs drawn once per shape,
-float16 made from them):
+Meant for a Linux machine with an NVIDIA GPU and no package registry (/work/shared/GPU.md says
+what has to travel: the wgpu wheels, the Vulkan loader debs, optionally onnxruntime with
+onnxruntime-ep-webgpu). One process; the same random inputs for every contender (float32 drawn
+once per shape, float16 made from them):
 
-  flash WGSL float32 / float16   flash.wgsl through ortflash.shaders.runner
-  naive WGSL float32             naive.wgsl (three passes, score rows in memory)
-  ORT WebGPU EP                  com.microsoft MultiHeadAttention, run in a child
-                                 process whose PYTHONPATH holds onnxruntime-webgpu
-                                 (--ort-site), since that wheel installs a module
-                                 named onnxruntime too
-  PyTorch SDPA (CUDA)            when torch is importable and sees a GPU
+  flash WGSL f32 / f16     flash.wgsl through ortflash.kernels.wgpu.runner
+  naive WGSL f32           naive.wgsl (three passes, score rows in device memory)
+  torch SDPA CUDA f32/f16  torch.nn.functional.scaled_dot_product_attention, when torch sees a GPU
+  ORT WebGPU MHA f32/f16   com.microsoft MultiHeadAttention on ORT's WebGPU EP, in a child process
+                           whose PYTHONPATH is --ort-site: the plugin EP (onnxruntime +
+                           onnxruntime-ep-webgpu, registered with register_execution_provider_library)
+                           when that folder has it, else the onnxruntime-webgpu build
 
-Shapes: B=1, H=16, D in --dims, S in --sizes (Sq = Sk = S, no mask). Times:
-host-to-host per call (numpy in, numpy out; median of --reps after a warm-up)
-and device time (WGSL: timestamp queries around the compute pass; torch: CUDA
-events). TFLOP/s = 4 * S^2 * D * H / time. Results go to
-benchmarks/results/gpu_attention_<device>.{md,json}.
+Method (the reasons are in benchmarks/results/gpu_attention_nvidia-h200.md):
+- every (contender, shape, dtype, mask) is warmed up before it is timed: calls repeat until at
+  least --warmup-s seconds and 2 calls have passed, so compilation, allocation and the GPU's
+  clock ramp stay out of the numbers (the first size of a run used to be measured cold);
+- host-to-host time (numpy in, numpy out) and device time side by side for every contender:
+  WGSL from timestamp queries around the compute pass, torch from CUDA events, ORT (no device
+  timer) as the per-run host time of runs whose tensors stay on the GPU (IO binding), closed
+  by one read-back (its synchronize_outputs() does not wait for the GPU), where it allows;
+  medians of --reps calls;
+- masks: none, causal (top-left), and padding (a boolean key mask [B, 1, 1, S] hiding the last
+  quarter of the keys); every row counts 4 * S^2 * D * H FLOPs, so skipped causal tiles show as
+  a higher rate;
+- correctness of every row against float64 (numpy, on 64 query rows of the first and the last
+  head): ||out - ref|| / ||ref|| and the largest absolute error.
 
-    python benchmarks/gpu_attention.py --tune --ort-site /tmp/ortweb   # as recorded
-    python benchmarks/gpu_attention.py --sweep          # only time every flash tile at S=4096
+    python benchmarks/gpu_attention.py --tune --ort-site /tmp/epw          # as recorded
+    python benchmarks/gpu_attention.py --sweep-only                          # only the tile sweep
 
-On the device machine (after unpacking the Vulkan loader debs and installing the
-wheels into /tmp/site, and onnxruntime-webgpu alone into /tmp/ortweb):
-
-    export PYTHONPATH=/tmp/site:$PWD LD_LIBRARY_PATH=/usr/local/nvidia/lib64:$LD_LIBRARY_PATH \
-        VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-    python3 benchmarks/gpu_attention.py --tune --ort-site /tmp/ortweb
-
-With only the libvulkan1 .deb and no LD_LIBRARY_PATH, wgpu found no adapter
-there; with libvulkan1, libglvnd0, libegl1, libgl1, libglx0, libopengl0 and
-libgles2 unpacked and LD_LIBRARY_PATH as above it found the H200 (NVIDIA's ICD,
-libGLX_nvidia, needs libGLdispatch from libglvnd0; which of the two changes
-mattered was not isolated).
+Results go to benchmarks/results/gpu_attention_<device><tag>.{md,json} and the sweep to
+gpu_sweep_<device><tag>.json.
 """
 
 from __future__ import annotations
@@ -48,7 +46,10 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -58,22 +59,82 @@ if str(ROOT) not in sys.path:
 
 B, H = 1, 16
 SEED = 1234
+MASKS = ("none", "causal", "padding")
+# Query rows compared with float64, evenly spread (the last row included), in two heads.
+CHECK_ROWS = 64
+CHECK_HEADS = (0, H - 1)
+PADDED_FRACTION = 0.25  # of the keys, hidden by the padding mask
+
+Log = Callable[[str], None]
 
 
-def inputs(s: int, d: int):
+@dataclass(frozen=True)
+class Timing:
+    """Medians of one contender on one shape: host-to-host and device milliseconds."""
+
+    host_ms: float | None
+    device_ms: float | None
+    extra: dict[str, float]
+
+
+def inputs(s: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The shared inputs of one shape: Q, K, V float32 [B, H, S, D], unit normal."""
     rng = np.random.default_rng(SEED + s * 7 + d)
     shape = (B, H, s, d)
-    return tuple(rng.standard_normal(shape, dtype=np.float32) for _ in range(3))
+    return tuple(rng.standard_normal(shape, dtype=np.float32) for _ in range(3))  # type: ignore[return-value]
+
+
+def padding_mask(s: int) -> np.ndarray:
+    """Boolean key mask [B, 1, 1, S]: the last PADDED_FRACTION of the keys are padding (False)."""
+    mask = np.ones((B, 1, 1, s), bool)
+    mask[..., s - int(s * PADDED_FRACTION) :] = False
+    return mask
+
+
+def check_rows(s: int) -> np.ndarray:
+    return np.unique(np.linspace(0, s - 1, min(CHECK_ROWS, s)).astype(np.int64))
+
+
+def reference64(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask_kind: str) -> np.ndarray:
+    """float64 attention of CHECK_ROWS query rows of the CHECK_HEADS heads: [B, len(heads), rows, D]."""
+    rows = check_rows(q.shape[2])
+    heads = list(CHECK_HEADS)
+    qh = q[:, heads][:, :, rows].astype(np.float64)
+    kh, vh = k[:, heads].astype(np.float64), v[:, heads].astype(np.float64)
+    scores = qh @ kh.transpose(0, 1, 3, 2) * q.shape[-1] ** -0.5
+    keys = np.arange(k.shape[2])
+    if mask_kind == "causal":
+        scores = np.where(keys[None, :] <= rows[:, None], scores, -np.inf)
+    elif mask_kind == "padding":
+        scores = np.where(padding_mask(k.shape[2])[:, :, 0:1, :], scores, -np.inf)
+    scores -= scores.max(-1, keepdims=True)
+    p = np.exp(scores)
+    return (p / p.sum(-1, keepdims=True)) @ vh
+
+
+def errors(out: np.ndarray, ref: np.ndarray, s: int) -> dict[str, float]:
+    """Relative (norm) and largest absolute error of out's checked rows against the float64 reference."""
+    got = out[:, list(CHECK_HEADS)][:, :, check_rows(s)].astype(np.float64)
+    diff = got - ref
+    return {"rel_err": float(np.linalg.norm(diff) / np.linalg.norm(ref)), "max_abs_err": float(np.abs(diff).max())}
 
 
 def tflops(s: int, d: int, ms: float | None) -> float | None:
     return None if not ms else 4.0 * s * s * d * H / (ms * 1e-3) / 1e12
 
 
-def median(xs):
-    xs = [x for x in xs if x is not None]
-    return float(np.median(xs)) if xs else None
+def median(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return float(np.median(vals)) if vals else None
+
+
+def warm_up(call: Callable[[], Any], seconds: float) -> None:
+    """Run `call` until `seconds` and at least two calls have passed (compile, allocate, clock ramp)."""
+    t_end = time.perf_counter() + seconds
+    for n in range(1_000_000):
+        call()
+        if n >= 1 and time.perf_counter() >= t_end:
+            return
 
 
 def reps_for(s: int, reps: int) -> int:
@@ -83,116 +144,225 @@ def reps_for(s: int, reps: int) -> int:
 # --------------------------------------------------------------------------- WGSL
 
 
-def bench_wgsl(runner, q, k, v, kernel, dtype, reps, tile=None):
+def wgsl_attrs(d: int, mask_kind: str) -> dict[str, Any]:
     from ortflash import spec
 
-    attrs = spec.validate({"scale": q.shape[-1] ** -0.5})
+    return spec.validate({"scale": d**-0.5, "is_causal": int(mask_kind == "causal")})
+
+
+def bench_wgsl(
+    runner: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, kernel: str, dtype: type, mask_kind: str,
+    reps: int, warmup_s: float, tile: Any = None,
+) -> tuple[np.ndarray, Timing, dict[str, Any]]:
+    """Warm up, then time `reps` calls of the WGSL `kernel`: host-to-host and device medians."""
+    attrs = wgsl_attrs(q.shape[-1], mask_kind)
+    mask = padding_mask(q.shape[2]) if mask_kind == "padding" else None
     qq, kk, vv = (t.astype(dtype) for t in (q, k, v))
-    out = runner.attention(qq, kk, vv, attrs=attrs, kernel=kernel, tile=tile)  # warm-up: compile, allocate
-    host, dev = [], []
+
+    def call() -> np.ndarray:
+        return runner.attention(qq, kk, vv, mask=mask, attrs=attrs, kernel=kernel, tile=tile)
+
+    warm_up(call, warmup_s)
+    host, dev, stages = [], [], []
+    out = None
     for _ in range(reps):
         t0 = time.perf_counter()
-        out = runner.attention(qq, kk, vv, attrs=attrs, kernel=kernel, tile=tile)
+        out = call()
         host.append((time.perf_counter() - t0) * 1e3)
         dev.append(runner.last_device_ms)
-    return out, median(host), median(dev), dict(runner.last_plan)
+        stages.append(dict(runner.last_timing))
+    extra = {key: float(np.median([st[key] for st in stages])) for key in stages[0]}
+    return out, Timing(median(host), median(dev), extra), dict(runner.last_plan)
 
 
-def reference_heads(q, k, v, heads=2):
-    from ortflash.kernels import reference
+# --------------------------------------------------------------------------- PyTorch
 
-    d = q.shape[-1]
-    return reference.flash_attention(q[:, :heads], k[:, :heads], v[:, :heads], scale=d**-0.5)
+
+def torch_available() -> tuple[bool, str]:
+    try:
+        import torch
+
+        return torch.cuda.is_available(), f"torch {torch.__version__}"
+    except Exception as e:  # noqa: BLE001 -- reported in the results
+        return False, f"torch not importable ({type(e).__name__})"
+
+
+def bench_torch(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, dtype_name: str, mask_kind: str, reps: int, warmup_s: float
+) -> tuple[np.ndarray, Timing]:
+    import torch
+    import torch.nn.functional as F
+
+    scale = q.shape[-1] ** -0.5
+    causal = mask_kind == "causal"
+    mask = torch.from_numpy(padding_mask(q.shape[2])).cuda() if mask_kind == "padding" else None
+    host_inputs = [torch.from_numpy(t.astype({"f32": np.float32, "f16": np.float16}[dtype_name])) for t in (q, k, v)]
+
+    def host_call() -> np.ndarray:
+        qq, kk, vv = (t.to("cuda") for t in host_inputs)
+        out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, is_causal=causal, scale=scale)
+        return out.cpu().numpy()
+
+    warm_up(host_call, warmup_s)
+    host = []
+    out = None
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = host_call()
+        host.append((time.perf_counter() - t0) * 1e3)
+    resident = [t.to("cuda") for t in host_inputs]
+
+    def device_call() -> None:
+        F.scaled_dot_product_attention(*resident, attn_mask=mask, is_causal=causal, scale=scale)
+
+    def synced_call() -> None:
+        # Launches are asynchronous: unsynchronised, a timed warm-up would queue seconds of work.
+        device_call()
+        torch.cuda.synchronize()
+
+    warm_up(synced_call, warmup_s)
+    dev = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        device_call()
+        e1.record()
+        torch.cuda.synchronize()
+        dev.append(e0.elapsed_time(e1))
+    del resident
+    torch.cuda.empty_cache()
+    return out, Timing(median(host), median(dev), {})
 
 
 # --------------------------------------------------------------------------- ORT WebGPU (child)
 
 
-def ort_worker(args):
-    """Runs in the child process: MultiHeadAttention on the WebGPU EP, one JSON line per shape."""
+def ort_session(ort: Any, model_bytes: bytes) -> Any:
+    """A session on ORT's WebGPU EP: the plugin EP when onnxruntime_ep_webgpu is importable, else
+    the WebGpuExecutionProvider of an onnxruntime-webgpu build. Raises when it fell back to the CPU."""
+    so = ort.SessionOptions()
+    try:
+        import onnxruntime_ep_webgpu as wep
+    except ImportError:
+        sess = ort.InferenceSession(model_bytes, so, providers=["WebGpuExecutionProvider"])
+    else:
+        if not getattr(ort_session, "registered", False):
+            ort.register_execution_provider_library("webgpu", wep.get_library_path())
+            ort_session.registered = True  # type: ignore[attr-defined]
+        devices = [dev for dev in ort.get_ep_devices() if dev.ep_name == wep.get_ep_name()]
+        if not devices:
+            raise RuntimeError("the WebGPU plugin EP lists no device")
+        so.add_provider_for_devices(devices[:1], {})
+        sess = ort.InferenceSession(model_bytes, so)
+    if not any("WebGpu" in p for p in sess.get_providers()):
+        raise RuntimeError(f"WebGPU EP not used: {sess.get_providers()}")
+    return sess
+
+
+def mha_model(s: int, d: int, onnx_dtype: int, mask_kind: str) -> bytes:
     from onnx import TensorProto, helper
+
+    hidden = H * d
+    names = ["query", "key", "value"]
+    attrs: dict[str, Any] = {"num_heads": H, "scale": float(d**-0.5)}
+    if mask_kind == "causal":
+        attrs["unidirectional"] = 1
+    inputs_ = [helper.make_tensor_value_info(n, onnx_dtype, [B, s, hidden]) for n in names]
+    if mask_kind == "padding":
+        names += ["", "key_padding_mask"]
+        inputs_.append(helper.make_tensor_value_info("key_padding_mask", TensorProto.INT32, [B, s]))
+    node = helper.make_node("MultiHeadAttention", names, ["out"], domain="com.microsoft", **attrs)
+    graph = helper.make_graph([node], "mha", inputs_, [helper.make_tensor_value_info("out", onnx_dtype, [B, s, hidden])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def ort_worker(args: argparse.Namespace) -> int:
+    """Runs in the child process: MultiHeadAttention on the WebGPU EP, one JSON line per record."""
+    from onnx import TensorProto
 
     import onnxruntime as ort
 
-    print(json.dumps({"ort_version": ort.__version__, "providers": ort.get_available_providers()}), flush=True)
+    print(json.dumps({"ort_version": ort.__version__, "ort_file": ort.__file__}), flush=True)
+    dtypes = {"f32": (np.float32, TensorProto.FLOAT), "f16": (np.float16, TensorProto.FLOAT16)}
     for d in args.dims:
         for s in args.sizes:
             if s > args.ort_max_s:
                 continue
-            rec = {"kind": "ort", "S": s, "D": d}
-            try:
-                q, k, v = inputs(s, d)
-                for dtype_name, np_dtype, onnx_dtype in (("f32", np.float32, TensorProto.FLOAT), ("f16", np.float16, TensorProto.FLOAT16)):
-                    if dtype_name not in args.ort_dtypes:
-                        continue
-                    hidden = H * d
-                    node = helper.make_node(
-                        "MultiHeadAttention", ["query", "key", "value"], ["out"], domain="com.microsoft",
-                        num_heads=H, scale=float(d**-0.5),
-                    )
-                    vi = [helper.make_tensor_value_info(n, onnx_dtype, [B, s, hidden]) for n in ("query", "key", "value")]
-                    graph = helper.make_graph([node], "mha", vi, [helper.make_tensor_value_info("out", onnx_dtype, [B, s, hidden])])
-                    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-                    model.ir_version = 8
-                    so = ort.SessionOptions()
-                    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["WebGpuExecutionProvider"])
-                    if "WebGpuExecutionProvider" not in sess.get_providers():
-                        raise RuntimeError(f"WebGPU EP not used: {sess.get_providers()}")
-                    feeds = {
-                        "query": np.ascontiguousarray(q.transpose(0, 2, 1, 3).reshape(B, s, hidden)).astype(np_dtype),
-                        "key": np.ascontiguousarray(k.transpose(0, 2, 1, 3).reshape(B, s, hidden)).astype(np_dtype),
-                        "value": np.ascontiguousarray(v.transpose(0, 2, 1, 3).reshape(B, s, hidden)).astype(np_dtype),
-                    }
-                    out = sess.run(None, feeds)[0]
-                    times = []
-                    for _ in range(reps_for(s, args.reps)):
-                        t0 = time.perf_counter()
-                        out = sess.run(None, feeds)[0]
-                        times.append((time.perf_counter() - t0) * 1e3)
-                    o = out.reshape(B, s, H, d).transpose(0, 2, 1, 3)[:, :2].astype(np.float32)
-                    np.save(Path(args.ort_dump) / f"ort_{dtype_name}_{s}_{d}.npy", o)
-                    rec[dtype_name + "_host_ms"] = median(times)
-                    try:  # inputs and output kept on the GPU (IO binding): closer to device time
-                        io = sess.io_binding()
-                        for name, arr in feeds.items():
-                            io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr, "webgpu", 0))
-                        io.bind_output("out", "webgpu")
-                        sess.run_with_iobinding(io)
-                        io.synchronize_outputs()
+            q, k, v = inputs(s, d)
+            for mask_kind in args.masks:
+                for dtype_name in args.ort_dtypes:
+                    rec: dict[str, Any] = {"kind": "ort", "S": s, "D": d, "mask": mask_kind, "dtype": dtype_name}
+                    try:
+                        np_dtype, onnx_dtype = dtypes[dtype_name]
+                        sess = ort_session(ort, mha_model(s, d, onnx_dtype, mask_kind))
+                        rec["providers"] = sess.get_providers()
+                        feeds = {
+                            name: np.ascontiguousarray(t.transpose(0, 2, 1, 3).reshape(B, s, H * d)).astype(np_dtype)
+                            for name, t in (("query", q), ("key", k), ("value", v))
+                        }
+                        if mask_kind == "padding":
+                            feeds["key_padding_mask"] = padding_mask(s).reshape(B, s).astype(np.int32)
+                        warm_up(lambda sess=sess, feeds=feeds: sess.run(None, feeds), args.warmup_s)
                         times = []
                         for _ in range(reps_for(s, args.reps)):
                             t0 = time.perf_counter()
-                            sess.run_with_iobinding(io)
-                            io.synchronize_outputs()
+                            out = sess.run(None, feeds)[0]
                             times.append((time.perf_counter() - t0) * 1e3)
-                        rec[dtype_name + "_resident_ms"] = median(times)
-                        del io
-                    except Exception as e:
-                        rec[dtype_name + "_resident_error"] = f"{type(e).__name__}: {str(e)[:90]}"
-                    del sess
-            except Exception as e:  # record, keep going
-                rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            print(json.dumps(rec), flush=True)
+                        rec["host_ms"] = median(times)
+                        o = out.reshape(B, s, H, d).transpose(0, 2, 1, 3)
+                        np.save(Path(args.ort_dump) / f"ort_{dtype_name}_{mask_kind}_{s}_{d}.npy",
+                                o[:, list(CHECK_HEADS)][:, :, check_rows(s)].astype(np.float32))
+                        rec["resident_ms"], rec["resident_error"] = ort_resident_ms(ort, sess, feeds, s, args)
+                        del sess
+                    except Exception as e:  # noqa: BLE001 -- recorded, the run goes on
+                        rec["error"] = f"{type(e).__name__}: {str(e)[:240]}"
+                    print(json.dumps(rec), flush=True)
+    return 0
 
 
-def run_ort(args, log):
-    """Start the WebGPU EP child; return {(S, D): record} and its version line."""
+def ort_resident_ms(ort: Any, sess: Any, feeds: dict[str, np.ndarray], s: int, args: argparse.Namespace) -> tuple[float | None, str]:
+    """Per-run host time of N runs whose inputs and output stay on the GPU (IO binding), closed by
+    one read-back of the output, or why not. On the H200 (ORT 1.32 + WebGPU plugin EP 0.4.0)
+    synchronize_outputs() returned before the GPU had finished (0.5 ms at S=4096 would be
+    140 TFLOP/s), so only the read-back makes the time an honest upper bound."""
+    try:
+        io = sess.io_binding()
+        for name, arr in feeds.items():
+            io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr, "webgpu", 0))
+        io.bind_output("out", "webgpu")
+        runs = reps_for(s, args.reps)
+        for _ in range(2):  # warm-up, drained by the read-back
+            sess.run_with_iobinding(io)
+        io.copy_outputs_to_cpu()
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            sess.run_with_iobinding(io)
+        io.copy_outputs_to_cpu()
+        return (time.perf_counter() - t0) * 1e3 / runs, ""
+    except Exception as e:  # noqa: BLE001 -- recorded
+        return None, f"{type(e).__name__}: {str(e)[:90]}"
+
+
+def run_ort(args: argparse.Namespace, log: Log) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the WebGPU EP child; its records and its version line."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([args.ort_site, str(ROOT)])
-    dump = Path(args.ort_dump)
-    dump.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, __file__, "--ort-worker", "--ort-dump", str(dump), "--reps", str(args.reps),
-           "--ort-max-s", str(args.ort_max_s), "--ort-dtypes", *args.ort_dtypes,
-           "--sizes", *map(str, args.sizes), "--dims", *map(str, args.dims)]
-    records, header = {}, {}
+    Path(args.ort_dump).mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, __file__, "--ort-worker", "--ort-dump", args.ort_dump, "--reps", str(args.reps),
+           "--warmup-s", str(args.warmup_s), "--ort-max-s", str(args.ort_max_s), "--ort-dtypes", *args.ort_dtypes,
+           "--masks", *args.masks, "--sizes", *map(str, args.ort_sizes or args.sizes), "--dims", *map(str, args.dims)]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.ort_timeout)
         lines = proc.stdout.splitlines()
         if proc.returncode:
             log(f"ORT child exited {proc.returncode}: {proc.stderr[-800:]}")
     except subprocess.TimeoutExpired as e:
-        lines = (e.stdout or b"").decode(errors="replace").splitlines() if isinstance(e.stdout, bytes) else (e.stdout or "").splitlines()
+        out = e.stdout or ""
+        lines = (out.decode(errors="replace") if isinstance(out, bytes) else out).splitlines()
         log(f"ORT child timed out after {args.ort_timeout} s")
+    records, header = [], {}
     for line in lines:
         try:
             rec = json.loads(line)
@@ -201,61 +371,19 @@ def run_ort(args, log):
         if "ort_version" in rec:
             header = rec
         elif rec.get("kind") == "ort":
-            records[(rec["S"], rec["D"])] = rec
+            records.append(rec)
+            log(f"ORT child: {json.dumps(rec)}")
     return records, header
 
 
-# --------------------------------------------------------------------------- PyTorch
+# --------------------------------------------------------------------------- tile sweep
 
 
-def bench_torch(q, k, v, dtype_name, reps):
-    import torch
-    import torch.nn.functional as F
+def sweep(args: argparse.Namespace, runner: Any, log: Log) -> list[dict[str, Any]]:
+    """Device time of candidate flash tiles at --sweep-s (no mask), both K/V layouts, for tuning."""
+    from dataclasses import asdict, replace
 
-    tdt = {"f32": torch.float32, "f16": torch.float16}[dtype_name]
-    scale = q.shape[-1] ** -0.5
-    host_inputs = [torch.from_numpy(t) for t in (q, k, v)]
-
-    def call():
-        qq, kk, vv = (t.to("cuda").to(tdt) for t in host_inputs)
-        return F.scaled_dot_product_attention(qq, kk, vv, scale=scale).float().cpu().numpy()
-
-    out = call()
-    host = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = call()
-        host.append((time.perf_counter() - t0) * 1e3)
-    qq, kk, vv = (t.to("cuda").to(tdt) for t in host_inputs)
-    F.scaled_dot_product_attention(qq, kk, vv, scale=scale)
-    dev = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        F.scaled_dot_product_attention(qq, kk, vv, scale=scale)
-        e1.record()
-        torch.cuda.synchronize()
-        dev.append(e0.elapsed_time(e1))
-    del qq, kk, vv
-    torch.cuda.empty_cache()
-    return out, median(host), median(dev)
-
-
-def torch_available():
-    try:
-        import torch
-
-        return torch.cuda.is_available(), f"torch {torch.__version__}"
-    except Exception as e:
-        return False, f"torch not importable ({type(e).__name__})"
-
-
-# --------------------------------------------------------------------------- sweep
-
-
-def sweep(args, runner, log):
-    """Device time of every flash tile that fits, S=4096, for tuning the runner's choice."""
-    from ortflash.shaders.runner import flash_tiles
+    from ortflash.kernels.wgpu.tiles import TUNED_TILES, flash_tiles
 
     s = args.sweep_s
     rows = []
@@ -263,64 +391,112 @@ def sweep(args, runner, log):
         q, k, v = inputs(s, d)
         tiles = flash_tiles(d // 4, d // 4, s, runner.limits["max-compute-workgroup-storage-size"],
                             runner.limits["max-compute-invocations-per-workgroup"], max_registers=args.max_registers)
-        # Workgroups of 32..256 invocations, at least 32 rows and 2 keys per invocation.
-        tiles = [t for t in tiles if t.br >= 32 and 32 <= t.workgroup_size <= 256 and t.bc // t.c >= 2]
-        tiles = tiles[: args.sweep_top]
+        tiles = [t for t in tiles if t.br >= 32 and 32 <= t.workgroup_size <= 256 and t.bc // t.c >= 2][: args.sweep_top]
+        for io in ("f32", "f16"):  # the tiles measured best before, whatever the cost model says
+            tuned = TUNED_TILES.get((d // 4, d // 4, io))
+            if tuned is not None and tuned not in tiles:
+                tiles.append(tuned)
+        smem = runner.limits["max-compute-workgroup-storage-size"]
+        candidates = [*tiles, *(replace(t, kv_split=1) for t in tiles if replace(t, kv_split=1).smem_bytes(d // 4) <= smem)]
         for dtype in (np.float32, np.float16):
             timed = []
-            for t in tiles:
+            for t in candidates:
                 try:
-                    # 4 runs: the GPU clocks down while the next tile compiles, and
-                    # the first runs after that are slower (2 runs gave noisy ranks).
-                    _, host, dev, _ = bench_wgsl(runner, q, k, v, "flash", dtype, 4, tile=t)
-                    rows.append({"D": d, "dtype": np.dtype(dtype).name, "tile": t.__dict__, "host_ms": host,
-                                 "device_ms": dev, "tflops_device": tflops(s, d, dev)})
-                    timed.append((dev, t))
-                    log(f"sweep D={d} {np.dtype(dtype).name:8s} {t} dev {dev:.3f} ms {tflops(s, d, dev):6.2f} TFLOP/s")
-                except Exception as e:
-                    log(f"sweep D={d} {t} failed: {e}")
-            # float16 differs only in its loads: try the float32 front-runners only.
-            tiles = [t for _, t in sorted(timed, key=lambda x: x[0])[: args.sweep_f16_top]]
+                    _, timing, plan = bench_wgsl(runner, q, k, v, "flash", dtype, "none", 3, args.sweep_warmup_s, tile=t)
+                except Exception as e:  # noqa: BLE001 -- a tile that fails is logged and skipped
+                    log(f"sweep D={d} {t} failed: {type(e).__name__}: {e}")
+                    continue
+                dev = timing.device_ms
+                rows.append({"D": d, "dtype": np.dtype(dtype).name, "tile": asdict(t), "device_ms": dev,
+                             "tflops_device": tflops(s, d, dev), "subgroups": plan.get("subgroups")})
+                timed.append((dev or 1e9, t))
+                log(f"sweep D={d} {np.dtype(dtype).name:8s} {t} sg={plan.get('subgroups')} "
+                    f"dev {dev:.3f} ms {tflops(s, d, dev):6.2f} TFLOP/s")
+            # float16 differs only in its loads: time the float32 front-runners only.
+            candidates = [t for _, t in sorted(timed, key=lambda x: x[0])[: args.sweep_f16_top]]
+    return rows
+
+
+def ablation(args: argparse.Namespace, tiles: dict[tuple[int, str], Any], log: Log) -> list[dict[str, Any]]:
+    """The best tile of D=64 f32 with each of this issue's kernel changes turned off in turn."""
+    from dataclasses import asdict, replace
+
+    from ortflash.kernels.wgpu.runner import Runner
+
+    s, d = args.sweep_s, 64
+    q, k, v = inputs(s, d)
+    rows = []
+    for dtype_name in ("float32", "float16"):
+        tile = tiles.get((d, dtype_name))
+        if tile is None:
+            continue
+        variants = [
+            ("as tuned", {}, tile),
+            ("naga run-time checks on", {"trusted_shaders": False}, tile),
+            ("no subgroups", {"use_subgroups": False}, tile),
+            ("K/V tiles shared" if tile.kv_split else "K/V tiles split", {}, replace(tile, kv_split=1 - tile.kv_split)),
+        ]
+        for name, options, t in variants:
+            try:
+                dev_runner = Runner(**options)
+                _, timing, plan = bench_wgsl(dev_runner, q, k, v, "flash", np.dtype(dtype_name).type, "none", 3,
+                                             args.sweep_warmup_s, tile=t)
+                rows.append({"variant": name, "dtype": dtype_name, "tile": asdict(t), "device_ms": timing.device_ms,
+                             "tflops_device": tflops(s, d, timing.device_ms), "subgroups": plan.get("subgroups")})
+                log(f"ablation {dtype_name} {name:26s} {t} dev {timing.device_ms:.3f} ms "
+                    f"{tflops(s, d, timing.device_ms):6.2f} TFLOP/s")
+                del dev_runner
+            except Exception as e:  # noqa: BLE001 -- logged
+                log(f"ablation {name} failed: {type(e).__name__}: {e}")
     return rows
 
 
 # --------------------------------------------------------------------------- main
 
 
-def main(argv=None):
+def sizes_for(args: argparse.Namespace, mask_kind: str) -> list[int]:
+    return args.sizes if mask_kind == "none" else [s for s in args.sizes if s <= args.mask_max_s]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768, 65536])
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--masks", nargs="+", default=list(MASKS), choices=MASKS)
+    ap.add_argument("--mask-max-s", type=int, default=16384, help="largest S for the causal and padding rows")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--naive-max-s", type=int, default=32768, help="largest S for the naive kernel")
-    ap.add_argument("--flash-f16", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--ort-site", default=None, help="PYTHONPATH target holding onnxruntime-webgpu")
-    ap.add_argument("--ort-max-s", type=int, default=32768)
+    ap.add_argument("--warmup-s", type=float, default=0.3, help="warm-up seconds per contender and shape")
+    ap.add_argument("--naive-max-s", type=int, default=8192, help="largest S for the naive kernel")
+    ap.add_argument("--ort-site", default=None, help="PYTHONPATH folder holding onnxruntime (+ onnxruntime_ep_webgpu)")
+    ap.add_argument("--ort-max-s", type=int, default=16384)
+    ap.add_argument("--ort-sizes", type=int, nargs="+", default=None, help="S for ORT (default: --sizes)")
     ap.add_argument("--ort-dtypes", nargs="+", default=["f32", "f16"])
     ap.add_argument("--ort-timeout", type=int, default=240)
     ap.add_argument("--ort-dump", default="/tmp/ortflash_ort_dump")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--sweep", action="store_true", help="time every flash tile at --sweep-s instead")
+    ap.add_argument("--tune", action="store_true", help="sweep tiles first, then run flash with the best per D, dtype")
+    ap.add_argument("--sweep-only", action="store_true", help="only the tile sweep and the ablation")
     ap.add_argument("--sweep-s", type=int, default=4096)
-    ap.add_argument("--sweep-top", type=int, default=40)
-    ap.add_argument("--sweep-f16-top", type=int, default=8)
+    ap.add_argument("--sweep-top", type=int, default=12)
+    ap.add_argument("--sweep-f16-top", type=int, default=6)
+    ap.add_argument("--sweep-warmup-s", type=float, default=0.1)
     ap.add_argument("--max-registers", type=int, default=200)
-    ap.add_argument("--tune", action="store_true", help="sweep first, then benchmark flash with the best tile per D and dtype")
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--tag", default="", help="suffix for the results file names")
     ap.add_argument("--ort-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-
     if args.ort_worker:
         return ort_worker(args)
 
-    lines = []
+    t_start = time.perf_counter()
 
-    def log(msg):
-        print(msg, flush=True)
-        lines.append(msg)
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:6.0f} s] {msg}", flush=True)
 
-    from ortflash.shaders.runner import Runner
+    from dataclasses import asdict
+
+    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.tiles import FlashTile
 
     runner = Runner()
     info = runner.info
@@ -328,230 +504,186 @@ def main(argv=None):
     slug = re.sub(r"[^a-z0-9]+", "-", info["device"].lower()).strip("-")[:40] or "unknown"
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {
+    meta: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "adapter": info,
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "B": B,
-        "H": H,
-        "flops": "4 * S^2 * D * H",
+        "adapter": info, "host": platform.node(), "python": platform.python_version(),
+        "B": B, "H": H, "flops": "4 * S^2 * D * H", "args": vars(args),
     }
     try:
         meta["nvidia_smi"] = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=20,
         ).stdout.strip()
-    except Exception:
+    except Exception:  # noqa: BLE001 -- no nvidia-smi
         meta["nvidia_smi"] = None
 
-    best_tiles = {}  # (D, dtype name) -> FlashTile, from the sweep
-    if args.sweep or args.tune:
-        from ortflash.shaders.runner import FlashTile
-
+    best_tiles: dict[tuple[int, str], FlashTile] = {}
+    if args.tune or args.sweep_only:
         rows = sweep(args, runner, log)
-        best = {}
+        best: dict[tuple[int, str], dict[str, Any]] = {}
         for r in rows:
             key = (r["D"], r["dtype"])
             if r["device_ms"] and (key not in best or r["device_ms"] < best[key]["device_ms"]):
                 best[key] = r
-        for (d, dt), r in sorted(best.items()):
-            log(f"best D={d} {dt}: {r['tile']} {r['device_ms']:.3f} ms {r['tflops_device']:.2f} TFLOP/s")
-            best_tiles[(d, dt)] = FlashTile(**r["tile"])
+        for key, r in sorted(best.items()):
+            best_tiles[key] = FlashTile(**r["tile"])
+            log(f"best D={key[0]} {key[1]}: {best_tiles[key]} {r['device_ms']:.3f} ms {r['tflops_device']:.2f} TFLOP/s")
+        meta["tiles"] = {f"D={d} {dt}": asdict(t) for (d, dt), t in best_tiles.items()}
+        meta["ablation"] = ablation(args, best_tiles, log)
         path = out_dir / f"gpu_sweep_{slug}{args.tag}.json"
         path.write_text(json.dumps({"meta": meta, "S": args.sweep_s, "rows": rows}, indent=1))
         log(f"wrote {path}")
-        meta["tiles"] = {f"D={d} {dt}": t.__dict__ for (d, dt), t in best_tiles.items()}
-        if args.sweep:
+        if args.sweep_only:
             return 0
 
-    # ONNX Runtime's WebGPU EP first (a child process, its own Dawn device), so a run
-    # cut short by a time limit still has it; compared with flash once flash has run.
-    ort, ort_header = ({}, {})
-    if args.ort_site:
-        ort, ort_header = run_ort(args, log)
-        log(f"ORT: {json.dumps(ort_header)}")
-        for key, rec in sorted(ort.items()):
-            log(f"ORT child: {json.dumps(rec)}")
+    ort_records, ort_header = ([], {})
+    if args.ort_site:  # first: a run cut short by its time limit still has it
+        ort_records, ort_header = run_ort(args, log)
+        log(f"ORT: {json.dumps(ort_header)}; {len(ort_records)} records")
 
     use_torch, torch_note = (False, "disabled") if args.no_torch else torch_available()
     log(f"torch: {torch_note}, cuda={use_torch}")
-    results = []
-    notes = []
+    meta.update(torch=torch_note, ort=ort_header, ort_records=ort_records)
+    results: list[dict[str, Any]] = []
     stem = f"gpu_attention_{slug}{args.tag}"
-    meta.update(torch=torch_note, ort={}, notes=notes, args=vars(args))
 
-    def save():
+    def save() -> None:
         """Write what is known so far (a run cut short still leaves its results)."""
         (out_dir / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-        (out_dir / f"{stem}.md").write_text(_markdown(meta, results))
+        (out_dir / f"{stem}.md").write_text(markdown(meta, results))
 
     for d in args.dims:
-        for s in args.sizes:
-            q, k, v = inputs(s, d)
-            reps = reps_for(s, args.reps)
-            check = reference_heads(q, k, v) if s <= 4096 else None
-            flash32 = None
-            variants = [("flash WGSL f32", "flash", np.float32)]
-            if args.flash_f16:
-                variants.append(("flash WGSL f16", "flash", np.float16))
-            variants.append(("naive WGSL f32", "naive", np.float32))
-            for name, kernel, dtype in variants:
-                rec = {"what": name, "S": s, "D": d}
-                if kernel == "naive" and s > args.naive_max_s:
-                    full = B * H * s * s * 4
-                    rec["error"] = (f"not run: the score matrix is {full / 2**30:.0f} GiB "
-                                    f"(over the GPU's memory); naive would need {full // (2**31)} chunks")
-                    results.append(rec)
-                    log(f"{name:18s} S={s:6d} D={d:3d}  {rec['error']}")
-                    continue
-                try:
-                    tile = best_tiles.get((d, np.dtype(dtype).name)) if kernel == "flash" else None
-                    out, host, dev, plan = bench_wgsl(runner, q, k, v, kernel, dtype, reps, tile=tile)
-                    rec.update(host_ms=host, device_ms=dev, plan={k2: str(v2) for k2, v2 in plan.items()})
-                    if check is not None:
-                        rec["max_abs_err_vs_numpy"] = float(np.nanmax(np.abs(out[:, :2].astype(np.float32) - check)))
-                    if kernel == "flash" and dtype == np.float32:
-                        flash32 = out[:, :2].astype(np.float32)
-                    del out
-                except Exception as e:
-                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                results.append(rec)
-                log(_fmt(rec))
-            if use_torch:
-                for dt in ("f32", "f16"):
-                    rec = {"what": f"torch SDPA CUDA {dt}", "S": s, "D": d}
+        for mask_kind in args.masks:
+            for s in sizes_for(args, mask_kind):
+                q, k, v = inputs(s, d)
+                ref = reference64(q, k, v, mask_kind)
+                reps = reps_for(s, args.reps)
+                variants: list[tuple[str, str, Any]] = [("flash WGSL f32", "flash", np.float32),
+                                                       ("flash WGSL f16", "flash", np.float16)]
+                if mask_kind == "none" and s <= args.naive_max_s:
+                    variants.append(("naive WGSL f32", "naive", np.float32))
+                for name, kernel, dtype in variants:
+                    rec: dict[str, Any] = {"what": name, "S": s, "D": d, "mask": mask_kind}
                     try:
-                        out, host, dev = bench_torch(q, k, v, dt, reps)
-                        rec.update(host_ms=host, device_ms=dev)
-                        if flash32 is not None:
-                            rec["max_abs_diff_vs_flash_f32"] = float(np.abs(out[:, :2] - flash32).max())
-                    except Exception as e:
+                        tile = best_tiles.get((d, np.dtype(dtype).name)) if kernel == "flash" else None
+                        out, timing, plan = bench_wgsl(runner, q, k, v, kernel, dtype, mask_kind, reps, args.warmup_s, tile)
+                        rec.update(host_ms=timing.host_ms, device_ms=timing.device_ms, stages=timing.extra,
+                                   plan={key: str(val) for key, val in plan.items()}, **errors(out, ref, s))
+                        del out
+                    except Exception as e:  # noqa: BLE001 -- recorded, the run goes on
                         rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                     results.append(rec)
-                    log(_fmt(rec))
-            if flash32 is not None:
-                _flash_cache[(s, d)] = flash32  # what the ORT outputs are compared with
-            save()
-
-    if args.ort_site:
-        for d in args.dims:
-            for s in args.sizes:
-                rec_child = ort.get((s, d))
-                for dt in args.ort_dtypes:
-                    rec = {"what": f"ORT WebGPU EP MHA {dt}", "S": s, "D": d}
-                    if s > args.ort_max_s:
-                        rec["error"] = "not run (--ort-max-s)"
-                    elif rec_child is None:
-                        rec["error"] = "no result from the child process"
-                    elif rec_child.get(dt + "_host_ms") is not None:
-                        rec["host_ms"] = rec_child[dt + "_host_ms"]
-                        if rec_child.get(dt + "_resident_ms"):
-                            # Not a device timer: host time of a run whose inputs and output stay on the GPU.
-                            rec["resident_ms"] = rec_child[dt + "_resident_ms"]
-                        elif rec_child.get(dt + "_resident_error"):
-                            rec["resident_error"] = rec_child[dt + "_resident_error"]
-                        dump = Path(args.ort_dump) / f"ort_{dt}_{s}_{d}.npy"
-                        if dump.exists() and (s, d) in _flash_cache:
-                            rec["max_abs_diff_vs_flash_f32"] = float(np.abs(np.load(dump) - _flash_cache[(s, d)]).max())
-                    else:
-                        rec["error"] = rec_child.get("error", "failed")
+                    log(fmt(rec))
+                if use_torch:
+                    for dt in ("f32", "f16"):
+                        rec = {"what": f"torch SDPA CUDA {dt}", "S": s, "D": d, "mask": mask_kind}
+                        try:
+                            out, timing = bench_torch(q, k, v, dt, mask_kind, reps, args.warmup_s)
+                            rec.update(host_ms=timing.host_ms, device_ms=timing.device_ms, **errors(out, ref, s))
+                        except Exception as e:  # noqa: BLE001 -- recorded
+                            rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                        results.append(rec)
+                        log(fmt(rec))
+                for orec in ort_records:
+                    if (orec["S"], orec["D"], orec["mask"]) != (s, d, mask_kind):
+                        continue
+                    rec = {"what": f"ORT WebGPU MHA {orec['dtype']}", "S": s, "D": d, "mask": mask_kind}
+                    for key in ("host_ms", "resident_ms", "resident_error", "error"):
+                        if orec.get(key):
+                            rec[key] = orec[key]
+                    dump = Path(args.ort_dump) / f"ort_{orec['dtype']}_{mask_kind}_{s}_{d}.npy"
+                    if dump.exists() and not rec.get("error"):
+                        got = np.load(dump).astype(np.float64)
+                        rec["rel_err"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+                        rec["max_abs_err"] = float(np.abs(got - ref).max())
                     results.append(rec)
-                    log(_fmt(rec))
-    else:
-        notes.append("ORT WebGPU EP not run (no --ort-site)")
-
-    meta["ort"] = ort_header
+                    log(fmt(rec))
+                save()
     save()
     log(f"wrote {out_dir / stem}.md and .json")
-    log(_summary(results))
+    log(summary(results))
     return 0
 
 
-_flash_cache: dict = {}
-
-
-def _fmt(rec):
+def fmt(rec: dict[str, Any]) -> str:
     s, d = rec["S"], rec["D"]
+    head = f"{rec['what']:22s} {rec['mask']:7s} S={s:6d} D={d:3d}"
     if rec.get("error"):
-        return f"{rec['what']:22s} S={s:6d} D={d:3d}  {rec['error']}"
-    parts = [f"{rec['what']:22s} S={s:6d} D={d:3d}  host {rec['host_ms']:9.2f} ms {tflops(s, d, rec['host_ms']):6.2f} TF/s"]
+        return f"{head}  {rec['error']}"
+    parts = [head, f"host {rec['host_ms']:9.2f} ms {tflops(s, d, rec['host_ms']):6.2f} TF/s"]
     if rec.get("device_ms"):
-        parts.append(f"device {rec['device_ms']:9.2f} ms {tflops(s, d, rec['device_ms']):6.2f} TF/s")
+        parts.append(f"device {rec['device_ms']:9.3f} ms {tflops(s, d, rec['device_ms']):6.2f} TF/s")
     if rec.get("resident_ms"):
-        parts.append(f"resident {rec['resident_ms']:9.2f} ms {tflops(s, d, rec['resident_ms']):6.2f} TF/s")
-    for key in ("max_abs_err_vs_numpy", "max_abs_diff_vs_flash_f32", "resident_error"):
-        if key in rec:
-            parts.append(f"{key}={rec[key]:.2e}" if isinstance(rec[key], float) else f"{key}={rec[key]}")
+        parts.append(f"resident {rec['resident_ms']:9.2f} ms")
+    if "rel_err" in rec:
+        parts.append(f"rel {rec['rel_err']:.1e} abs {rec['max_abs_err']:.1e}")
     return "  ".join(parts)
 
 
-def _markdown(meta, results):
+def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     a = meta["adapter"]
+    f = lambda x, p=2: "" if x is None else f"{x:.{p}f}"  # noqa: E731
     out = [
         "# GPU attention benchmark",
         "",
         f"- date: {meta['date']}",
         f"- adapter: {a['device']} ({a['backend']}, {a['adapter_type']}), driver: {a['driver']}",
         f"- nvidia-smi: {meta.get('nvidia_smi')}",
-        f"- features: shader-f16={a['shader_f16']}, timestamp-query={a['timestamp_query']}, "
-        f"workgroup storage {a['max_workgroup_storage']} B",
+        f"- features: shader-f16={a['shader_f16']}, timestamp-query={a['timestamp_query']}, subgroup size "
+        f"{a.get('subgroup_size')}, workgroup storage {a['max_workgroup_storage']} B, trusted shaders "
+        f"{a.get('trusted_shaders')}",
         f"- torch: {meta.get('torch')}; ORT: {meta.get('ort', {}).get('ort_version', 'not run')}",
-        f"- flash tiles (from the sweep at S=4096, when tuned): {json.dumps(meta.get('tiles', 'runner default'))}",
-        f"- B={meta['B']}, H={meta['H']}, Sq=Sk=S, Dv=D, no mask; TFLOP/s = {meta['flops']} / time",
-        "- host: numpy in to numpy out, median after a warm-up. device: timestamp queries around the compute pass (WGSL)"
-        " or CUDA events (torch). resident (ORT only, no device timer there): host time of a run whose inputs and"
-        " output stay on the GPU (IO binding), which bounds its device time from above",
+        f"- flash tiles: {json.dumps(meta.get('tiles', 'runner default'))}",
+        f"- B={meta['B']}, H={meta['H']}, Sq=Sk=S, Dv=D; every row counts {meta['flops']} FLOPs (causal too)",
+        "- method: every contender, shape, dtype and mask warmed up (>= "
+        f"{meta['args']['warmup_s']} s and 2 calls) before timing; medians of {meta['args']['reps']} calls "
+        "(half that past S=8192). host: numpy in to numpy out. device: timestamp queries around the compute "
+        "pass (WGSL) or CUDA events (torch); ORT has no device timer: (resident) is the per-run host time of "
+        "runs whose tensors stay on the GPU (IO binding), closed by one read-back: an upper bound. error: ||out - ref|| / ||ref|| against float64 on "
+        f"{CHECK_ROWS} query rows of heads {CHECK_HEADS}. padding: bool key mask hiding the last "
+        f"{PADDED_FRACTION:.0%} of the keys",
         "",
-        "| what | D | S | host ms | host TFLOP/s | device (resident) ms | device (resident) TFLOP/s | check | note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| what | mask | D | S | host ms | device ms | device TFLOP/s | host / device | rel. error vs f64 | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    f = lambda x, p=2: "" if x is None else f"{x:.{p}f}"  # noqa: E731
     for r in results:
         s, d = r["S"], r["D"]
-        host = r.get("host_ms")
-        dev = r.get("device_ms")
+        host, dev = r.get("host_ms"), r.get("device_ms")
         dev_txt = f(dev, 3)
         if dev is None and r.get("resident_ms"):
             dev = r["resident_ms"]
             dev_txt = f"({dev:.3f})"
-        chk = r.get("max_abs_err_vs_numpy", r.get("max_abs_diff_vs_flash_f32"))
-        out.append(
-            f"| {r['what']} | {d} | {s} | {f(host)} | {f(tflops(s, d, host))} | {dev_txt} | {f(tflops(s, d, dev))} "
-            f"| {'' if chk is None else f'{chk:.1e}'} | {r.get('error', '') or r.get('resident_error', '')} |"
-        )
-    for n in meta.get("notes", []):
-        out.append(f"\n{n}")
+        ratio = f(host / dev) if host and dev else ""
+        err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
+        out.append(f"| {r['what']} | {r['mask']} | {d} | {s} | {f(host)} | {dev_txt} | {f(tflops(s, d, dev))} "
+                   f"| {ratio} | {err} | {r.get('error', '') or r.get('resident_error', '')} |")
     return "\n".join(out) + "\n"
 
 
-def _summary(results):
-    def get(what, s, d, key):
+def summary(results: list[dict[str, Any]]) -> str:
+    def get(what: str, s: int, d: int, mask: str, key: str) -> Any:
         for r in results:
-            if r["what"] == what and r["S"] == s and r["D"] == d and r.get(key):
+            if (r["what"], r["S"], r["D"], r["mask"]) == (what, s, d, mask) and r.get(key):
                 return r[key]
         return None
 
-    lines = ["", "targets (B=1, H=16, D=64):"]
-    f32_dev = get("flash WGSL f32", 4096, 64, "device_ms")
-    f32_host = get("flash WGSL f32", 4096, 64, "host_ms")
-    ort = get("ORT WebGPU EP MHA f32", 4096, 64, "host_ms")
-    ort_res = get("ORT WebGPU EP MHA f32", 4096, 64, "resident_ms")
-    if f32_dev:
-        lines.append(f"  flash f32 at S=4096: {tflops(4096, 64, f32_dev):.1f} TFLOP/s device, "
-                     f"{tflops(4096, 64, f32_host):.1f} host-to-host")
-    if f32_dev and ort:
-        lines.append(f"  vs WebGPU EP host-to-host ({tflops(4096, 64, ort):.2f} TFLOP/s): device {ort / f32_dev:.2f}x, "
-                     f"host-to-host {ort / f32_host:.2f}x (target >= 4x)")
-    if f32_dev and ort_res:
-        lines.append(f"  vs WebGPU EP resident ({tflops(4096, 64, ort_res):.2f} TFLOP/s): {ort_res / f32_dev:.2f}x")
-    n = get("naive WGSL f32", 8192, 64, "device_ms")
-    fl = get("flash WGSL f32", 8192, 64, "device_ms")
-    if n and fl:
-        lines.append(f"  flash f32 vs naive WGSL at S=8192 (device): {n / fl:.2f}x (target >= 3x)")
-    f16 = get("flash WGSL f16", 4096, 64, "device_ms")
-    if f16:
-        lines.append(f"  flash f16 at S=4096: {tflops(4096, 64, f16):.1f} TFLOP/s device (target >= 25)")
+    lines = ["", "targets (B=1, H=16, S=4096):"]
+    for dt in ("f32", "f16"):
+        for d in (64, 128):
+            dev = get(f"flash WGSL {dt}", 4096, d, "none", "device_ms")
+            host = get(f"flash WGSL {dt}", 4096, d, "none", "host_ms")
+            causal = get(f"flash WGSL {dt}", 4096, d, "causal", "device_ms")
+            if dev:
+                lines.append(f"  flash {dt} D={d}: {tflops(4096, d, dev):.1f} TFLOP/s device, host/device "
+                             f"{host / dev:.2f}" + (f", causal speed-up {dev / causal:.2f}x" if causal else ""))
+    ort = get("ORT WebGPU MHA f32", 4096, 64, "none", "host_ms")
+    host = get("flash WGSL f32", 4096, 64, "none", "host_ms")
+    if ort and host:
+        lines.append(f"  host-to-host vs ORT WebGPU MHA f32 D=64: {ort / host:.2f}x")
+    torch32 = get("torch SDPA CUDA f32", 4096, 64, "none", "device_ms")
+    dev = get("flash WGSL f32", 4096, 64, "none", "device_ms")
+    if torch32 and dev:
+        lines.append(f"  flash f32 / torch SDPA f32 throughput (device): {torch32 / dev:.2f}")
     return "\n".join(lines)
 
 

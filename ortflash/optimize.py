@@ -1,101 +1,39 @@
-"""ortflash.optimize: the whole pass from a model to a model with FlashAttention nodes."""
+"""ortflash.optimize: the whole pass from a model to a model with FlashAttention nodes (or, with a
+target, with the native ops they lower to)."""
 
 from __future__ import annotations
 
 import os
+
+from collections.abc import Iterator
 
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from . import spec
+from .errors import OrtflashError
+from .fusion.emit import BLOCK_ID
+from .fusion.onnx_attention import fuse_attention_ops
+from .fusion.walker import fuse_softmax_blocks
+from .graph import ir_utils as u
+from .lowering import TARGETS, LoweringNote, lower
+from .lowering.contrib import MIN_CONTRIB_OPSET
+from .model_io import load, save
+from .model_shapes import graphs_of, with_shapes
 from .policy import SoftmaxPolicy
-from .report import Block, Report
-from .rewrites import ir_utils as u
-from .rewrites.attention import read_block, scores_kept
-from .rewrites.fuse import emit, replace_output
-from .rewrites.match import AttentionMatch, NotFused
-from .rewrites.lower import TARGETS, block_index, lower
-from .rewrites.onnx_attention import fuse_attention_ops
+from .report import Report
 
-
-class OrtflashError(Exception):
-    """A problem with the user's input; the CLI prints it as one line and exits 2."""
-
-
-def external_locations(model: onnx.ModelProto) -> list[str]:
-    """The files a model's external initializers live in (relative to the model's folder)."""
-    found = []
-    for init in model.graph.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL:
-            loc = next((e.value for e in init.external_data if e.key == "location"), None)
-            if loc and loc not in found:
-                found.append(loc)
-    return found
-
-
-def load(model_or_path) -> onnx.ModelProto:
-    """Read a model without loading its external data: weights stay on disk, referenced.
-
-    The rewrites never read weights (scales are small inline constants), so a model of
-    any size is optimized in the memory its graph takes.
-    """
-    if isinstance(model_or_path, onnx.ModelProto):
-        return model_or_path
-    path = os.fspath(model_or_path)
-    if not os.path.exists(path):
-        raise OrtflashError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise OrtflashError(f"{path}: is a folder, not an ONNX model file")
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except Exception as exc:  # protobuf raises several types for a file that is not ONNX
-        raise OrtflashError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {str(exc)[:120]})") from None
-    if not model.graph.node and not model.graph.output:
-        raise OrtflashError(f"{path}: not an ONNX model (no graph in it)")
-    folder = os.path.dirname(os.path.abspath(path))
-    for loc in external_locations(model):
-        if not os.path.isfile(os.path.join(folder, loc)):
-            raise OrtflashError(f"{path}: its external data file {loc} is missing from {folder}")
-    return model
-
-
-def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:
-        return model  # shapes only help proofs; without them ranks come from the ops
-
-
-def _describe(m: AttentionMatch) -> dict:
-    q_shape = u.value_shape(m.q) or []
-    k_shape = u.value_shape(m.k) or []
-    if m.k_perm is not None and len(k_shape) == len(m.k_perm):
-        k_shape = [k_shape[i] for i in m.k_perm]
-    four_d = m.rank == 4 and len(q_shape) == 4
-    parts = [f"bias {u.value_shape(b) or '?'}" for b in m.biases]
-    parts += [("not-" if inv else "") + f"mask {u.value_shape(c) or '?'}" for c, inv in m.masks]
-    if m.is_causal:
-        parts.append("causal")
-    if m.nan_guard:
-        parts.append("NaN guard")
-    return {
-        "pattern": m.pattern(),
-        "heads": q_shape[1] if four_d else ("B·H" if m.rank == 3 else None),
-        "kv_heads": k_shape[1] if four_d and len(k_shape) == 4 else None,
-        "head_dim": q_shape[-1] if q_shape else None,
-        "scale": m.scale,
-        "mask": ", ".join(parts) or "none",
-    }
+__all__ = ["OrtflashError", "load", "optimize", "save"]
 
 
 def optimize(
-    model_or_path,
+    model_or_path: onnx.ModelProto | str | os.PathLike[str],
     *,
     softmax: str | None = None,
     online_softmax: bool | None = None,
-    block_size: int = spec.ATTRIBUTES["block_size"].default,
-    min_seq_len: int = spec.ATTRIBUTES["min_seq_len"].default,
+    block_size: int = spec.ATTRIBUTES["block_size"].default,  # type: ignore[assignment]
+    min_seq_len: int = spec.ATTRIBUTES["min_seq_len"].default,  # type: ignore[assignment]
     policy: SoftmaxPolicy | None = None,
     target: str = "ortflash",
 ) -> tuple[onnx.ModelProto, Report]:
@@ -114,105 +52,94 @@ def optimize(
     if target not in TARGETS:
         raise OrtflashError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
     proto = load(model_or_path)
-    name = proto.graph.name or "model"
-    opset = u.default_opset(proto)
-    model = ir.serde.deserialize_model(_with_shapes(proto))
-    graph = model.graph
-    report = Report(name)
-    # ONNX Attention ops (opset 23+) first: their Softmax is inside the op, not in the graph.
-    report.blocks += fuse_attention_ops(graph, opset, policy)
+    work, conversion = _for_target(proto, target)
+    opset = u.default_opset(work)
+    shaped, inference = with_shapes(work)
+    model = ir.serde.deserialize_model(shaped)
+    report = Report(proto.graph.name or "model", shape_inference=inference)
+    if conversion:
+        report.notes.append(conversion)
+    for graph, scope in _scopes(model.graph, ""):
+        _forget_earlier_blocks(graph)
+        # ONNX Attention ops (opset 23+) first: their Softmax is inside the op, not in the graph.
+        rows = fuse_attention_ops(graph, opset, policy, first_row=len(report.blocks))
+        rows += fuse_softmax_blocks(graph, opset, policy, first_row=len(report.blocks) + len(rows))
+        for row in rows:
+            row.name = scope + row.name
+        report.blocks += rows
 
-    for softmax in [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]:
-        label = softmax.name or f"Softmax_{len(report.blocks)}"
-        try:
-            m = read_block(softmax, opset)
-        except NotFused as why:
-            report.blocks.append(Block(label, False, str(why)))
-            continue
-        new = emit(graph, m, policy, opset, len(report.blocks))
-        replace_output(graph, m.output, new)
-        kept = scores_kept(m)
-        note = f"scores also read by {', '.join(kept)}, kept" if kept else ""
-        report.blocks.append(Block(label, True, note, softmax=policy.mode, **_describe(m)))
-
-    if report.fused:
-        common_passes.RemoveUnusedNodesPass()(model)
-        model.opset_imports.setdefault(spec.DOMAIN, spec.DOMAIN_VERSION)
+    if not report.fused:
+        # Nothing to write differently: the input itself, not a round trip of it through the IR
+        # (which would carry inferred shapes that change what ONNX Runtime's optimizer does).
+        return proto, report
+    common_passes.RemoveUnusedNodesPass()(model)  # subgraphs included
+    model.opset_imports.setdefault(spec.DOMAIN, spec.DOMAIN_VERSION)
     out = ir.serde.serialize_model(model)
-    out.ir_version = proto.ir_version
-    # Shape inference annotated intermediates; keep only what the input model declared.
-    declared = {vi.name for vi in proto.graph.value_info}
-    kept_info = [vi for vi in out.graph.value_info if vi.name in declared]
-    del out.graph.value_info[:]
-    out.graph.value_info.extend(kept_info)
-    if target != "ortflash" and report.fused:
+    out.ir_version = work.ir_version
+    if target != "ortflash":
+        # the lowering proves from the shapes the rules proved from (subgraphs' included)
         out, notes = lower(out, target)
-        for note in notes:
-            i = block_index(note.node_name)
-            if i is None:
-                continue
-            block = report.blocks[i]
-            block.target = note.op if note.lowered else "ortflash"
-            if not note.lowered:
-                block.reason = "; ".join(filter(None, [block.reason, f"not lowered to {target}: {note.reason}"]))
+        _note_lowering(report, notes, target)
+    _keep_declared_value_info(work, out)
     return out, report
 
 
-def save(model: onnx.ModelProto, path: str, source_dir: str | None = None) -> None:
-    """Write atomically (a temporary file beside the target, then a rename).
-
-    A model whose weights are external references (as ``load`` leaves them) keeps them:
-    in the source folder they are shared; elsewhere the data files are copied next to
-    the output, streamed, never held in memory. A model too large for one protobuf
-    (2 GiB) is written with its weights in ``OUT.data``.
-    """
-    import shutil
-
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise OrtflashError(f"{path}: the output folder {folder} does not exist")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    copied = []
-    done = False
+def _for_target(proto: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, str]:
+    """The model the pass works on, and a note when it is not the input: the contrib target writes
+    opset-13 forms, so an older model is converted to opset 13 first, where the converter can."""
+    opset = u.default_opset(proto)
+    if target != "contrib" or opset >= MIN_CONTRIB_OPSET:
+        return proto, ""
+    # The adapters from 12 to 13 move attributes to inputs (Unsqueeze, Squeeze, ReduceSum, Split)
+    # or keep Softmax's meaning (a last-axis Softmax stays one; another axis gets reshapes): each
+    # computes the same, so a conversion that succeeds is exact; one that cannot raises.
     try:
-        locations = external_locations(model)
-        if locations:
-            if source_dir is None:
-                raise OrtflashError("this model's weights are external: save(model, path, source_dir=<its folder>)")
-            if os.path.abspath(source_dir) != folder:
-                copy = onnx.ModelProto()
-                copy.CopyFrom(model)  # cheap: the weights are references; the caller's model stays as it was
-                model = copy
-                renamed = {}
-                for loc in locations:
-                    # one file per location, named after the output; the relative path keeps names apart
-                    new_loc = f"{os.path.basename(path)}.{loc.replace('/', '_').replace(os.sep, '_')}"
-                    dst = os.path.join(folder, new_loc)
-                    shutil.copyfile(os.path.join(source_dir, loc), dst + ".tmp")
-                    copied.append(dst)
-                    renamed[loc] = new_loc
-                for init in model.graph.initializer:
-                    for entry in init.external_data:
-                        if entry.key == "location" and entry.value in renamed:
-                            entry.value = renamed[entry.value]
-            onnx.save(model, tmp)
-            for dst in copied:
-                os.replace(dst + ".tmp", dst)
-        elif model.ByteSize() > 2**31 - 2**20:
-            data = f"{os.path.basename(path)}.data"
-            onnx.save(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True, location=data)
-        else:
-            onnx.save(model, tmp)
-        os.replace(tmp, path)
-        done = True
-    except OSError as exc:
-        raise OrtflashError(f"{path}: could not write the model ({exc.strerror or exc})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        for dst in copied:
-            if os.path.exists(dst + ".tmp"):
-                os.remove(dst + ".tmp")
-            if not done and os.path.exists(dst):
-                os.remove(dst)
+        converted = onnx.version_converter.convert_version(proto, MIN_CONTRIB_OPSET)
+    except Exception as exc:  # noqa: BLE001 - the converter raises several types
+        first_line = (str(exc).splitlines() or [""])[0][:160]
+        return proto, (f"opset {opset} could not be converted to {MIN_CONTRIB_OPSET} for --target contrib "
+                       f"({type(exc).__name__}: {first_line}); blocks stay FlashAttention")
+    return converted, f"converted from opset {opset} to {MIN_CONTRIB_OPSET} for --target contrib (onnx.version_converter)"
+
+
+def _scopes(graph: ir.Graph, scope: str) -> Iterator[tuple[ir.Graph, str]]:
+    """graph and every subgraph nested in it, each with the report's prefix naming where it is:
+    ``If_0.then_branch/`` for the then branch of node If_0 (nested scopes join)."""
+    yield graph, scope
+    for node in graph:
+        owner = node.name or node.op_type
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                yield from _scopes(attr.as_graph(), f"{scope}{owner}.{attr.name}/")
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for i, sub in enumerate(attr.as_graphs()):
+                    yield from _scopes(sub, f"{scope}{owner}.{attr.name}[{i}]/")
+
+
+def _keep_declared_value_info(original: onnx.ModelProto, out: onnx.ModelProto) -> None:
+    """Shape inference annotated intermediates in every graph; keep only what the input declared."""
+    declared = {vi.name for g in graphs_of(original.graph) for vi in g.value_info}
+    for graph in graphs_of(out.graph):
+        kept = [vi for vi in graph.value_info if vi.name in declared]
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
+
+
+def _forget_earlier_blocks(graph: ir.Graph) -> None:
+    """FlashAttention nodes of an earlier run keep their ops but not their report rows: the row
+    ids this run writes would otherwise collide with theirs."""
+    for node in graph:
+        if node.domain == spec.DOMAIN and node.op_type == spec.OP_TYPE:
+            node.metadata_props.pop(BLOCK_ID, None)
+
+
+def _note_lowering(report: Report, notes: list[LoweringNote], target: str) -> None:
+    """Record on each report row what its FlashAttention node became (rows by the node's block id)."""
+    rows = {str(i): block for i, block in enumerate(report.blocks)}
+    for note in notes:
+        block = rows.get(note.block or "")
+        if block is None:
+            continue  # a FlashAttention node the input model already had
+        block.target = note.op if note.lowered else "ortflash"
+        if not note.lowered:
+            block.reason = "; ".join(filter(None, [block.reason, f"not lowered to {target}: {note.reason}"]))

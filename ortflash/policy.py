@@ -4,41 +4,75 @@ The proposal ortflash grew from: with the online-softmax option off, attention
 uses the naive softmax; with it on, it uses the online (single-pass, running
 max and running sum) softmax for key lengths of at least ``min_seq_len`` and
 the naive one below, where the extra rescaling costs more than it saves.
+
+A policy that overrides fused nodes (``verify``, ``validate``, ``InferenceSession``)
+may leave a field as ``None``: each node then keeps its own value for it, so
+``--block-size 128`` alone retiles every node without changing its softmax.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any, cast
 
 from . import spec
+
+_DEFAULT_BLOCK_SIZE = cast(int, spec.ATTRIBUTES["block_size"].default)
+_DEFAULT_MIN_SEQ_LEN = cast(int, spec.ATTRIBUTES["min_seq_len"].default)
 
 
 @dataclass(frozen=True)
 class SoftmaxPolicy:
-    mode: str = "naive"  # naive | online | auto
-    block_size: int = spec.ATTRIBUTES["block_size"].default
-    min_seq_len: int = spec.ATTRIBUTES["min_seq_len"].default
+    mode: str | None = "naive"  # naive | online | auto; None: each node's own
+    block_size: int | None = _DEFAULT_BLOCK_SIZE  # None: each node's own
+    min_seq_len: int | None = _DEFAULT_MIN_SEQ_LEN  # None: each node's own
 
-    def __post_init__(self):
-        spec.validate({"softmax": self.mode, "block_size": self.block_size, "min_seq_len": self.min_seq_len})
+    def __post_init__(self) -> None:
+        spec.validate(self.attributes())
 
     @classmethod
-    def from_option(cls, online_softmax: bool, **kw) -> "SoftmaxPolicy":
+    def from_option(cls, online_softmax: bool, **kw: Any) -> SoftmaxPolicy:
         """The proposal's switch: off -> naive everywhere; on -> auto."""
         return cls(mode="auto" if online_softmax else "naive", **kw)
 
     @classmethod
-    def from_attributes(cls, attrs: dict) -> "SoftmaxPolicy":
+    def from_options(cls, softmax: str | None = None, online_softmax: bool | None = None,
+                     block_size: int | None = None, min_seq_len: int | None = None) -> SoftmaxPolicy | None:
+        """The policy the CLI's and the API's options ask for; None when they ask for nothing.
+
+        ``online_softmax`` is the proposal's switch (True: ``auto``, False: ``naive``) and
+        ``softmax`` names the mode; they must agree when both are given. With a mode, a
+        size not given takes the op's default; without one, the policy keeps each node's
+        mode and overrides only the sizes given.
+        """
+        switched = None if online_softmax is None else ("auto" if online_softmax else "naive")
+        if softmax is not None and switched is not None and softmax != switched:
+            raise spec.SpecError(f"softmax={softmax!r} contradicts online_softmax={online_softmax!r}")
+        mode = softmax if softmax is not None else switched
+        if mode is None:
+            if block_size is None and min_seq_len is None:
+                return None
+            return cls(None, block_size, min_seq_len)
+        return cls(mode, _DEFAULT_BLOCK_SIZE if block_size is None else block_size,
+                   _DEFAULT_MIN_SEQ_LEN if min_seq_len is None else min_seq_len)
+
+    @classmethod
+    def from_attributes(cls, attrs: dict[str, Any]) -> SoftmaxPolicy:
         return cls(attrs["softmax"], attrs["block_size"], attrs["min_seq_len"])
 
-    def attributes(self) -> dict:
-        return {"softmax": self.mode, "block_size": self.block_size, "min_seq_len": self.min_seq_len}
+    def attributes(self) -> dict[str, Any]:
+        """The node attributes this policy sets (a field left to the node is absent)."""
+        values = {"softmax": self.mode, "block_size": self.block_size, "min_seq_len": self.min_seq_len}
+        return {name: value for name, value in values.items() if value is not None}
 
-    def with_mode(self, mode: str) -> "SoftmaxPolicy":
-        return replace(self, mode=mode)
+    def applied_to(self, own: SoftmaxPolicy) -> SoftmaxPolicy:
+        """The policy a node whose own policy is ``own`` runs under this override."""
+        return SoftmaxPolicy.from_attributes({**own.attributes(), **self.attributes()})
 
     def choose(self, key_len: int) -> str:
         """The softmax a kernel runs for this key length: 'naive' or 'online'."""
-        if self.mode == "auto":
+        if self.mode == "auto" and self.min_seq_len is not None:
             return "online" if key_len >= self.min_seq_len else "naive"
+        if self.mode is None or self.mode == "auto":
+            raise ValueError("this policy leaves the choice to each node: apply it to the node's own first")
         return self.mode

@@ -1,8 +1,17 @@
-"""One row per Softmax: what ortflash found there and what it did."""
+"""One row per Softmax: what ortflash found there and what it did; and the one JSON document
+every command's ``--json`` writes (schema ``ortflash.result``, versioned by ``schema_version``)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+JSON_SCHEMA = "ortflash.result"
+# Raise on any change to the keys or meaning of the document below; additions included.
+JSON_SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -18,12 +27,19 @@ class Block:
     mask: str = ""  # bias / mask / causal summary
     softmax: str = ""  # naive | online | auto, as written on the fused node
     target: str = "ortflash"
+    # the quantizer the block's output reaches a few nodes on ("DynamicQuantizeLinear 4 nodes on"), where
+    # float32 rounding can flip an integer: check such blocks with real inputs (see checks.rounding)
+    rounding: str = ""
 
 
 @dataclass
 class Report:
     model: str
     blocks: list[Block] = field(default_factory=list)
+    # which shape inference the rules proved from (model_shapes: onnx | onnxruntime-symbolic | none)
+    shape_inference: str = ""
+    # what the pipeline did to the model as a whole (an opset conversion), one sentence each
+    notes: list[str] = field(default_factory=list)
 
     @property
     def fused(self) -> int:
@@ -34,33 +50,73 @@ class Report:
             return f"{self.model}: no Softmax or Attention node, nothing to fuse; the model is written unchanged"
         return f"{self.model}: {self.fused} of {len(self.blocks)} attention blocks (Softmax or Attention nodes) fused"
 
-    def to_dict(self) -> dict:
-        return {"model": self.model, "fused": self.fused, "blocks": [asdict(b) for b in self.blocks]}
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "fused": self.fused, "blocks": [asdict(b) for b in self.blocks],
+                "shape_inference": self.shape_inference, "notes": list(self.notes)}
 
-    def print(self, console=None) -> None:
+    def print(self, console: Console | None = None) -> None:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         console = console or Console()
-        table = Table(title=self.summary(), title_justify="left")
+        console.print(self.summary(), markup=False)  # a line of its own: a table title is padded to the table's width
+        table = Table()
         for col in ("softmax node", "pattern", "heads", "head dim", "scale", "mask / bias", "result"):
             table.add_column(col, overflow="fold")
         for b in self.blocks:
             heads = "" if b.heads is None else str(b.heads)
             if b.kv_heads not in (None, b.heads):
                 heads += f" (kv {b.kv_heads})"
-            result = f"[green]fused[/] ({b.softmax})" if b.fused else f"[yellow]kept:[/] {b.reason}"
+            # names and reasons come from the model: brackets in them are text, not rich markup
+            result = f"[green]fused[/] ({escape(b.softmax)})" if b.fused else f"[yellow]kept:[/] {escape(b.reason)}"
             if b.fused and b.target != "ortflash":
-                result = f"[green]fused[/] → {b.target}"
+                result = f"[green]fused[/] → {escape(b.target)}"
             if b.fused and b.reason:
-                result += f"; {b.reason}"
+                result += f"; {escape(b.reason)}"
+            if b.fused and b.rounding:
+                result += f"; [yellow]feeds a quantizer[/] ({escape(b.rounding)})"
             table.add_row(
-                b.name,
-                b.pattern,
-                heads,
-                "" if b.head_dim is None else str(b.head_dim),
+                escape(b.name),
+                escape(b.pattern),
+                escape(heads),
+                "" if b.head_dim is None else escape(str(b.head_dim)),
                 "" if b.scale is None else f"{b.scale:.6g}",
-                b.mask,
+                escape(b.mask),
                 result,
             )
         console.print(table)
+        if self.shape_inference not in ("", "onnx"):
+            console.print(f"shapes: {self.shape_inference} shape inference (ONNX's left ranks unknown)", markup=False)
+        for note in self.notes:
+            console.print(f"note: {note}", markup=False)
+
+
+def result_document(command: str, exit_code: int, *, model: str, output: str | None = None,
+                    report: Report | None = None, verification: dict[str, Any] | None = None,
+                    validation: dict[str, Any] | None = None, web_check: dict[str, Any] | None = None,
+                    notes: list[str] | None = None) -> dict[str, Any]:
+    """The JSON every command's ``--json`` writes: every key always present, null where it does not apply.
+
+    ``fused``/``blocks``: optimize and inspect (the report rows); ``verification``: verify and
+    ``optimize --verify``; ``validation``: validate; ``web_check``: web-check. The README's
+    *JSON output* section documents each key.
+    """
+    from . import __version__
+
+    return {
+        "schema": JSON_SCHEMA,
+        "schema_version": JSON_SCHEMA_VERSION,
+        "ortflash_version": __version__,
+        "command": command,
+        "exit_code": exit_code,
+        "ok": exit_code == 0,
+        "model": model,
+        "output": output,
+        "fused": report.fused if report is not None else None,
+        "blocks": [asdict(b) for b in report.blocks] if report is not None else None,
+        "verification": verification,
+        "validation": validation,
+        "web_check": web_check,
+        "notes": list(notes or []),
+    }

@@ -1,63 +1,108 @@
-"""Running fused models in ONNX Runtime."""
+"""Running fused models in ONNX Runtime, with the kernel configuration of each session its own."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .optimize import load
+from . import spec
+from .kernels.config import DEFAULT_BACKEND, KernelConfig, join_side_channel
+from .model_io import load
 from .policy import SoftmaxPolicy
 
 
-def _policy(softmax=None, block_size=None, min_seq_len=None, online_softmax=None) -> SoftmaxPolicy | None:
-    if softmax is None and online_softmax is None and block_size is None and min_seq_len is None:
-        return None
-    kw = {k: v for k, v in (("block_size", block_size), ("min_seq_len", min_seq_len)) if v is not None}
-    if softmax is None:
-        return SoftmaxPolicy.from_option(bool(online_softmax), **kw)
-    return SoftmaxPolicy(softmax, **kw)
+def session_options(*, base: ort.SessionOptions | None = None) -> ort.SessionOptions:
+    """SessionOptions that can run FlashAttention nodes, each with the softmax written on it.
 
-
-def session_options(*, softmax=None, online_softmax=None, block_size=None, min_seq_len=None, backend=None,
-                    base: ort.SessionOptions | None = None) -> ort.SessionOptions:
-    """SessionOptions that can run FlashAttention nodes.
-
-    With no policy arguments, each node runs the softmax written on it. Policy
-    arguments (or backend='wgpu') apply to every FlashAttention run in this process.
+    The kernel is the compiled CPU one (numpy where it is not built). For another
+    policy, backend or thread count, use :class:`InferenceSession`, or
+    :func:`configure_model` on the model before opening a plain session.
     """
-    from .kernels import ort_bridge as ort_op  # registers the op; onnxruntime-extensions is slow to import
+    from .kernels import ort_bridge  # registers the op; onnxruntime-extensions is slow to import
 
-    ort_op.configure(backend, _policy(softmax, block_size, min_seq_len, online_softmax))
     so = base or ort.SessionOptions()
-    so.register_custom_ops_library(ort_op.library_path())
+    so.register_custom_ops_library(ort_bridge.library_path())
     return so
+
+
+def _flash_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        if node.op_type == spec.OP_TYPE and node.domain == spec.DOMAIN:
+            yield node
+        for attr in node.attribute:  # If/Loop/Scan bodies
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _flash_nodes(attr.g)
+            for sub in attr.graphs:
+                yield from _flash_nodes(sub)
+
+
+def _set_attribute(node: onnx.NodeProto, name: str, value: Any) -> Any:
+    """Set ``name`` to ``value``; return the value it had (None if absent)."""
+    old = None
+    for i, attr in enumerate(node.attribute):
+        if attr.name == name:
+            old = onnx.helper.get_attribute_value(attr)
+            del node.attribute[i]
+            break
+    node.attribute.append(onnx.helper.make_attribute(name, value))
+    return old
+
+
+def configure_model(model: onnx.ModelProto, *, policy: SoftmaxPolicy | None = None,
+                    config: KernelConfig | None = None) -> onnx.ModelProto:
+    """A copy of ``model`` whose FlashAttention nodes run with this policy and kernel configuration.
+
+    The policy replaces each node's ``softmax``/``block_size``/``min_seq_len``; the kernel
+    configuration goes into the side channel the ONNX Runtime bridge reads (see
+    ortflash.kernels.config). The model given is not changed.
+    """
+    configured = onnx.ModelProto()
+    configured.CopyFrom(model)
+    for node in _flash_nodes(configured.graph):
+        if policy is not None:
+            for name, value in policy.attributes().items():
+                _set_attribute(node, name, value)
+        if config is not None:
+            old = _set_attribute(node, "exact_floats", "")
+            _set_attribute(node, "exact_floats", join_side_channel(old or "", config))
+    return configured
 
 
 class InferenceSession:
     """onnxruntime.InferenceSession for models with FlashAttention nodes.
 
-    ``InferenceSession(model, softmax="online")`` runs every fused node with that
-    policy; ``backend="wgpu"`` runs them through the WGSL flash kernel.
+    ``InferenceSession(model, softmax="online")`` runs every fused node of this session
+    with that policy; ``backend`` picks the kernel (``cpu``: compiled, the default;
+    ``reference``: numpy; ``wgpu``: the WGSL flash shader) and ``threads`` the compiled
+    kernel's thread count. Each session carries its own choice: sessions in one process,
+    or running in parallel threads, do not affect each other.
     """
 
-    def __init__(self, model_or_path, *, backend: str = "numpy", providers=None, sess_options=None, **policy):
-        self._backend = backend
-        self._policy = _policy(**policy)
-        model = load(model_or_path)
-        so = session_options(backend=backend, base=sess_options, **policy)
+    def __init__(self, model_or_path: str | os.PathLike[str] | onnx.ModelProto, *,
+                 backend: str = DEFAULT_BACKEND, threads: int | None = None,
+                 providers: Sequence[str] | None = None, sess_options: ort.SessionOptions | None = None,
+                 softmax: str | None = None, online_softmax: bool | None = None,
+                 block_size: int | None = None, min_seq_len: int | None = None) -> None:
+        self.config = KernelConfig(backend=backend, threads=threads)
+        self.policy = SoftmaxPolicy.from_options(softmax=softmax, online_softmax=online_softmax,
+                                                 block_size=block_size, min_seq_len=min_seq_len)
+        model = configure_model(load(model_or_path), policy=self.policy, config=self.config)
+        so = session_options(base=sess_options)
         self._session = ort.InferenceSession(
-            model.SerializeToString(), so, providers=providers or ["CPUExecutionProvider"]
+            model.SerializeToString(), so, providers=list(providers or ["CPUExecutionProvider"])
         )
 
-    def run(self, output_names, input_feed, run_options=None):
-        from .kernels import ort_bridge as ort_op
-
-        # Kernel choice is process-wide in the bridge: set ours for this call.
-        ort_op.configure(self._backend, self._policy)
+    def run(self, output_names: Sequence[str] | None, input_feed: dict[str, np.ndarray],
+            run_options: ort.RunOptions | None = None) -> list[np.ndarray]:
         return self._session.run(output_names, input_feed, run_options)
 
-    def get_inputs(self):
+    def get_inputs(self) -> list[ort.NodeArg]:
         return self._session.get_inputs()
 
-    def get_outputs(self):
+    def get_outputs(self) -> list[ort.NodeArg]:
         return self._session.get_outputs()

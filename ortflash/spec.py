@@ -32,8 +32,6 @@ OP_TYPE = "FlashAttention"
 # bridge (onnxruntime-extensions' Python ops) cannot take missing inputs, so an
 # absent one is written as a neutral scalar: bias 0.0 (float32), mask True.
 INPUTS = ("Q", "K", "V", "bias", "mask")
-OUTPUTS = ("O",)
-
 
 
 def absent_as_none(bias, mask):
@@ -68,7 +66,7 @@ ATTRIBUTES: dict[str, Attribute] = {
         Attribute("mask_fill", float, -math.inf, "score given to masked-out positions"),
         Attribute("masked_rows", str, "nan", "nan | zero: what a fully masked row yields"),
         Attribute("softcap", float, 0.0, "tanh soft cap on the scaled scores; 0 = none"),
-        Attribute("exact_floats", str, "", "the float attributes again as exact decimal strings (see below)"),
+        Attribute("exact_floats", str, "", "bridge side channel: exact floats, and a session's kernel choice (below)"),
     )
 }
 
@@ -78,6 +76,12 @@ ATTRIBUTES: dict[str, Attribute] = {
 # The rewrite therefore writes scale, mask_fill and softcap once more as exact
 # strings; a kernel takes the exact value only where it rounds to the float it got,
 # so an edited float attribute still wins.
+#
+# The bridge requires every declared attribute on every node, so no attribute can be
+# added without breaking models fused earlier. The same string therefore also carries,
+# on a session's in-memory copy only, which kernel runs the node: items named in
+# ortflash.kernels.config.RUNTIME_KEYS (backend=...;threads=...). They are not part of
+# the op's meaning, and saved models never carry them.
 EXACT_FLOATS = ("scale", "mask_fill", "softcap")
 
 

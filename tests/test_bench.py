@@ -1,22 +1,31 @@
-"""ortflash.bench: result structure and files (no timing assertions: machines are shared and noisy)."""
+"""ortflash.bench: structure and behaviour (no timing assertions: machines are shared and noisy)."""
 
 import json
 import math
 import os
+import subprocess
+import sys
 
+import onnx
 import pytest
 
 from ortflash import bench as B
+from ortflash.bench import inputs, probes, runner, worker
+from ortflash.errors import OrtflashError
 
 ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
 
 
-def _tiny_zoo_model():
-    for name in ("bert_sdpa_dynamo.onnx", "bert_eager_torchscript.onnx", "bert_eager_dynamo.onnx", "bert_sdpa_torchscript.onnx"):
+def _zoo_model(*names):
+    for name in names:
         path = os.path.join(ZOO, name)
         if os.path.exists(path):
             return path
-    pytest.skip("no BERT model in models/")
+    pytest.skip(f"none of {names} in models/")
+
+
+def _tiny_zoo_model():
+    return _zoo_model("bert_sdpa_dynamo.onnx", "bert_eager_torchscript.onnx", "bert_eager_dynamo.onnx", "bert_sdpa_torchscript.onnx")
 
 
 def _number(x):
@@ -47,8 +56,12 @@ def test_bench_runs_each_variant_and_writes_results(tmp_path):
     for r in online:
         assert r["build"]["fused"] >= 1
         assert any(k.endswith("FlashAttention") for k in r["ort_graph_ops"])
-        assert r["bridge_ms"]["kernel"] > 0 and r["bridge_ms"]["hook"] >= r["bridge_ms"]["kernel"]
+        # the kernel called directly on the fused nodes' own inputs, beside the session's time
+        assert r["kernel_ms"]["median"] > 0 and r["kernel_ms"]["nodes"] == r["build"]["fused"]
+        assert r["session_over_kernel"] == pytest.approx(r["latency_ms"]["median"] / r["kernel_ms"]["median"], rel=1e-2)
+    assert "original" not in [r["variant"] for r in runs if "kernel_ms" in r]
     assert "per_op_ms" in online[0]["profile"]  # profiled at S=8 only
+    assert online[0]["node_over_kernel"] > 0  # the FlashAttention nodes in ORT vs the kernel alone
     assert "profile" not in online[1]
     assert {"original", "online"} <= set(res["ratios"]["8"])
     assert _number(res["ratios"]["16"]["online"]["speedup"])
@@ -59,13 +72,42 @@ def test_bench_runs_each_variant_and_writes_results(tmp_path):
     on_disk = json.loads((tmp_path / "tiny.json").read_text())
     assert on_disk["runs"][0]["latency_ms"]["median"] == runs[0]["latency_ms"]["median"]
     md = (tmp_path / "tiny.md").read_text()
-    assert "| 16 |" in md and "online" in md
+    assert "| 16 |" in md and "online" in md and "session / kernel" in md
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         assert "png" not in res["files"]
     else:
         assert (tmp_path / "tiny.png").stat().st_size > 0
+
+
+def _hook_objects():
+    """Every object a benchmark could have swapped: module attributes of the bridge and of
+    onnxruntime-extensions' Python-op module, the registered op bodies, and ortflash's modules."""
+    from onnxruntime_extensions import _ocos
+
+    from ortflash.kernels import ort_bridge
+
+    seen = {}
+    for mod in [m for name, m in sys.modules.items() if name.startswith("ortflash") and m is not None] + [_ocos]:
+        for attr, value in list(vars(mod).items()):
+            seen[(mod.__name__, attr)] = value
+    for op_id, opdef in _ocos.Opdef._odlist.items():
+        seen[("opdef", op_id)] = opdef.body
+    seen[("class", "PyCustomOpDef.install_hooker")] = _ocos.PyCustomOpDef.__dict__.get("install_hooker")
+    assert ort_bridge  # imported: its hook is installed before the snapshot
+    return seen
+
+
+def test_worker_runs_the_production_bridge_untouched(tmp_path):
+    before = _hook_objects()
+    cfg = {"model": _tiny_zoo_model(), "variant": "online", "seq_len": 8, "batch": 1, "repeats": 1, "warmup": 1,
+           "block_size": 64, "profile": True, "threads": None, "result_file": str(tmp_path / "r.json")}
+    res = worker.run_worker(cfg)  # in this process, so a patch would be visible here
+    assert res["status"] == "ok" and res["kernel_ms"]["median"] > 0
+    after = _hook_objects()
+    replaced = [key for key, obj in before.items() if key in after and after[key] is not obj]
+    assert not replaced, f"the bench worker replaced {replaced}"
 
 
 def test_failed_or_unknown_variants_are_recorded(tmp_path):
@@ -94,24 +136,110 @@ def test_merge_rounds_pools_timed_runs():
 
 def test_variant_names_and_cli_arguments():
     assert B.parse_variant("online@256") == ("online@256", "online", 256, None)
+    assert B.parse_variant("reference@128").kind == "reference"
     assert B.parse_variant("mha=x.onnx") == ("mha", "file", None, "x.onnx")
-    with pytest.raises(ValueError):
-        B.parse_variant("online@0")
+    assert B.parse_variant("torch-sdpa").kind == "torch-sdpa"
+    for bad in ("online@0", "contrib@64", "fastest"):
+        with pytest.raises(ValueError):
+            B.parse_variant(bad)
     import argparse
 
     p = argparse.ArgumentParser()
     B.add_arguments(p)
-    args = p.parse_args(["m.onnx", "--seq-lens", "512,1024", "--variants", "original,online@128", "--out", "d"])
+    args = p.parse_args(["m.onnx", "--seq-lens", "512,1024", "--variants", "original,online@128", "--out", "d",
+                         "--isa", "avx2", "--baseline", "b.json", "--max-slowdown", "2.5"])
     assert args.seq_lens == [512, 1024] and args.variants == ["original", "online@128"] and args.out == "d"
+    assert args.isa == "avx2" and args.baseline == "b.json" and args.max_slowdown == 2.5
+    assert p.parse_args(["m.onnx"]).block_size == 64  # spec's default
+
+
+@pytest.mark.parametrize("option", [["--block-size", "0"], ["--repeats", "0"], ["--max-slowdown", "0.5"]])
+def test_bad_numbers_exit_2_with_one_line(option):
+    proc = subprocess.run([sys.executable, "-m", "ortflash", "bench", _tiny_zoo_model(), *option],
+                          check=False, capture_output=True, text=True)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and option[0] in errors[0], proc.stderr
+
+
+def test_feeds_follow_the_models_declared_dims():
+    bert = onnx.load(_tiny_zoo_model(), load_external_data=False)
+    feeds = inputs.bench_feeds(bert, 64, batch=1)
+    assert all(v.shape == (1, 64) for v in feeds.values())
+    # the position table caps S: a clear refusal instead of ORT's "invalid expand shape"
+    assert "128 positions" in inputs.unsupported_length(bert, 256)
+    assert inputs.unsupported_length(bert, 128) is None
+    keep, notes = runner.plan_lengths(_tiny_zoo_model(), [64, 256], None)
+    assert keep == [64] and "S=256" in notes[0]
+    with pytest.raises(OrtflashError, match="128 positions"):
+        runner.plan_lengths(_tiny_zoo_model(), [256], None)
+
+    vit_path = _zoo_model("vit_sdpa_dynamo.onnx", "vit_eager_dynamo.onnx", "vit_sdpa_torchscript.onnx")
+    vit = onnx.load(vit_path, load_external_data=False)
+    assert not inputs.has_sequence_dim(vit)
+    assert [v.shape for v in inputs.bench_feeds(vit, 256, batch=1).values()] == [(1, 3, 32, 32)]
+    keep, notes = runner.plan_lengths(vit_path, None, None)
+    assert keep == [inputs.FIXED_SIZE] and "no sequence dimension" in notes[0]
+    with pytest.raises(OrtflashError, match="no sequence dimension"):
+        runner.plan_lengths(vit_path, [256], None)
+
+
+def test_bert_at_s256_is_refused_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "ortflash", "bench", _tiny_zoo_model(), "--seq-lens", "256"],
+                          check=False, capture_output=True, text=True)
+    assert proc.returncode == 2 and "invalid expand shape" not in proc.stderr + proc.stdout
+    assert proc.stderr.strip().count("\n") == 0 and "128 positions" in proc.stderr
+
+
+def test_baseline_guard_exit_codes(tmp_path):
+    model = _tiny_zoo_model()
+    common = [model, "--seq-lens", "16", "--variants", "original,online", "--repeats", "2", "--no-profile",
+              "--out", str(tmp_path)]
+    assert B.main(common + ["--name", "first"]) == 0
+    first = json.loads((tmp_path / "first.json").read_text())
+    own = B.compare_baseline(first, first, 1.0)  # the JSON bench writes is a valid baseline
+    assert own.ok and any("online at S=16" in line for line in own.lines)
+    # a generous margin: this run against the first one's JSON
+    assert B.main(common + ["--name", "second", "--baseline", str(tmp_path / "first.json"), "--max-slowdown", "20"]) == 0
+    doctored = json.loads((tmp_path / "first.json").read_text())
+    for r in doctored["runs"]:
+        if r["variant"] == "online":  # pretend online once ran 1000x faster than it does
+            r["latency_ms"]["median"] /= 1000
+    (tmp_path / "doctored.json").write_text(json.dumps(doctored))
+    check = B.compare_baseline(first, doctored, 20)
+    assert not check.ok and "online at S=16" in check.regressions[0]
+    assert B.main(common + ["--name", "third", "--baseline", str(tmp_path / "doctored.json"), "--max-slowdown", "20"]) == 1
+    assert "REGRESSION" in (tmp_path / "third.md").read_text()
+    with pytest.raises(OrtflashError):
+        B.load_baseline(tmp_path / "third.md")
 
 
 def test_memory_probe_sees_an_allocation():
     import numpy as np
 
-    probe = B.PeakProbe()
-    before = B._rss()
+    probe = probes.PeakProbe()
+    before = probes.rss()
     probe.start()
     x = np.ones(64 * 2**20 // 8)  # 64 MiB, touched
     del x
     peak = probe.stop()
     assert peak - before > 32 * 2**20
+
+
+def test_cpu_attention_stacks_fuse(tmp_path):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    try:
+        import cpu_attention
+    finally:
+        sys.path.pop(0)
+    import ortflash
+
+    for stack in cpu_attention.STACKS:
+        model = cpu_attention.build_model(1, stack=stack)
+        fused, report = ortflash.optimize(model, softmax="online", min_seq_len=0)
+        assert report.fused == 1, stack
+        node = next(n for n in fused.graph.node if n.op_type == "FlashAttention")
+        causal = next(a.i for a in node.attribute if a.name == "is_causal")
+        assert causal == (stack == "causal"), stack
+        feeds = inputs.bench_feeds(model, 256, batch=1)
+        assert feeds["hidden_states"].shape == (1, 256, 768)

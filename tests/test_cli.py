@@ -48,7 +48,7 @@ def test_verify_fails_with_exit_1_on_a_tampered_model(model_path, tmp_path):
 
 
 def test_verify_with_feeds_file(model_path, tmp_path):
-    from ortflash.verify import make_feeds
+    from ortflash.checks.feeds import make_feeds
 
     out = str(tmp_path / "o.onnx")
     assert main(["optimize", model_path, "-o", out]) == 0
@@ -80,9 +80,94 @@ def test_bad_input_is_one_line_and_exit_2(argv_tail, model_path, tmp_path):
              "nofolder": str(tmp_path / "no" / "such" / "out.onnx"), "random": str(rnd)}
     argv = [a.format(**names) for a in argv_tail]
     before = _digest(model_path)
-    proc = subprocess.run([sys.executable, "-m", "ortflash", *argv], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "ortflash", *argv], capture_output=True, text=True, check=False)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("ortflash: error:"), proc.stderr
     assert "Traceback" not in proc.stderr
     assert _digest(model_path) == before
+
+
+def _fused_attributes_run(monkeypatch) -> list[dict]:
+    """Record the FlashAttention attributes of every model ONNX Runtime is handed."""
+    import onnxruntime as ort
+
+    seen = []
+    real = ort.InferenceSession
+
+    def recording(model, *args, **kwargs):
+        if isinstance(model, bytes):
+            nodes = onnx.load_from_string(model).graph.node
+            seen.extend(ortflash.spec.node_attributes(n) for n in nodes if n.op_type == "FlashAttention")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    return seen
+
+
+@pytest.mark.parametrize(("options", "block_size", "min_seq_len"),
+                         [(["--block-size", "7"], 7, 1024), (["--min-seq-len", "0"], 64, 0)])
+def test_verify_block_size_alone_retiles_every_node_and_keeps_its_softmax(model_path, tmp_path, monkeypatch,
+                                                                         options, block_size, min_seq_len):
+    out = str(tmp_path / "auto.onnx")
+    assert main(["optimize", model_path, "-o", out, "--online-softmax"]) == 0
+    seen = _fused_attributes_run(monkeypatch)
+    assert main(["verify", model_path, out, *options]) == 0
+    assert [(a["softmax"], a["block_size"], a["min_seq_len"]) for a in seen] == [("auto", block_size, min_seq_len)]
+
+
+def test_verify_softmax_overrides_every_node(model_path, tmp_path, monkeypatch):
+    out = str(tmp_path / "naive.onnx")
+    assert main(["optimize", model_path, "-o", out, "--block-size", "32"]) == 0
+    seen = _fused_attributes_run(monkeypatch)
+    assert main(["verify", model_path, out, "--softmax", "online"]) == 0
+    assert [(a["softmax"], a["block_size"]) for a in seen] == [("online", 64)]
+
+
+def test_an_ortflash_bug_is_not_reported_as_bad_input(model_path, tmp_path, monkeypatch):
+    import ortflash.checks.verify as verify_module
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug")
+
+    out = str(tmp_path / "o.onnx")
+    assert main(["optimize", model_path, "-o", out]) == 0
+    monkeypatch.setattr(verify_module, "compare_outputs", broken)
+    with pytest.raises(KeyError):
+        main(["verify", model_path, out])
+
+
+def test_inputs_onnx_runtime_cannot_take_are_bad_input(model_path, tmp_path, capsys):
+    out = str(tmp_path / "o.onnx")
+    assert main(["optimize", model_path, "-o", out]) == 0
+    np.savez(tmp_path / "wrong.npz", x=np.zeros(3, np.float32))
+    assert main(["verify", model_path, out, "--feeds", str(tmp_path / "wrong.npz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ortflash: error: ONNX Runtime could not run the original model")
+
+
+def test_interrupt_exits_130(model_path, monkeypatch, capsys):
+    from ortflash import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "optimize", interrupted)
+    assert main(["inspect", model_path]) == cli.EXIT_INTERRUPTED == 130
+    assert capsys.readouterr().err.strip() == "ortflash: interrupted"
+
+
+@pytest.mark.parametrize(("path", "default"), [("m.onnx", "m.flash.onnx"), ("m.model", "m.model.flash.onnx"),
+                                               ("dir.onnx/m.onnx", "dir.onnx/m.flash.onnx")])
+def test_default_output_name(path, default, tmp_path, monkeypatch):
+    from ortflash import cli
+
+    written = []
+    monkeypatch.chdir(tmp_path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    monkeypatch.setattr(cli, "optimize", lambda model, **kw: (model, ortflash.Report(path)))
+    monkeypatch.setattr(cli, "load", lambda p: onnx.ModelProto())
+    monkeypatch.setattr(cli, "save", lambda model, out, source_dir: written.append(out))
+    monkeypatch.setattr(cli, "_unloadable", lambda model, weights_dir: None)
+    assert main(["optimize", path]) == 0
+    assert written == [default]

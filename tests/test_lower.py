@@ -1,4 +1,4 @@
-"""Lowering FlashAttention to native ops (ortflash.rewrites.lower): every zoo model lowers every
+"""Lowering FlashAttention to native ops (ortflash.lowering): every zoo model lowers every
 block to ONNX Runtime's contrib ops and to ONNX Attention, runs in a plain onnxruntime session (no
 custom-op library) and computes what the original computed; hand-built blocks either lower and
 match FlashAttention exactly, or stay with the reason; and the ONNX Runtime behaviours the rules
@@ -18,18 +18,19 @@ from onnx import helper as h
 
 import ortflash
 from ortflash import spec
-from ortflash.rewrites.lower import (
+from ortflash.lowering import (
     CONTRIB_DOMAIN,
     OP_ATTENTION,
     OP_GQA,
-    OP_KEPT,
     OP_MHA,
     TARGETS,
     LoweringNote,
-    block_index,
     lower,
 )
-from ortflash.verify import compare, default_tolerance, make_feeds, run_model, verify
+from ortflash.checks.compare import compare, default_tolerance
+from ortflash.checks.feeds import make_feeds
+from ortflash.checks.run import run_model
+from ortflash.checks.verify import verify
 
 ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
 _MANIFEST_PATH = os.path.join(ZOO, "manifest.json")
@@ -95,7 +96,7 @@ def test_zoo_model_lowers_every_block_and_verifies(zoo_fused, target):
     entry, model, fused = zoo_fused
     lowered, notes = lower(fused, target)
     assert len(notes) == entry["attention_blocks"]
-    assert len({block_index(n.node_name) for n in notes} - {None}) == len(notes)  # one report row each
+    assert len({n.block for n in notes} - {None}) == len(notes)  # one report row each
     kept = [str(n) for n in notes if not n.lowered]
     expected = ZOO_KEPT.get((entry["file"], target))
     if expected is not None:
@@ -186,7 +187,7 @@ def test_built_block_lowers_exactly_or_stays(name, target):
     assert report.fused == 1, report.blocks[0].reason
     lowered, (note,) = lower(fused, target)
     if expect[target].startswith("kept: "):
-        assert not note.lowered and note.op == OP_KEPT
+        assert not note.lowered and note.op == spec.OP_TYPE
         assert expect[target][len("kept: "):] in note.reason and "needs ortflash" in note.reason
         assert lowered is fused
         return
@@ -291,7 +292,7 @@ def test_direct_block_lowers_exactly_or_stays(name, target):
     model = fa_model(**kwargs)
     lowered, (note,) = lower(model, target)
     if expect[target].startswith("kept: "):
-        assert not note.lowered and note.op == OP_KEPT
+        assert not note.lowered and note.op == spec.OP_TYPE
         assert expect[target][len("kept: "):] in note.reason and "needs ortflash" in note.reason
         assert lowered is model
         return
@@ -355,9 +356,9 @@ def test_lowering_twice_mixes_targets_without_name_clashes():
 def test_api_edges():
     model = fa_model(hkv=4)
     same, notes = lower(model, "ortflash")
-    assert same is model and [(n.lowered, n.op) for n in notes] == [(False, OP_KEPT)]
+    assert same is model and [(n.lowered, n.op) for n in notes] == [(False, spec.OP_TYPE)]
     assert isinstance(notes[0], LoweringNote) and notes[0].node_name == "fa"
-    with pytest.raises(ValueError, match="unknown lowering target"):
+    with pytest.raises(ortflash.OrtflashError, match="unknown lowering target"):
         lower(model, "tensorrt")
     plain = build(Variant())
     assert lower(plain, "onnx") == (plain, [])

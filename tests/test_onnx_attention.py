@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 import ortflash
 from ortflash import spec
 from ortflash.policy import SoftmaxPolicy
-from ortflash.rewrites.onnx_attention import fuse_attention_ops
+from ortflash.fusion.onnx_attention import fuse_attention_ops
 
 F32, F16, BOOL, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BOOL, TensorProto.INT64
 LOWEST = float(np.finfo(np.float32).min)
@@ -502,3 +502,27 @@ def test_expanded_function_body_fuses(name):
     assert report.fused == 1, report.blocks[0].reason if report.blocks else "no Softmax"
     for mode in ("naive", "online"):
         assert_same(run_fused(fused, feeds, mode), want, False)
+
+
+# ---------------------------------------------------------------------------------------------
+# lowering after fusion: the report follows each block to its native op (review defect B2)
+
+
+@pytest.mark.parametrize("target, op", [("contrib", "com.microsoft.MultiHeadAttention"), ("onnx", "Attention")])
+def test_optimize_with_a_target_reports_attention_op_blocks_as_lowered(target, op):
+    model, feeds = build(Case(mask="float"))
+    lowered, report = ortflash.optimize(model, target=target)
+    (block,) = report.blocks
+    assert block.fused and block.target == op, (block.target, block.reason)
+    assert not any(n.op_type == spec.OP_TYPE for n in lowered.graph.node)
+    assert_same(run_ort(lowered, feeds), run_ort(model, feeds), f16=False)
+
+
+def test_cli_does_not_warn_that_a_lowered_attention_op_block_stays(tmp_path, capsys):
+    from ortflash.cli import main
+
+    path = tmp_path / "attn23.onnx"
+    onnx.save(build(Case(mask="bool"))[0], str(path))
+    assert main(["optimize", str(path), "-o", str(tmp_path / "out.onnx"), "--target", "contrib"]) == 0
+    out = capsys.readouterr().out
+    assert "stay FlashAttention" not in out and "fused →" in out  # the table folds the op's name

@@ -12,14 +12,14 @@ import subprocess
 import numpy as np
 import onnx
 import pytest
+from attention_graphs import Variant, build
 from onnx import TensorProto, helper
 
 import ortflash
-from ortflash import spec, web_check as wc
-from ortflash.optimize import OrtflashError
-from ortflash.verify import make_feeds
-
-from attention_graphs import Variant, build
+from ortflash import spec
+from ortflash.checks import web_check as wc
+from ortflash.checks.feeds import make_feeds
+from ortflash.errors import OrtflashError
 
 ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
 MANIFEST = json.load(open(os.path.join(ZOO, "manifest.json")))
@@ -48,7 +48,7 @@ def _lowered(entry, target):
     """(lowered model, reasons of the FlashAttention nodes lowering kept), cached per model and target."""
     key = (entry["file"], target)
     if key not in _lowered_cache:
-        lower_mod = pytest.importorskip("ortflash.rewrites.lower", reason="lower.py not written yet")
+        lower_mod = pytest.importorskip("ortflash.lowering", reason="ortflash.lowering not written yet")
         model = onnx.load(os.path.join(ZOO, entry["file"]))
         fused, _ = ortflash.optimize(model)
         out = lower_mod.lower(fused, target)
@@ -322,7 +322,7 @@ def test_first_use_installs_the_node_packages(monkeypatch, capsys):
     monkeypatch.setattr(wc.subprocess, "run", fake_run)
     wc.ensure_node_packages()
     (args, kw), = calls
-    assert args[1:3] == ["ci", "--no-audit"] and kw["cwd"] == wc.WEB_DIR
+    assert args[1:3] == ["ci", "--no-audit"] and kw["cwd"] == wc.web_dir()
     assert kw["env"]["ONNXRUNTIME_NODE_INSTALL"] == "skip"
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "npm ci" in err

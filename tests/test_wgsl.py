@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ortflash.kernels import reference
-from ortflash.ops import wgpu_kernel as wk
+from ortflash.kernels.wgpu import kernel as wk
 from ortflash.policy import SoftmaxPolicy
 
 pytestmark = pytest.mark.skipif(not wk.available(), reason=wk.unavailable_reason() or "no wgpu adapter")
@@ -197,7 +197,7 @@ def test_float16(kernel, d, sq, sk):
 def test_float16_converted_on_host():
     """An adapter without shader-f16: float16 travels as float32, O comes back float16."""
     from ortflash import spec
-    from ortflash.shaders.runner import Runner
+    from ortflash.kernels.wgpu.runner import Runner
 
     host = Runner(use_f16=False, use_timestamps=False)
     assert not host.has_f16
@@ -221,15 +221,19 @@ TILES = [
     dict(br=16, bc=64, c=8, rv=1, vpt=2),
     dict(br=16, bc=16, c=4, rv=1, vpt=4),
     dict(br=32, bc=32, c=16, rv=2, vpt=1),
+    dict(br=32, bc=16, c=4, rv=1, vpt=4, kv_split=1),
+    dict(br=16, bc=32, c=8, rv=2, vpt=2, kv_split=1),
 ]
 
 
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: "br{br}-bc{bc}-c{c}-rv{rv}-vpt{vpt}".format(**t))
+@pytest.mark.parametrize(
+    "tile", TILES, ids=lambda t: "br{br}-bc{bc}-c{c}-rv{rv}-vpt{vpt}".format(**t) + ("-kvs" if t.get("kv_split") else "")
+)
 @pytest.mark.parametrize("sq,sk", [(64, 64), (256, 256), (300, 301)])
 def test_flash_tiles(runner, tile, sq, sk):
     """Register-tiling variants (private arrays indexed in unrolled loops), at and past the tile edges."""
     from ortflash import spec
-    from ortflash.shaders.runner import FlashTile
+    from ortflash.kernels.wgpu.tiles import FlashTile
 
     t = FlashTile(**tile)
     if t.smem_bytes(16) > runner.limits["max-compute-workgroup-storage-size"]:
@@ -241,6 +245,49 @@ def test_flash_tiles(runner, tile, sq, sk):
     got = runner.attention(q, k, v, mask=mask, attrs=attrs, kernel="flash", tile=t)
     assert runner.last_plan["tile"] == t
     check(got, reference.flash_attention(q, k, v, mask=mask, scale=0.125, is_causal=1))
+
+
+@pytest.mark.parametrize("subgroups", [True, False], ids=["subgroups", "shared-memory"])
+def test_row_reductions_with_and_without_subgroups(subgroups):
+    """Both reductions of flash.wgsl: subgroup shuffles where the device has them (lavapipe does,
+    8 lanes), and the workgroup-memory fallback (a device made without the feature, checked
+    shaders) that adapters without subgroups run."""
+    from ortflash import spec
+    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.tiles import FlashTile
+
+    dev = Runner(use_subgroups=subgroups, trusted_shaders=subgroups)
+    if subgroups and not dev.subgroup_size:
+        pytest.skip("this adapter offers no usable subgroups")
+    rng = np.random.default_rng(42)
+    q, k, v = make(rng, 1, 2, 1, 150, 170, 64)
+    mask = rng.random((1, 2, 150, 170)) > 0.3
+    mask[..., 7, :] = False
+    attrs = spec.validate({"scale": 0.125, "is_causal": 1, "masked_rows": "zero"})
+    want = reference.flash_attention(q, k, v, mask=mask, **attrs)
+    for tile in (FlashTile(32, 16, 4, 1, 4), FlashTile(32, 32, 8, 2, 2, kv_split=1)):
+        got = dev.attention(q, k, v, mask=mask, attrs=attrs, kernel="flash", tile=tile)
+        assert dev.last_plan["subgroups"] == int(subgroups and tile.c <= dev.subgroup_size)
+        check(got, want)
+    unmasked = dev.attention(q, k, v, attrs=spec.validate({"scale": 0.125}), kernel="flash")
+    check(unmasked, reference.flash_attention(q, k, v, scale=0.125))
+
+
+def test_buffers_reused_across_calls(runner):
+    """Calls of the same sizes reuse every device and staging buffer (no allocation per call)."""
+    from ortflash import spec
+
+    rng = np.random.default_rng(43)
+    q, k, v = make(rng, 1, 2, 2, 96, 96, 64)
+    attrs = spec.validate({"scale": 0.125})
+    runner.attention(q, k, v, attrs=attrs, kernel="flash")
+    before = dict(runner._buffers)
+    for _ in range(2):
+        got = runner.attention(*make(rng, 1, 2, 2, 96, 96, 64), attrs=attrs, kernel="flash")
+    assert runner._buffers == before and all(runner._buffers[r] is b for r, b in before.items())
+    assert {"q", "k", "v", "o", "q_upload", "staging"} <= set(before)
+    assert got.shape == (1, 2, 96, 64)
+    assert set(runner.last_timing) == {"prepare_ms", "stage_ms", "submit_ms", "wait_ms", "read_ms"}
 
 
 def test_naive_score_chunks(runner):
@@ -297,7 +344,7 @@ def test_runner_reports_and_caches(runner):
 
 
 def test_tile_choice_respects_limits(runner):
-    from ortflash.shaders.runner import flash_tiles
+    from ortflash.kernels.wgpu.tiles import flash_tiles
 
     for d in (32, 64, 80, 128, 256):
         for limit in (16384, 32768, 49152):
@@ -316,3 +363,58 @@ def test_rejects_bad_shapes():
         wk.flash_attention(q, k, v, np.zeros((1, 2, 8, 5), np.float32))
     with pytest.raises(ValueError):
         wk.flash_attention(q[0], k, v)
+
+
+# --------------------------------------------------------------------------- host-side seams (no device)
+
+
+def test_available_does_not_cache_a_failure(monkeypatch):
+    """A probe that fails is retried on the next call; a success is kept."""
+    from ortflash.kernels.wgpu import adapter
+
+    real = adapter.find_adapter
+    wk._probe_adapter.cache_clear()
+    monkeypatch.setattr(adapter, "find_adapter", lambda prefer=None: adapter.AdapterSearch(None, "driver busy"))
+    assert not wk.available()
+    assert "driver busy" in wk.unavailable_reason()
+    monkeypatch.setattr(adapter, "find_adapter", real)
+    assert wk.available() and wk.unavailable_reason() == ""
+
+
+def test_binding_limit_is_a_named_memory_error():
+    from ortflash import spec
+    from ortflash.kernels.wgpu.limits import BindingTooLarge, DeviceLimits
+    from ortflash.kernels.wgpu.params import Problem, prepare
+    from ortflash.kernels.wgpu.plan import plan_naive
+
+    q, k, v = make(np.random.default_rng(0), 1, 2, 2, 8, 300, 32)
+    problem = Problem.of(q, k, v)
+    operands = prepare(problem, q, k, v, None, None, spec.validate({}), f16_on_device=False)
+    tiny = DeviceLimits(storage_binding_bytes=4 * 299)
+    with pytest.raises(BindingTooLarge) as caught:
+        plan_naive(problem, operands.io, operands.params, None, tiny)
+    assert isinstance(caught.value, MemoryError)
+    with pytest.raises(BindingTooLarge):
+        tiny.check_binding("q", 4 * 300)
+
+
+def test_naive_grid_and_shader_share_the_tile_edge():
+    """The naive kernel's tile edge and softmax width are written once, in Python."""
+    from ortflash import spec
+    from ortflash.kernels.wgpu.assemble import NAIVE_SOFTMAX_WORKGROUP, NAIVE_TILE, assemble, naive_constants
+    from ortflash.kernels.wgpu.limits import DeviceLimits
+    from ortflash.kernels.wgpu.params import Problem, prepare
+    from ortflash.kernels.wgpu.plan import plan_naive
+
+    src = assemble("naive", "f32", naive_constants(16, 16))
+    assert "${" not in src
+    assert f"const T: u32 = {NAIVE_TILE}u;" in src and f"const SM: u32 = {NAIVE_SOFTMAX_WORKGROUP}u;" in src
+    q, k, v = make(np.random.default_rng(1), 1, 3, 1, 40, 70, 64)
+    problem = Problem.of(q, k, v)
+    operands = prepare(problem, q, k, v, None, None, spec.validate({}), f16_on_device=False)
+    planned = plan_naive(problem, operands.io, operands.params, None, DeviceLimits())
+    scores, softmax, weighted_sum = planned.dispatches[:3]
+    assert scores.grid == (-(-70 // NAIVE_TILE), -(-40 // NAIVE_TILE), 3)
+    assert softmax.grid == (40, 1, 3)
+    assert weighted_sum.grid == (1, -(-40 // NAIVE_TILE), 3)
+    assert planned.score_bytes == 3 * 40 * 70 * 4

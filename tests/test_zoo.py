@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import ortflash
-from ortflash.verify import make_feeds, verify
+from ortflash.checks.feeds import make_feeds
+from ortflash.checks.verify import verify
 
 ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
 MANIFEST = json.load(open(os.path.join(ZOO, "manifest.json")))

@@ -1,0 +1,100 @@
+"""The one comparison of an output with the value it must equal, and the one tolerance default."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+# (rtol, atol): float32 rounding, and looser where the model computes in float16.
+FLOAT32_TOLERANCE = (1e-4, 1e-5)
+FLOAT16_TOLERANCE = (2e-2, 2e-3)
+
+
+@dataclass
+class OutputDiff:
+    name: str
+    max_abs: float
+    max_rel: float
+    nan_mismatch: int
+    ok: bool
+    # what makes the values incomparable, in words (a missing output, a changed shape or dtype);
+    # the errors are then infinite and mean nothing
+    problem: str = ""
+    # the worst error as a fraction of what the tolerance allows there, max |a - e| / (atol + rtol |e|):
+    # within tolerance where <= 1 (max_rel alone can exceed rtol on values near zero, where atol rules)
+    of_tolerance: float = 0.0
+
+
+def _incomparable(name: str, problem: str) -> OutputDiff:
+    return OutputDiff(name, float("inf"), float("inf"), 0, False, problem, float("inf"))
+
+
+def shape_text(shape: tuple[int, ...] | list[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def compare(expected: np.ndarray, actual: np.ndarray, name: str, rtol: float, atol: float) -> OutputDiff:
+    """Worst absolute and relative error, NaN mismatches, and whether ``actual`` is within tolerance.
+
+    Within tolerance means ``|actual - expected| <= atol + rtol * |expected|`` everywhere
+    (numpy's ``allclose``); the relative error reported is ``|actual - expected| / (|expected| + atol)``.
+    """
+    if expected.shape != actual.shape:
+        return _incomparable(name, f"shape changed from {shape_text(expected.shape)} to {shape_text(actual.shape)}")
+    if expected.dtype != actual.dtype:
+        return _incomparable(name, f"dtype changed from {expected.dtype} to {actual.dtype}")
+    if not np.issubdtype(expected.dtype, np.floating):
+        bad = int(np.sum(expected != actual))
+        return OutputDiff(name, float(bad), float(bad), 0, bad == 0, "", 0.0 if bad == 0 else float("inf"))
+    e, a = expected.astype(np.float64), actual.astype(np.float64)
+    nan_mismatch = int(np.sum(np.isnan(e) != np.isnan(a)))
+    # equal infinities agree (inf - inf would be NaN); an infinity against anything else does
+    # not, though |e| = inf would make the tolerance below infinite
+    same_inf = np.isinf(e) & (e == a)
+    both = ~(np.isnan(e) | np.isnan(a) | same_inf)
+    want, got = e[both], a[both]
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(want - got)
+        rel = diff / (np.abs(want) + atol)
+    rel[np.isnan(rel)] = np.inf  # inf / inf: an infinity against another value
+    allowed = atol + rtol * np.abs(want)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(diff == 0, 0.0, diff / allowed)
+    ratio[np.isnan(ratio)] = np.inf  # inf / inf again
+    max_abs = float(diff.max()) if diff.size else 0.0
+    max_rel = float(rel.max()) if rel.size else 0.0
+    of_tolerance = float(ratio.max()) if ratio.size else 0.0
+    within = bool(np.all(diff <= allowed)) and not np.isinf(want).any()
+    return OutputDiff(name, max_abs, max_rel, nan_mismatch, nan_mismatch == 0 and within, "", of_tolerance)
+
+
+def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray], rtol: float, atol: float,
+                    label: str = "{name}") -> list[OutputDiff]:
+    """One diff per expected output, in order; ``label`` formats its name (``{name}#1``)."""
+    diffs = []
+    for name, want in expected.items():
+        shown = label.format(name=name)
+        diffs.append(compare(want, actual[name], shown, rtol, atol) if name in actual
+                     else _incomparable(shown, "missing from the outputs"))
+    return diffs
+
+
+def default_tolerance(model: onnx.ModelProto) -> tuple[float, float]:
+    """(rtol, atol): float32 rounding, looser where the model computes in float16."""
+    f16 = any(o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 for o in model.graph.output)
+    return FLOAT16_TOLERANCE if f16 else FLOAT32_TOLERANCE
+
+
+def tolerance_text(rtol: float, atol: float) -> str:
+    """The tolerance in force, as every check prints it."""
+    return (f"|actual - expected| <= atol + rtol * |expected| everywhere (err / tolerance <= 1), "
+            f"rtol {rtol:g}, atol {atol:g}")
+
+
+def tolerance(model: onnx.ModelProto, rtol: float | None, atol: float | None) -> tuple[float, float]:
+    """The tolerances given, each one not given taken from :func:`default_tolerance`."""
+    default_rtol, default_atol = default_tolerance(model)
+    return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)

@@ -1,0 +1,161 @@
+"""The inputs a check runs on: random ones built from the model's input types, or a .npz file."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import numpy as np
+import onnx
+
+from ..errors import OrtflashError
+from ..model_shapes import graphs_of
+
+_BATCH_NAMES = ("batch", "batch_size", "b", "n", "s0")
+# Token ids when no embedding table bounds them (an id input that feeds no Gather).
+_FALLBACK_VOCABULARY = 100
+
+
+def _gather_bound(model: onnx.ModelProto, name: str) -> int | None:
+    """Rows of the embedding table an integer input indexes (token ids must stay below it); the
+    Gather may sit in a subgraph (a merged decoder's If branches), the table in the main graph."""
+    inits = {i.name: i for g in graphs_of(model.graph) for i in g.initializer}
+    for node in (n for g in graphs_of(model.graph) for n in g.node):
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == name and node.input[0] in inits:
+            return int(inits[node.input[0]].dims[0])
+    return None
+
+
+def _padding_mask(shape: list[int], dtype: type | np.dtype) -> np.ndarray:
+    """1 for real tokens, 0 for padding: item 0 padded at the end, item 1 (if any) at the start."""
+    mask = np.ones(shape, dtype)
+    if len(shape) >= 2 and shape[-1] > 2:
+        cut = max(1, shape[-1] // 3)
+        mask[0, ..., -cut:] = 0
+        if shape[0] > 1:
+            mask[1, ..., :cut] = 0
+    return mask
+
+
+def _shape(shape_proto: onnx.TensorShapeProto, seq_len: int, batch: int, named: dict[str, int] | None) -> list[int]:
+    shape = []
+    for d in shape_proto.dim:
+        if d.HasField("dim_value"):
+            shape.append(d.dim_value)
+        elif named and d.dim_param in named:
+            shape.append(named[d.dim_param])
+        elif d.dim_param.lower() in _BATCH_NAMES or "batch" in d.dim_param.lower():
+            shape.append(batch)
+        else:
+            shape.append(seq_len)
+    return shape
+
+
+def _integer_input(model: onnx.ModelProto, name: str, shape: list[int], np_type: np.dtype,
+                   seq_len: int, rng: np.random.Generator, total_len: int | None = None) -> np.ndarray:
+    """An integer input, read by its name: a mask, key counts, positions, token types, or token ids.
+
+    ``total_len``: past + new tokens of a decoder with a cache (None without one): keys count up
+    to it and the new tokens' positions are its last ones."""
+    lname = name.lower()
+    if "mask" in lname:
+        return _padding_mask(shape, np_type)
+    if "nonpad" in lname or "seqlen" in lname:
+        # valid key counts, in [1, key length]
+        return rng.integers(1, (total_len or seq_len) + 1, size=shape).astype(np_type)
+    if "position" in lname:
+        first = total_len - shape[-1] if total_len is not None and shape and shape[-1] <= total_len else 0
+        return np.broadcast_to(np.arange(first, first + shape[-1], dtype=np_type), shape).copy()
+    if "type" in lname:
+        return np.zeros(shape, np_type)
+    high = _gather_bound(model, name) or _FALLBACK_VOCABULARY
+    return rng.integers(0, high, size=shape).astype(np_type)
+
+
+def _symbolic_axes(model: onnx.ModelProto) -> list[tuple[str, int, int, str]]:
+    """(input name, axis, rank, dim name) of every named dim of the model's inputs."""
+    inits = {i.name for i in model.graph.initializer}
+    found = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        found += [(vi.name, axis, len(dims), d.dim_param) for axis, d in enumerate(dims) if d.dim_param]
+    return found
+
+
+def decoder_dims(model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2,
+                 dims: dict[str, int] | None = None) -> dict[str, int]:
+    """Values for the named dims of a decoder's inputs that keep their relations; {} otherwise.
+
+    A decoder with a cache takes ``past_*`` inputs [B, H, past, D] and an attention mask over
+    past + new tokens, each length a dim name of its own (``past_sequence_length``,
+    ``total_sequence_length``; dynamo writes ``s10``-style names). The batch is the name at
+    axis 0 of every input; past and new tokens are ``seq_len`` each unless ``dims`` sets them;
+    the mask's length is their sum unless ``dims`` sets it too. ``dims`` comes back included."""
+    given = dict(dims or {})
+    axes = _symbolic_axes(model)
+    past = {d for name, axis, rank, d in axes if "past" in name.lower() and rank == 4 and axis == 2}
+    if not past:
+        return given
+    leading = {d for _, axis, _, d in axes if axis == 0}
+    batch_names = leading if len(leading) == 1 else {d for d in leading if d.lower() in _BATCH_NAMES or "batch" in d.lower()}
+    mask_lengths = {d for name, axis, rank, d in axes if "mask" in name.lower() and axis == rank - 1}
+    other = {d for name, axis, _, d in axes if "mask" not in name.lower() and "past" not in name.lower()}
+    totals = mask_lengths - past - other - batch_names
+    new = other - past - batch_names - totals
+    out = {d: batch for d in batch_names}
+    out.update({d: seq_len for d in past | new})
+    out.update({d: v for d, v in given.items() if d not in totals})
+    past_len = max(out[d] for d in past)
+    new_len = max((out[d] for d in new), default=seq_len)
+    out.update({d: past_len + new_len for d in totals})
+    out.update(given)
+    return out
+
+
+def _total_length(model: onnx.ModelProto, named: dict[str, int]) -> int | None:
+    """past + new tokens of a decoder with a cache: the mask's length (None without a cache)."""
+    axes = _symbolic_axes(model)
+    if not any("past" in name.lower() for name, *_ in axes):
+        return None
+    lengths = [named[d] for name, axis, rank, d in axes if "mask" in name.lower() and axis == rank - 1 and d in named]
+    return max(lengths, default=None)
+
+
+def make_feeds(model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2, seed: int = 0,
+               dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Random inputs for every graph input, from its type and shape; attention masks pad.
+
+    Named dims take their value from ``dims``, else (a decoder with a cache) from
+    :func:`decoder_dims`, else the batch or ``seq_len`` by their name."""
+    rng = np.random.default_rng(seed)
+    inits = {i.name for i in model.graph.initializer}
+    dims = decoder_dims(model, seq_len=seq_len, batch=batch, dims=dims)
+    total_len = _total_length(model, dims or {})
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tensor_type = vi.type.tensor_type
+        shape = _shape(tensor_type.shape, seq_len, batch, dims)
+        np_type = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        if np_type == np.bool_:
+            feeds[vi.name] = _padding_mask(shape, np.bool_)
+        elif np.issubdtype(np_type, np.integer):
+            feeds[vi.name] = _integer_input(model, vi.name, shape, np_type, seq_len, rng, total_len)
+        else:
+            values = rng.standard_normal(shape).astype(np_type)  # drawn even for a mask: keeps the stream
+            feeds[vi.name] = _padding_mask(shape, np_type) if "mask" in vi.name.lower() else values
+    return feeds
+
+
+def read_feeds(path: str) -> dict[str, np.ndarray]:
+    """The arrays of a .npz file, by name."""
+    if not os.path.exists(path):
+        raise OrtflashError(f"{path}: no such feeds file")
+    try:
+        with np.load(path) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # what numpy raises for a non-archive
+        raise OrtflashError(f"{path}: not a readable .npz file ({type(exc).__name__})") from None

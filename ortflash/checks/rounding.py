@@ -1,0 +1,104 @@
+"""Attention blocks whose output soon reaches a quantizer: where float32 rounding can change integers.
+
+A fused block agrees with the graph it replaced within float32 rounding, but a quantizer a few
+nodes on (ONNX Runtime's dynamic quantization puts ``DynamicQuantizeLinear`` before every
+quantized MatMul) can turn a difference of one ulp into the next integer, and a model that
+rounds durations or token ids from there then computes something visibly different. Random
+inputs rarely land on such a boundary; real inputs (``--feeds``) do. This module finds those
+blocks from the node that stands for each report row.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+import onnx
+
+from ..fusion.emit import BLOCK_ID
+from ..report import Report
+
+# How far past the row's node (the Softmax, or an ONNX Attention node) a quantizer still counts:
+# Softmax -> (IsNaN -> Where) -> MatMul(V) -> Transpose -> Reshape -> quantizer is six nodes on;
+# the next layer's quantizers are ten or more.
+MAX_NODES_ON = 6
+QUANTIZERS = ("DynamicQuantizeLinear", "QuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+_INTEGER_TYPES = frozenset({
+    onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
+    onnx.TensorProto.INT32, onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64,
+    onnx.TensorProto.INT4, onnx.TensorProto.UINT4,
+})
+
+
+def _quantizes(node: onnx.NodeProto) -> bool:
+    if node.op_type in QUANTIZERS:
+        return True
+    if node.op_type == "Cast":
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        return to in _INTEGER_TYPES
+    return False
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name:
+                readers.setdefault(name, []).append(node)
+    return readers
+
+
+def _downstream(start: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]]) -> Iterator[tuple[onnx.NodeProto, int]]:
+    """Nodes reachable from ``start``'s outputs, nearest first, with how many nodes on they are."""
+    seen = {id(start)}
+    queue = deque([(start, 0)])
+    while queue:
+        node, hops = queue.popleft()
+        if hops == MAX_NODES_ON:
+            continue
+        for name in node.output:
+            for reader in readers.get(name, []):
+                if id(reader) not in seen:
+                    seen.add(id(reader))
+                    yield reader, hops + 1
+                    queue.append((reader, hops + 1))
+
+
+def nearest_quantizer(graph: onnx.GraphProto, start: onnx.NodeProto) -> str:
+    """'DynamicQuantizeLinear 4 nodes on' for the first quantizer past ``start``; '' when none is near."""
+    for node, hops in _downstream(start, _consumers(graph)):
+        if _quantizes(node):
+            what = "Cast to an integer type" if node.op_type == "Cast" else node.op_type
+            return f"{what} {hops} node{'s' if hops != 1 else ''} on"
+    return ""
+
+
+def _block_nodes(model: onnx.ModelProto) -> dict[int, onnx.NodeProto]:
+    """Report row -> the node that stands for it, by the row id the rewrite wrote on the node."""
+    found = {}
+    for node in model.graph.node:
+        for prop in node.metadata_props:
+            if prop.key == BLOCK_ID and prop.value.isdigit():
+                found[int(prop.value)] = node
+    return found
+
+
+def mark_rounding_sensitive(original: onnx.ModelProto, optimized: onnx.ModelProto, report: Report) -> list[str]:
+    """Set ``Block.rounding`` on every fused row whose output soon reaches a quantizer; their names.
+
+    A row is found by its id on the fused node in ``optimized``; where that node has none (a
+    lowering that drops node metadata), by the row's node name in ``original``.
+    """
+    fused_nodes = _block_nodes(optimized)
+    named = {n.name: n for n in original.graph.node if n.name}
+    marked = []
+    for row, block in enumerate(report.blocks):
+        if not block.fused:
+            continue
+        if row in fused_nodes:
+            block.rounding = nearest_quantizer(optimized.graph, fused_nodes[row])
+        elif block.name in named:
+            block.rounding = nearest_quantizer(original.graph, named[block.name])
+        if block.rounding:
+            marked.append(block.name)
+    return marked

@@ -1,0 +1,237 @@
+"""Run an original and an optimized model in ONNX Runtime on the same inputs and compare.
+
+``verify`` is one comparison on one set of inputs. ``prove`` is what the CLI runs: it makes sure
+every fused node ran in each softmax it will run at deployment (``auto`` nodes: naive below
+``min_seq_len`` keys, online from it), reading the key length each node actually saw. Where the
+inputs given are too short for the online path, it runs again at ``min_seq_len`` when the model
+accepts that length, and otherwise forces the missing mode on the short inputs, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .. import spec
+from ..errors import OrtflashError
+from ..model_io import load
+from ..policy import SoftmaxPolicy
+from ..session import InferenceSession
+from .compare import OutputDiff, compare_outputs, shape_text, tolerance
+from .feeds import make_feeds
+from .run import ModelSource, open_session, run_model, run_session
+
+SOFTMAXES = ("naive", "online")
+
+
+def verify(original: ModelSource, optimized: ModelSource, feeds: dict[str, np.ndarray], *,
+           policy: SoftmaxPolicy | None = None, rtol: float | None = None,
+           atol: float | None = None) -> list[OutputDiff]:
+    """Worst error per output of optimized against original on the same feeds (protos or paths).
+
+    ``policy`` overrides the fused nodes' own softmax for this run (a field it leaves as
+    None stays each node's own); tolerances default to :func:`compare.default_tolerance`.
+    """
+    rtol, atol = tolerance(load(original), rtol, atol)
+    expected = run_model(original, feeds, what="the original model")
+    actual = run_model(optimized, feeds, policy, what="the optimized model")
+    return compare_outputs(expected, actual, rtol, atol)
+
+
+@dataclass
+class VerifyRun:
+    """One comparison: on which inputs, which softmax each fused node ran, and the result."""
+    why: str  # e.g. "as configured", "at 1024 keys, where auto runs online", "online forced"
+    inputs: dict[str, list[int]]  # input name -> shape
+    modes: dict[str, str]  # fused node -> the softmax it ran
+    key_lengths: dict[str, int]  # fused node -> keys it saw
+    diffs: list[OutputDiff]
+
+    @property
+    def ok(self) -> bool:
+        return all(d.ok for d in self.diffs)
+
+
+@dataclass
+class Verification:
+    """Every run ``prove`` made, the tolerance in force, and what it had to force."""
+    rtol: float
+    atol: float
+    runs: list[VerifyRun] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # forced modes and why, in words
+    deployed: dict[str, list[str]] = field(default_factory=dict)  # fused node -> softmaxes it runs deployed
+
+    @property
+    def ok(self) -> bool:
+        return all(run.ok for run in self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rtol": self.rtol, "atol": self.atol, "ok": self.ok, "notes": list(self.notes),
+            "deployed_softmax": {k: list(v) for k, v in self.deployed.items()},
+            "runs": [{"why": r.why, "inputs": r.inputs, "softmax": r.modes, "key_lengths": r.key_lengths,
+                      "ok": r.ok, "outputs": [diff_dict(d) for d in r.diffs]} for r in self.runs],
+        }
+
+
+def diff_dict(diff: OutputDiff) -> dict[str, Any]:
+    """An OutputDiff for JSON: infinite errors (incomparable outputs) as null, the problem in words."""
+    def finite(x: float) -> float | None:
+        return x if np.isfinite(x) else None
+
+    return {"name": diff.name, "max_abs": finite(diff.max_abs), "max_rel": finite(diff.max_rel),
+            "of_tolerance": finite(diff.of_tolerance), "nan_mismatch": diff.nan_mismatch,
+            "problem": diff.problem or None, "ok": diff.ok}
+
+
+def _fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The FlashAttention nodes of the main graph, the ones whose key length can be read."""
+    return [n for n in model.graph.node if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN]
+
+
+def _node_policy(node: onnx.NodeProto, override: SoftmaxPolicy | None) -> SoftmaxPolicy:
+    own = SoftmaxPolicy.from_attributes(spec.validate(spec.node_attributes(node)))
+    return override.applied_to(own) if override else own
+
+
+def deployed_softmaxes(policy: SoftmaxPolicy) -> list[str]:
+    """The softmaxes a node with this (complete) policy runs over all key lengths."""
+    if policy.mode == "auto":
+        return ["online"] if policy.min_seq_len == 0 else list(SOFTMAXES)
+    return [str(policy.mode)]
+
+
+def _exposing_keys(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy of ``model`` that also outputs each fused node's K, so the run shows its key length."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    present = {o.name for o in exposed.graph.output}
+    keys = {}
+    for node in nodes:
+        keys[node.name] = node.input[1]
+        if node.input[1] not in present:
+            exposed.graph.output.append(onnx.ValueInfoProto(name=node.input[1]))
+            present.add(node.input[1])
+    return exposed, keys
+
+
+class _Prover:
+    """The models, compiled once, and one comparison per call of :meth:`run`."""
+
+    def __init__(self, original: ModelSource, optimized: ModelSource, policy: SoftmaxPolicy | None,
+                 rtol: float, atol: float, weights_dir: str | None) -> None:
+        self.original = original
+        self.policy = policy
+        self.rtol, self.atol = rtol, atol
+        self.nodes = _fused_nodes(load(optimized))
+        # the optimized model as a proto with K exposed; its external weights stay where they are
+        if weights_dir is None and not isinstance(optimized, onnx.ModelProto):
+            weights_dir = os.path.dirname(os.path.abspath(optimized))
+        self.weights_dir = weights_dir
+        self.optimized, self.keys = _exposing_keys(load(optimized), self.nodes)
+        self.sessions: dict[SoftmaxPolicy | None, InferenceSession] = {}
+
+    def run(self, why: str, feeds: Mapping[str, np.ndarray], override: SoftmaxPolicy | None,
+            expected: dict[str, np.ndarray] | None = None) -> VerifyRun:
+        """Compare on ``feeds``; ``expected``: the original's outputs on them, where already run."""
+        feeds = dict(feeds)
+        if expected is None:
+            expected = run_model(self.original, feeds, what="the original model")
+        if override not in self.sessions:  # one session per softmax override: compiled once, run at every length
+            self.sessions[override] = open_session(self.optimized, override, what="the optimized model",
+                                                   weights_dir=self.weights_dir)
+        actual = run_session(self.sessions[override], feeds, what="the optimized model")
+        key_lengths = {name: int(actual[k].shape[2]) for name, k in self.keys.items() if actual[k].ndim == 4}
+        modes = {n.name: _node_policy(n, override).choose(key_lengths[n.name])
+                 for n in self.nodes if n.name in key_lengths}
+        inputs = {name: list(value.shape) for name, value in feeds.items()}
+        return VerifyRun(why, inputs, modes, key_lengths,
+                         compare_outputs(expected, actual, self.rtol, self.atol))
+
+
+def _missing(deployed: Mapping[str, list[str]], runs: list[VerifyRun]) -> dict[str, list[str]]:
+    """Fused node -> the deployed softmaxes no run has exercised yet."""
+    ran: dict[str, set[str]] = {}
+    for run in runs:
+        for node, mode in run.modes.items():
+            ran.setdefault(node, set()).add(mode)
+    return {node: [m for m in modes if m not in ran.get(node, set())]
+            for node, modes in deployed.items() if any(m not in ran.get(node, set()) for m in modes)}
+
+
+def _nodes_text(nodes: list[str]) -> str:
+    return f"{len(nodes)} fused node{'s' if len(nodes) != 1 else ''}"
+
+
+def prove(original: ModelSource, optimized: ModelSource, *, feeds: Mapping[str, np.ndarray] | None = None,
+          seq_len: int = 16, batch: int = 2, policy: SoftmaxPolicy | None = None,
+          rtol: float | None = None, atol: float | None = None,
+          weights_dir: str | None = None, dims: Mapping[str, int] | None = None) -> Verification:
+    """Compare optimized with original until every fused node has run in each softmax it runs deployed.
+
+    ``feeds``: the user's inputs (never resized); None: random ones of ``seq_len`` and
+    ``batch`` (named dims from ``dims``), which may be rerun at a longer length. ``policy`` overrides each node's own as in
+    :func:`verify`. ``weights_dir``: where a proto ``optimized`` reads its external weights.
+    """
+    original_proto = load(original)
+    rtol, atol = tolerance(original_proto, rtol, atol)
+    prover = _Prover(original, optimized, policy, rtol, atol, weights_dir)
+    result = Verification(rtol, atol)
+    result.deployed = {n.name: deployed_softmaxes(_node_policy(n, policy)) for n in prover.nodes}
+    given = feeds is not None
+    first = dict(feeds) if feeds is not None else make_feeds(original_proto, seq_len=seq_len, batch=batch,
+                                                                    dims=dict(dims or {}))
+    result.runs.append(prover.run("as configured", first, policy))
+    missing = _missing(result.deployed, result.runs)
+    if not missing:
+        return result
+
+    # auto nodes that have not run online: run at their min_seq_len when the model takes that length
+    short = [n for n in prover.nodes if "online" in missing.get(n.name, [])
+             and _node_policy(n, policy).mode == "auto"]
+    why_forced = ""
+    if short and given:
+        why_forced = "the inputs given (--feeds) are shorter than min_seq_len"
+    elif short:
+        length = max(int(_node_policy(n, policy).min_seq_len or 0) for n in short)
+        try:
+            long_feeds = make_feeds(original_proto, seq_len=length, batch=batch, dims=dict(dims or {}))
+            expected = run_model(original, long_feeds, what="the original model")
+        except OrtflashError as exc:
+            why_forced = f"the original model does not run at length {length} ({exc})"
+        else:
+            result.runs.append(prover.run(f"at length {length}, where auto runs online", long_feeds, policy,
+                                          expected))
+            missing = _missing(result.deployed, result.runs)
+            if any("online" in m for m in missing.values()):
+                why_forced = f"some key lengths stay under min_seq_len at length {length}"
+
+    # what still has not run: force that softmax on every node, on the first inputs
+    for mode in SOFTMAXES:
+        nodes = [node for node, modes in missing.items() if mode in modes]
+        if not nodes:
+            continue
+        forced = SoftmaxPolicy(mode, policy.block_size if policy else None, policy.min_seq_len if policy else None)
+        reason = (why_forced or "the inputs are shorter than min_seq_len") if mode == "online" \
+            else "the inputs are at least min_seq_len long"
+        result.notes.append(f"{mode} softmax forced on every fused node at the first inputs' length, for "
+                            f"{_nodes_text(nodes)} that run{'s' if len(nodes) == 1 else ''} it deployed: {reason}")
+        result.runs.append(prover.run(f"{mode} forced", first, forced))
+    return result
+
+
+def run_summary(run: VerifyRun) -> str:
+    """One line: the inputs and the softmax each fused node ran."""
+    inputs = ", ".join(f"{name} {shape_text(shape)}" for name, shape in run.inputs.items())
+    by_mode: dict[str, list[str]] = {}
+    for node, mode in run.modes.items():
+        by_mode.setdefault(mode, []).append(node)
+    lengths = sorted(set(run.key_lengths.values()))
+    modes = ", ".join(f"{mode} in {_nodes_text(nodes)}" for mode, nodes in sorted(by_mode.items())) or "no fused node"
+    keys = f" (key lengths {', '.join(map(str, lengths))})" if lengths else ""
+    return f"inputs {inputs}; softmax: {modes}{keys}"

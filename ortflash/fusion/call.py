@@ -1,0 +1,50 @@
+"""One application of the FlashAttention op: what both front ends build, ``emit`` writes as a
+node and the lowering reads back from one. Its meaning is ``ortflash/spec.py``'s."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from .. import spec
+from ..policy import SoftmaxPolicy
+
+
+@dataclass(frozen=True)
+class FlashAttentionCall:
+    """Operands in the op's 4D layout and the attributes that fix what it computes."""
+
+    q: ir.Value  # [B, Hq, Sq, D]
+    k: ir.Value  # [B, Hkv, Sk, D]
+    v: ir.Value  # [B, Hkv, Sk, Dv]
+    dtype: ir.DataType | None  # of Q, K, V and the output; None when not inferred
+    scale: float
+    bias: ir.Value | None = None  # float32, broadcastable to [B, Hq, Sq, Sk]; None: absent
+    mask: ir.Value | None = None  # bool, false = masked out; None: absent
+    is_causal: bool = False
+    mask_fill: float = -math.inf
+    masked_rows: str = "nan"  # nan | zero
+    softcap: float = 0.0
+
+    @property
+    def masked(self) -> bool:
+        """Some keys can be masked out (mask_fill matters)."""
+        return self.mask is not None or self.is_causal
+
+    def attributes(self, policy: SoftmaxPolicy) -> dict[str, object]:
+        """The node's attributes under policy, completed and checked by the spec."""
+        attrs = spec.validate(
+            {
+                "scale": self.scale,
+                "is_causal": int(self.is_causal),
+                **policy.attributes(),
+                "mask_fill": self.mask_fill,
+                "masked_rows": self.masked_rows,
+                "softcap": self.softcap,
+            }
+        )
+        # The bridge hands float attributes to Python with 6 significant digits.
+        attrs["exact_floats"] = spec.exact_floats(attrs)
+        return attrs

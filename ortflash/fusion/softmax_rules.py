@@ -1,0 +1,547 @@
+"""The attention rules: each one piece of  softmax(scale · q @ kᵀ + bias, masked) @ v.
+
+One module on purpose, about 500 lines: the rules are one grammar, read in the order the walk
+applies them, and they share the walk's state and the scale and K-side proofs.
+
+A block is read starting at its Softmax, outwards: up the score expression
+(casts, masks, biases, scale) to the q @ kᵀ MatMul, and down the probabilities
+(casts, a NaN guard) to the MatMul with v. Each rule proves what must hold for the
+fused op to compute the same numbers (`check`, which raises NotFused naming the failed
+precondition) and folds its piece into the walk's state (`apply`). The walk itself is
+in walker.py; what the block becomes is fusion/call.py's FlashAttentionCall.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from ..errors import NotFused
+from ..graph import bounds, shapes
+from ..graph import ir_utils as u
+from .kv_repeats import repeated_kv
+
+
+@dataclass
+class WalkState:
+    """What the walk from one Softmax has read so far; mutable, and thrown away when a rule fails.
+    walker.read_block turns a complete walk into a SoftmaxBlock."""
+
+    softmax: ir.Node
+    output: ir.Value | None = None  # the value the fused node replaces (probs @ v)
+    q: ir.Value | None = None
+    k: ir.Value | None = None  # [B, H, Sk, D] after k_perm
+    k_perm: list[int] | None = None  # Transpose to apply to `k` to get [B, H, Sk, D]; None = as is
+    v: ir.Value | None = None
+    v_perm: list[int] | None = None  # Transpose to apply to `v` to get [B, H, Sk, Dv]; None = as is
+    scale: float = 1.0
+    biases: list[ir.Value] = field(default_factory=list)
+    masks: list[tuple[ir.Value, bool]] = field(default_factory=list)  # (condition, True if it marks masked-out)
+    mask_fill: float | None = None
+    nan_guard: bool = False
+    guard_bias: ir.Value | None = None  # the tensor a row-max guard tests (must be the only bias)
+    softcap: float = 0.0
+    rank: int | None = None
+    nodes: list[ir.Node] = field(default_factory=list)  # matched nodes, top (output) first
+    ops: list[str] = field(default_factory=list)  # op types as read, for the report
+    repeat: int = 1  # G of a grouped-query repeat of K and V read away
+    probs_ops: int = 0  # how many of `ops` were read on the probability side
+    # Read already, nearer the Softmax than the current op (the walk goes from it towards Q·Kᵀ).
+    bias_nearer_softmax: bool = False
+    scale_nearer_softmax: bool = False
+
+    def add(self, node: ir.Node, label: str | None = None) -> None:
+        self.nodes.append(node)
+        self.ops.append(label or node.op_type)
+
+
+def _float_type(value: ir.Value) -> bool:
+    t = u.dtype(value)
+    return t is None or t in u.FLOAT_TYPES
+
+
+class Rule:
+    op_types: tuple[str, ...] = ()
+
+    def matches(self, node: ir.Node, value: ir.Value) -> bool:
+        return node.op_type in self.op_types
+
+    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        """Raise NotFused if this node cannot be folded into the match."""
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        """Fold the node into the match; return the next value to read (None: done)."""
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- score side
+
+
+class FloatCast(Rule):
+    op_types = ("Cast",)
+
+    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        if ir.DataType(u.attr_int(node, "to", 0)) not in u.FLOAT_TYPES or not _float_type(u.operand(node, 0)):
+            raise NotFused(f"Cast {node.name} is not between float32 and float16")
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        m.add(node)
+        return u.operand(node, 0)
+
+
+class BooleanMask(Rule):
+    """where(mask, scores, fill) or where(masked_out, fill, scores), fill a constant."""
+
+    op_types = ("Where",)
+
+    def _split(self, node: ir.Node) -> tuple[ir.Value, ir.Value, float, bool]:
+        """(condition, scores, fill, True if the condition marks masked-out positions)."""
+        cond, a, b = (u.operand(node, i) for i in range(3))
+        fill_b, fill_a = u.scalar(b), u.scalar(a)
+        if fill_b is not None and fill_a is None:
+            return cond, a, fill_b, False
+        if fill_a is not None and fill_b is None:
+            return cond, b, fill_a, True
+        raise NotFused(f"Where {node.name} does not choose between the scores and one constant fill value")
+
+    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        cond, _, fill, _ = self._split(node)
+        if cond.dtype is not None and cond.dtype != ir.DataType.BOOL:
+            raise NotFused(f"Where {node.name}: its condition is not boolean")
+        if math.isnan(fill) or fill > 0:
+            raise NotFused(f"Where {node.name} fills masked scores with {fill}, not a large negative number")
+        if m.mask_fill is not None and fill != m.mask_fill:
+            raise NotFused(f"two masks fill with different values ({m.mask_fill} and {fill})")
+        if m.bias_nearer_softmax:
+            _check_fill_absorbs_later_biases(node, fill, m.biases)
+        if m.scale_nearer_softmax:
+            raise NotFused(f"the scores are scaled after the mask {node.name} (the fill would be scaled too)")
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        cond, scores, fill, inverted = self._split(node)
+        m.masks.append((cond, inverted))
+        m.mask_fill = fill
+        m.add(node)
+        return scores
+
+
+# A float32 fill at or below -2**127 has an ulp of at least 2**103: fill + b rounds back to fill
+# for every |b| below half of that.
+_ABSORBING_FILL = -(2.0**127)
+_ABSORBED_BIAS = 2.0**102
+
+
+def _check_fill_absorbs_later_biases(where: ir.Node, fill: float, biases: list[ir.Value]) -> None:
+    """where(mask, s, fill) + b (GPT-2's order) equals the op's where(mask, s + b, fill) when
+    fill + b == fill for every value b can hold: fill -inf and b never +inf or NaN, or fill at or
+    below -2**127 and |b| < 2**102. The bounds on b come from the ops that compute it."""
+    for bias in biases:
+        found = bounds.value_bounds(bias)
+        if fill == -math.inf and found is not None and found[1] < math.inf:
+            continue
+        if fill <= _ABSORBING_FILL and found is not None and max(-found[0], found[1]) < _ABSORBED_BIAS:
+            continue
+        need = ("can never be +inf or NaN" if fill == -math.inf
+                else f"stays below 2**102 in magnitude (so that {fill:g} + bias rounds to {fill:g})"
+                if fill <= _ABSORBING_FILL else f"is 0 wherever a key is masked ({fill:g} + bias is not {fill:g})")
+        raise NotFused(f"the bias {bias.name} is added after the mask {where.name} (fill {fill:g}): exact only "
+                       f"where the bias {need}, which the graph does not prove")
+
+
+class AdditiveBias(Rule):
+    """scores + bias (padding masks, position bias, ALiBi), bias of any broadcastable shape."""
+
+    op_types = ("Add",)
+
+    def _split(self, node: ir.Node) -> tuple[ir.Value, ir.Value]:
+        """(scores, bias)."""
+        a, b = u.operand(node, 0), u.operand(node, 1)
+        a_leads, b_leads = _reaches_qk(a), _reaches_qk(b)
+        if a_leads and not b_leads:
+            return a, b
+        if b_leads and not a_leads:
+            return b, a
+        raise NotFused(f"Add {node.name}: cannot tell which operand is the attention scores")
+
+    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        _, bias = self._split(node)
+        if not _float_type(bias):
+            raise NotFused(f"Add {node.name}: the bias is not a float tensor")
+        if m.scale_nearer_softmax:
+            raise NotFused(f"the scores are scaled after the bias {node.name} was added (the bias would be scaled too)")
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        scores, bias = self._split(node)
+        m.biases.append(bias)
+        m.bias_nearer_softmax = True
+        m.add(node)
+        return scores
+
+
+class Softcap(Rule):
+    """c · tanh(s / c): the soft cap, applied to the scaled scores under every bias and mask."""
+
+    op_types = ("Mul",)
+
+    @staticmethod
+    def _split(node: ir.Node) -> tuple[ir.Node, ir.Node, float] | None:
+        """(the Tanh, the Div inside it, the cap)."""
+        for tanh_out, c in (node.inputs, reversed(node.inputs)):
+            tanh = u.producer(tanh_out, "Tanh")
+            div = u.producer(tanh.inputs[0], "Div") if tanh is not None else None
+            cap = u.scalar(c)
+            if tanh is not None and div is not None and cap is not None and cap > 0 and u.scalar(div.inputs[1]) == cap:
+                return tanh, div, cap
+        return None
+
+    def matches(self, node: ir.Node, value: ir.Value) -> bool:
+        return node.op_type == "Mul" and self._split(node) is not None
+
+    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        if m.scale_nearer_softmax:
+            raise NotFused(f"the scores are scaled after the softcap {node.name}")
+        if m.softcap:
+            raise NotFused("two softcaps on one block")
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        split = self._split(node)
+        assert split is not None  # matches() proved it
+        tanh, div, cap = split
+        m.softcap = cap
+        m.add(node, "Softcap")
+        m.nodes += [tanh, div]
+        return div.inputs[0]
+
+
+class ScalarScale(Rule):
+    """scores * c or scores / c with c one constant number."""
+
+    op_types = ("Mul", "Div")
+
+    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        _scale_factor(node, value)
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        factor, operand = _scale_factor(node, value)
+        m.scale *= factor
+        m.scale_nearer_softmax = True
+        m.add(node)
+        return operand
+
+
+class QKMatMul(Rule):
+    """q @ kᵀ: q possibly scaled, kᵀ a Transpose of k (possibly scaled), or given transposed."""
+
+    op_types = ("MatMul",)
+
+    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        self._operands(node, m, dry_run=True)
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        labels = self._operands(node, m, dry_run=False)
+        assert labels is not None
+        m.add(node, f"MatMul({labels[0]},{labels[1]})")
+        return None
+
+    def _operands(self, node: ir.Node, m: WalkState, dry_run: bool) -> tuple[str, str] | None:
+        kt = u.operand(node, 1)
+        q, scale, q_label = scaled_q(u.operand(node, 0))
+        k_label = "k"
+        rank = u.rank(q) or u.rank(node.inputs[0]) or u.rank(kt) or u.rank(node.outputs[0])
+        if rank not in (3, 4):
+            raise NotFused("the rank of Q is unknown or not 3 or 4 (shape inference found no [B, H, S, D] or [B·H, S, D])")
+        swap = list(range(rank - 2)) + [rank - 1, rank - 2]
+        k, perm = kt, None
+        transposed = False
+        while True:
+            p = u.producer(k, ("Mul", "Div", "Transpose", "Reshape"))
+            if p is None:
+                break
+            if p.op_type == "Reshape":
+                inner = None if transposed or rank != 4 else _transpose_via_3d(p)
+                if inner is None:
+                    break
+                k, transposed = inner, True
+                k_label = f"Transpose3D({k_label})"
+                continue
+            if p.op_type == "Transpose":
+                if transposed:
+                    break
+                perm_in = u.attr_ints(p, "perm")
+                if perm_in == swap:
+                    k, transposed = u.operand(p, 0), True
+                    k_label = f"Transpose({k_label})"
+                    continue
+                if rank == 4 and perm_in == [0, 2, 3, 1]:
+                    # k in [B, S, H, D] transposed straight to [B, H, D, S]
+                    k, perm, transposed = u.operand(p, 0), [0, 2, 1, 3], True
+                    k_label = f"Transpose({k_label},0231)"
+                    continue
+                break
+            found = _try_scale(p, k)
+            if found is None:
+                break
+            factor, k = found
+            scale *= factor
+            k_label = f"{p.op_type}({k_label})"
+        if u.const_array(k) is not None:
+            raise NotFused("Kᵀ is a constant (a weight): this Softmax is not attention")
+        if not transposed:
+            perm = swap  # kᵀ is given as a tensor: transpose it back
+            k_label = "kᵀ"
+        take_qk(node, m, QKOperands(q, k, perm, rank, scale), dry_run)
+        if m.repeat > 1:
+            k_label = k_label.replace("k", f"repeat(k,{m.repeat})", 1)
+        return q_label, k_label
+
+
+@dataclass(frozen=True)
+class QKOperands:
+    """What a Q·Kᵀ node (MatMul or Einsum) was read as."""
+
+    q: ir.Value
+    k: ir.Value
+    k_perm: list[int] | None  # Transpose to apply to k to get [B, H, Sk, D]; None = as is
+    rank: int
+    scale: float  # constant factors folded from Q's and K's sides
+
+
+def scaled_q(q: ir.Value) -> tuple[ir.Value, float, str]:
+    """(q, factor, label) with constant Mul/Div factors on q folded into factor."""
+    scale, label = 1.0, "q"
+    while (p := u.producer(q, ("Mul", "Div"))) is not None and (found := _try_scale(p, q)) is not None:
+        factor, q = found
+        scale *= factor
+        label = f"{p.op_type}({label})"
+    return q, scale, label
+
+
+def take_qk(node: ir.Node, m: WalkState, read: QKOperands, dry_run: bool) -> None:
+    """Prove what the op needs of Q, K and V once the Q·Kᵀ node is read; unless dry_run, record
+    them in m, with a grouped-query repeat of K and V read away."""
+    q, k, perm, rank, scale = read.q, read.k, read.k_perm, read.rank, read.scale
+    v = m.v
+    assert v is not None  # the probability side is read first
+    for x in (q, k, v):
+        r = u.rank(x)
+        if r is not None and r != rank:
+            raise NotFused(f"Q, K and V do not share one rank (Q has {rank}, {x.name} has {r})")
+    _check_dtypes(node, q, k, v, m)
+    if rank == 4:
+        _check_head_counts(q, k, perm, v, m.v_perm)
+    if rank == 3:
+        for x in m.biases + [c for c, _ in m.masks]:
+            if u.rank(x) is None:
+                raise NotFused(f"the rank of {x.name} is unknown, so its [B·H, S, T] layout cannot be proved")
+    if dry_run:
+        return
+    if perm is None and m.v_perm is None and rank == 4:
+        repeat = repeated_kv(k)
+        repeat_v = repeated_kv(v)
+        if repeat and repeat_v and repeat[1] == repeat_v[1]:
+            k, m.v, m.repeat = repeat[0], repeat_v[0], repeat[1]
+    m.q, m.k, m.k_perm, m.rank = q, k, perm, rank
+    m.scale *= scale
+
+
+def _check_dtypes(qk: ir.Node, q: ir.Value, k: ir.Value, v: ir.Value, m: WalkState) -> None:
+    """Q, K and V proved float32 or float16 of one type. MatMul takes operands of one type, so a
+    type known anywhere on the Q·Kᵀ side (or the P·V side) is the type of Q and K (of V)."""
+    pv = m.output.producer() if m.output is not None else None
+    v_side = (v, m.output) + ((pv.inputs[0],) if pv is not None else ())
+    sides: dict[str, tuple[ir.Value | None, ...]] = {
+        "Q and K": (q, k, qk.inputs[0], qk.inputs[1], qk.outputs[0]), "V": v_side}
+    found: dict[str, ir.DataType] = {}
+    for side, values in sides.items():
+        types = {t for x in values if (t := u.dtype(x)) is not None}
+        if len(types) > 1:
+            raise NotFused(f"{side} have different element types ({', '.join(sorted(t.name for t in types))})")
+        if not types:
+            raise NotFused(f"the element type of {side} is not known (shape inference did not reach "
+                           f"{(values[0].name if values[0] is not None else '?')} and no op on the path fixes it), "
+                           "so it cannot be proved float32 or float16")
+        found[side] = types.pop()
+    for side, t in found.items():
+        if t not in u.FLOAT_TYPES:
+            raise NotFused(f"{side} are {t.name.lower()}, not float32 or float16")
+    if found["Q and K"] != found["V"]:
+        raise NotFused(f"Q and K are {found['Q and K'].name.lower()} and V is {found['V'].name.lower()}")
+
+
+def _check_head_counts(q: ir.Value, k: ir.Value, k_perm: list[int] | None, v: ir.Value, v_perm: list[int] | None) -> None:
+    """Q's heads a multiple of K's, and K and V of one head count or one of them 1 (the fusion
+    then broadcasts it): what the op's grouped heads can express."""
+    hq = shapes.resolved_dim(q, 1)
+    hk = shapes.resolved_dim(k, 1 if k_perm is None else k_perm[1])
+    hv = shapes.resolved_dim(v, 1 if v_perm is None else v_perm[1])
+    if isinstance(hk, int) and isinstance(hv, int) and hk != hv and 1 not in (hk, hv):
+        raise NotFused(f"K has {hk} heads and V {hv}: the op reads one key/value head count")
+    kv = hv if hk == 1 else hk
+    if isinstance(hq, int) and isinstance(kv, int) and hq % kv:
+        raise NotFused(f"Q has {hq} heads and K/V {kv}: the query heads are broadcast over the key heads")
+
+
+SCORE_RULES: tuple[Rule, ...] = (FloatCast(), BooleanMask(), AdditiveBias(), Softcap(), ScalarScale(), QKMatMul())
+
+
+def _try_scale(node: ir.Node, operand: ir.Value) -> tuple[float, ir.Value] | None:
+    """(factor, the other operand) when node multiplies or divides operand by one constant number."""
+    a, b = u.operand(node, 0), u.operand(node, 1)
+    if node.op_type == "Mul":
+        for x, c in ((a, b), (b, a)):
+            f = u.scalar(c)
+            if f is not None and x is not operand and (u.const_rank(c) or 0) <= (u.rank(x) or 0):
+                return f, x
+        return None
+    f = u.scalar(b)
+    if f is not None and f != 0 and (u.const_rank(b) or 0) <= (u.rank(a) or 0):
+        return 1.0 / f, a
+    return None
+
+
+def _scale_factor(node: ir.Node, value: ir.Value) -> tuple[float, ir.Value]:
+    found = _try_scale(node, value)
+    if found is None:
+        if node.op_type == "Div" and u.scalar(node.inputs[1]) is not None:
+            raise NotFused(f"{node.name} divides the scores by zero or raises their rank")
+        raise NotFused(f"{node.op_type} {node.name} multiplies the scores by a tensor, not by one constant number")
+    if not math.isfinite(found[0]) or found[0] == 0:
+        raise NotFused(f"{node.name} scales the scores by {found[0]}")
+    return found
+
+
+def _reaches_qk(value: ir.Value | None, depth: int = u.MAX_DEPTH) -> bool:
+    """Whether value is (a cast, mask, bias or scale of) a MatMul: tells scores from bias in an Add."""
+    for _ in range(depth):
+        node = u.producer(value)
+        if node is None:
+            return False
+        if node.op_type in ("MatMul", "Einsum"):
+            return u.const_array(node.inputs[0]) is None and u.const_array(node.inputs[1]) is None
+        if node.op_type in ("Cast", "Mul", "Div", "Tanh"):
+            value = node.inputs[0] if u.const_array(node.inputs[0]) is None else node.inputs[1]
+        elif node.op_type == "Where":
+            value = node.inputs[1] if u.scalar(node.inputs[1]) is None else node.inputs[2]
+        elif node.op_type == "Add":
+            return _reaches_qk(node.inputs[0], depth - 1) or _reaches_qk(node.inputs[1], depth - 1)
+        else:
+            return False
+    return False
+
+
+def _transpose_via_3d(outer: ir.Node) -> ir.Value | None:
+    """x when outer = Reshape(Transpose(Reshape(x, [B·H, S, D]), [0, 2, 1]), [B, H, D, S]):
+    the last two axes of a 4D x swapped through a 3D view (dynamo's SDPA exports)."""
+    t = u.producer(outer.inputs[0], "Transpose")
+    inner = u.producer(t.inputs[0], "Reshape") if t is not None else None
+    if t is None or inner is None or u.attr_ints(t, "perm") != [0, 2, 1]:
+        return None
+    x = inner.inputs[0]
+    # The 3D view keeps (S, D) and merges the leading dims; the 4D view splits them back.
+    dims = shapes.Bindings()
+    if (
+        shapes.check_shape(dims, shapes.dims_of(x), "B H S D")
+        and shapes.check_shape(dims, shapes.dims_of(inner.outputs[0]), "_ S D")
+        and shapes.check_shape(dims, shapes.dims_of(outer.outputs[0]), "B H D S")
+    ):
+        return x
+    return None
+
+
+# ------------------------------------------------------------ probability side
+
+
+class ProbsCast(FloatCast):
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        m.add(node)
+        return node.outputs[0]
+
+
+class NanGuard(Rule):
+    """where(isnan(p), 0, p): fully masked rows give zeros instead of NaN."""
+
+    op_types = ("IsNaN",)
+
+    def _where(self, node: ir.Node, value: ir.Value) -> ir.Node | None:
+        for where in node.outputs[0].consumers():
+            if (
+                where.op_type == "Where"
+                and where.inputs[0] is node.outputs[0]
+                and where.inputs[2] is value
+                and u.scalar(where.inputs[1]) == 0.0
+            ):
+                return where
+        return None
+
+    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        if self._where(node, value) is None:
+            raise NotFused(f"IsNaN {node.name} is not a Where(IsNaN(p), 0, p) guard")
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        where = self._where(node, value)
+        assert where is not None  # check() proved it
+        m.nan_guard = True
+        m.add(node)
+        m.add(where, "Where(isnan)")
+        return where.outputs[0]
+
+
+class ProbsMatMulV(Rule):
+    op_types = ("MatMul",)
+
+    def matches(self, node: ir.Node, value: ir.Value) -> bool:
+        return node.op_type == "MatMul" and node.inputs[0] is value
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        m.v = node.inputs[1]
+        m.output = node.outputs[0]
+        m.add(node)
+        return None
+
+
+class RowMaxGuard(Rule):
+    """where(reducemax(bias) == -inf, 0, p): ONNX Attention's function body zeroes the rows its
+    bias masks out entirely. Equal to masked_rows='zero' when that bias is the block's only
+    source of -inf, which read_block checks once the score side is read."""
+
+
+    def _guarded_bias(self, node: ir.Node, value: ir.Value) -> ir.Value | None:
+        if node.op_type != "Where" or node.inputs[2] is not value or u.scalar(node.inputs[1]) != 0.0:
+            return None
+        eq = u.producer(node.inputs[0], "Equal")
+        if eq is None:
+            return None
+        for row_max, neg_inf in (eq.inputs, reversed(eq.inputs)):
+            reduce = u.producer(row_max, "ReduceMax")
+            if reduce is None or u.scalar(neg_inf) != -math.inf:
+                continue
+            axes = u.unsqueeze_axes(reduce)
+            r = u.rank(reduce.inputs[0])
+            if axes is not None and len(axes) == 1 and (axes[0] == -1 or (r is not None and axes[0] == r - 1)):
+                return reduce.inputs[0]
+        return None
+
+    def matches(self, node: ir.Node, value: ir.Value) -> bool:
+        return self._guarded_bias(node, value) is not None
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        m.nan_guard = True
+        m.guard_bias = self._guarded_bias(node, value)
+        m.add(node, "Where(rowmax=-inf)")
+        return node.outputs[0]
+
+
+PROBS_RULES: tuple[Rule, ...] = (ProbsCast(), NanGuard(), RowMaxGuard(), ProbsMatMulV())
+
+
+def softmax_axis_is_last(node: ir.Node, opset: int) -> None:
+    x = node.inputs[0]
+    r = u.rank(x)
+    axis = u.attr_int(node, "axis", -1 if opset >= 13 else 1)
+    if axis == -1 or (r is not None and axis == r - 1):
+        return
+    if r is None:
+        raise NotFused(f"Softmax axis is {axis} and the rank of its input is unknown")
+    raise NotFused(f"Softmax is over axis {axis}, not the last axis (keys) of a rank-{r} tensor")

@@ -1,0 +1,277 @@
+"""The Softmax front end: read the attention block around each Softmax with the rules, or say
+why it is not one, and fuse every block read into a FlashAttention node."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from ..errors import NotFused
+from ..graph import ir_utils as u
+from ..graph import shapes
+from ..graph.emitter import Emitter, replace_output
+from ..policy import SoftmaxPolicy
+from ..report import Block
+from .call import FlashAttentionCall
+from .einsum_rules import ProbsEinsumV, QKEinsum
+from .emit import write_call
+from .softmax_rules import (
+    PROBS_RULES,
+    SCORE_RULES,
+    Rule,
+    WalkState,
+    softmax_axis_is_last,
+)
+
+# The rules in the order the walk tries them: the Einsum forms of the two products last.
+_SCORE_SIDE: tuple[Rule, ...] = SCORE_RULES + (QKEinsum(),)
+_PROBS_SIDE: tuple[Rule, ...] = PROBS_RULES + (ProbsEinsumV(),)
+
+
+@dataclass(frozen=True)
+class SoftmaxBlock:
+    """softmax(scale · q @ kᵀ [+ biases] [masked]) @ v, as read around one Softmax node."""
+
+    output: ir.Value  # the value the fused node replaces (probs @ v)
+    q: ir.Value
+    k: ir.Value  # [B, H, Sk, D] after k_perm
+    k_perm: list[int] | None  # Transpose to apply to k to get [B, H, Sk, D]; None = as is
+    v: ir.Value
+    v_perm: list[int] | None  # Transpose to apply to v to get [B, H, Sk, Dv]; None = as is
+    rank: int  # 4: [B, H, S, D]; 3: [B·H, S, D]
+    scale: float
+    biases: tuple[ir.Value, ...]
+    masks: tuple[tuple[ir.Value, bool], ...]  # (condition, True if it marks masked-out)
+    mask_fill: float | None
+    nan_guard: bool
+    softcap: float
+    nodes: tuple[ir.Node, ...]  # matched nodes, top (output) first
+    pattern: str  # the block as read, inputs first: MatMul(q,Transpose(k))→Div→Add→Softmax→MatMul
+
+
+def _next_probs_node(value: ir.Value) -> ir.Node:
+    # CastLike(x, p) reads only p's type, not its values.
+    consumers = [c for c in value.consumers() if not (c.op_type == "CastLike" and c.inputs[0] is not value)]
+    if value.is_graph_output():
+        raise NotFused(f"the attention probabilities {value.name} are a graph output")
+    isnan = [c for c in consumers if c.op_type == "IsNaN"]
+    if isnan and len(consumers) == 2:
+        return isnan[0]  # the guard reads p twice: IsNaN(p) and Where(.., .., p)
+    if len(consumers) != 1:
+        names = ", ".join(c.name or c.op_type for c in consumers) or "nothing"
+        raise NotFused(f"the attention probabilities {value.name} are read by {names}, not by one MatMul with V")
+    return consumers[0]
+
+
+def read_block(softmax: ir.Node, opset: int) -> SoftmaxBlock:
+    """The attention block around softmax; raises NotFused naming the failed precondition."""
+    state = WalkState(softmax)
+    softmax_axis_is_last(softmax, opset)
+    state.add(softmax)
+
+    value: ir.Value | None = softmax.outputs[0]
+    while value is not None:
+        node = _next_probs_node(value)
+        rule = next((r for r in _PROBS_SIDE if r.matches(node, value)), None)
+        if rule is None:
+            raise NotFused(f"the attention probabilities feed {node.op_type} {node.name}, not a MatMul with V")
+        rule.check(node, value, state)
+        value = rule.apply(node, value, state)
+
+    state.probs_ops = len(state.ops) - 1
+    value = softmax.inputs[0]
+    while value is not None:
+        producer = u.producer(value)
+        if producer is None:
+            raise NotFused(f"the scores {value.name} are not computed from Q and K in this graph")
+        rule = next((r for r in _SCORE_SIDE if r.matches(producer, value)), None)
+        if rule is None:
+            raise NotFused(f"the scores come from {producer.op_type} {producer.name}, which no rule reads")
+        rule.check(producer, value, state)
+        value = rule.apply(producer, value, state)
+    if state.guard_bias is not None and (
+        state.masks or [_strip(b) for b in state.biases] != [_strip(state.guard_bias)]
+    ):
+        raise NotFused("the fully-masked-row guard tests a tensor other than the block's only bias")
+    return _finished(state)
+
+
+def _finished(state: WalkState) -> SoftmaxBlock:
+    """The frozen block of a complete walk (the rules set every field a block needs)."""
+    assert state.output is not None and state.q is not None and state.k is not None and state.v is not None
+    assert state.rank is not None
+    probs = state.ops[1 : 1 + state.probs_ops]
+    scores = state.ops[1 + state.probs_ops :]
+    return SoftmaxBlock(
+        output=state.output,
+        q=state.q,
+        k=state.k,
+        k_perm=state.k_perm,
+        v=state.v,
+        v_perm=state.v_perm,
+        rank=state.rank,
+        scale=state.scale,
+        biases=tuple(state.biases),
+        masks=tuple(state.masks),
+        mask_fill=state.mask_fill,
+        nan_guard=state.nan_guard,
+        softcap=state.softcap,
+        nodes=tuple(state.nodes),
+        pattern="→".join(list(reversed(scores)) + [state.ops[0]] + probs),
+    )
+
+
+def _strip(value: ir.Value) -> ir.Value:
+    """value without Identity/Cast wrappers, to compare two reads of one tensor."""
+    while (node := u.producer(value, ("Identity", "Cast"))) is not None:
+        value = u.operand(node, 0)
+    return value
+
+
+def scores_kept(block: SoftmaxBlock) -> list[str]:
+    """Readers outside the block of the score tensors it computes (they stay computed)."""
+    inside = set(block.nodes)
+    readers: list[str] = []
+    for node in block.nodes:
+        if node.op_type in ("MatMul", "Einsum") and node.outputs[0] is block.output:
+            continue
+        for out in node.outputs:
+            readers += u.consumers_besides(out, inside)
+    return sorted(set(readers))
+
+
+def describe(block: SoftmaxBlock) -> dict[str, object]:
+    """The report's columns for a block read (Block fields)."""
+    q_shape = u.value_shape(block.q) or []
+    k_shape = u.value_shape(block.k) or []
+    if block.k_perm is not None and len(k_shape) == len(block.k_perm):
+        k_shape = [k_shape[i] for i in block.k_perm]
+    four_d = block.rank == 4 and len(q_shape) == 4
+    parts = [f"bias {u.value_shape(b) or '?'}" for b in block.biases]
+    parts += [("not-" if inv else "") + f"mask {u.value_shape(c) or '?'}" for c, inv in block.masks]
+    if block.nan_guard:
+        parts.append("NaN guard")
+    return {
+        "pattern": block.pattern,
+        "heads": q_shape[1] if four_d else ("B·H" if block.rank == 3 else None),
+        "kv_heads": k_shape[1] if four_d and len(k_shape) == 4 else None,
+        "head_dim": q_shape[-1] if q_shape else None,
+        "scale": block.scale,
+        "mask": ", ".join(parts) or "none",
+    }
+
+
+def _to_rank4(e: Emitter, x: ir.Value, rank: int, x_rank: int | None) -> ir.Value:
+    """3D [B·H, S, D] operands become [B·H, 1, S, D]; biases/masks of rank < 3 broadcast as they are."""
+    if rank == 4 or (x_rank is not None and x_rank < 3):
+        return x
+    return e.unsqueeze(x, [1])
+
+
+def _q_of_full_batch(e: Emitter, block: SoftmaxBlock) -> ir.Value:
+    """Q, Expanded over the batch where another operand may have more items than Q.
+
+    MatMul broadcasts dim 0 both ways; the op's output takes its batch from Q (K, V, bias and
+    mask broadcast to it). Where another operand's dim 0 may be larger than Q's
+    (shapes.may_broadcast), Q is expanded to the largest dim 0, the batch size of the original
+    output."""
+    q_batch = shapes.resolved_dim(block.q, 0)
+    others = [shapes.resolved_dim(x, _axis(perm, 0)) for x, perm in [(block.k, block.k_perm), (block.v, block.v_perm)]]
+    for x in list(block.biases) + [c for c, _ in block.masks]:
+        r = u.rank(x)
+        others.append(1 if r is None or r < block.rank else shapes.resolved_dim(x, r - block.rank))
+    operands = [block.k, block.v] + list(block.biases) + [c for c, _ in block.masks]
+    unproved = [x for x, d in zip(operands, others) if d != 1 and shapes.may_broadcast(q_batch, d)]
+    if not unproved:
+        return block.q
+    return e.expand_batch(block.q, e.largest_batch([block.q] + unproved), block.rank)
+
+
+def _axis(perm: list[int] | None, axis: int) -> int:
+    """The axis of a tensor read through perm that becomes axis."""
+    return axis if perm is None else perm[axis]
+
+
+def kv_heads(block: SoftmaxBlock) -> tuple[shapes.Dim, shapes.Dim]:
+    """(K's head count, V's) of a 4D block, each read through its Transpose."""
+    return (shapes.resolved_dim(block.k, _axis(block.k_perm, 1)),
+            shapes.resolved_dim(block.v, _axis(block.v_perm, 1)))
+
+
+def _kv_of_one_head_count(e: Emitter, block: SoftmaxBlock, k: ir.Value, v: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """K and V with one head count: MatMul broadcasts a single K (or V) head over the other's
+    heads, the op reads one count for both (QKMatMul proved one of them is 1 where they differ)."""
+    hk, hv = kv_heads(block)
+    if shapes.same_dim(hk, hv) or 1 not in (hk, hv):
+        return k, v
+    one, other = (k, v) if hk == 1 else (v, k)
+    heads = e.node("Slice", [e.shape(other), e.i64([1]), e.i64([2])])
+    wide = e.node("Expand", [one, e.node("Concat", [e.i64([1]), heads, e.i64([1, 1])], axis=0)])
+    return (wide, v) if hk == 1 else (k, wide)
+
+
+def _call(e: Emitter, block: SoftmaxBlock) -> FlashAttentionCall:
+    """The block as a FlashAttentionCall, writing the reshapes and combinations it needs."""
+    k = block.k if block.k_perm is None else e.transpose(block.k, block.k_perm)
+    q = _q_of_full_batch(e, block)
+    v = block.v if block.v_perm is None else e.transpose(block.v, block.v_perm)
+    if block.rank == 4:
+        k, v = _kv_of_one_head_count(e, block, k, v)
+    if block.rank == 3:
+        q, k, v = (e.unsqueeze(x, [1]) for x in (q, k, v))
+    ranks = {id(x): u.rank(x) for x in list(block.biases) + [c for c, _ in block.masks]}
+
+    bias = None
+    for b in block.biases:
+        b_rank = ranks[id(b)]
+        b = e.cast(b, ir.DataType.FLOAT)
+        b = _to_rank4(e, b, block.rank, b_rank)
+        bias = b if bias is None else e.node("Add", [bias, b])
+
+    mask = None
+    for cond, inverted in block.masks:
+        keep = _to_rank4(e, cond, block.rank, ranks[id(cond)])
+        keep = e.node("Not", [keep]) if inverted else keep
+        mask = keep if mask is None else e.node("And", [mask, keep])
+
+    return FlashAttentionCall(
+        q=q,
+        k=k,
+        v=v,
+        dtype=u.dtype(block.q),
+        scale=block.scale,
+        bias=bias,
+        mask=mask,
+        mask_fill=-math.inf if block.mask_fill is None else block.mask_fill,
+        masked_rows="zero" if block.nan_guard else "nan",
+        softcap=block.softcap,
+    )
+
+
+def fuse_softmax_blocks(graph: ir.Graph, opset: int, policy: SoftmaxPolicy, first_row: int) -> list[Block]:
+    """Fuse the block around every Softmax of graph, in place; one report Block per Softmax.
+
+    Rows are numbered from first_row (the report rows before them); each fused node records
+    its row in its metadata (emit.BLOCK_ID) for the lowering's notes."""
+    blocks: list[Block] = []
+    for softmax in [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]:
+        row = first_row + len(blocks)
+        label = softmax.name or f"Softmax_{row}"
+        try:
+            block = read_block(softmax, opset)
+        except NotFused as why:
+            blocks.append(Block(label, False, str(why)))
+            continue
+        matmul_pv = block.output.producer()
+        assert matmul_pv is not None
+        e = Emitter(graph, matmul_pv, f"ortflash/attention_{row}", opset)
+        out = write_call(e, _call(e, block), policy, block_id=str(row), replaces=block.output.name or "")
+        if block.rank == 3:
+            out = e.squeeze(out, [1])
+        replace_output(graph, block.output, out)
+        kept = scores_kept(block)
+        note = f"scores also read by {', '.join(kept)}, kept" if kept else ""
+        blocks.append(Block(label, True, note, softmax=policy.mode, **describe(block)))  # type: ignore[arg-type]  # mode None only for a session's policy
+    return blocks

@@ -1,0 +1,350 @@
+"""The one symbolic evaluator of dims and shape tensors, and declarative shape checks.
+
+A dim is a ``Dim``: an int (static), a str (a symbol shape inference named), a ``DimOf``
+(an unnamed dim of one tensor: equal only to itself), a ``Scaled`` (a symbolic dim times an
+int, as TorchScript's shape subgraphs compute head counts), or None (unknown). Two dims are
+proved equal only when their terms are equal and neither is None (``same_dim``).
+
+The evaluator follows shape tensors (Shape, Concat, Gather, Unsqueeze, integer arithmetic,
+Reshape's 0 and -1) and, for one dim of a tensor, Transposes, Reshapes and broadcasting
+elementwise ops back to a static size. Proofs read as onnxscript's ``check_shape``:
+
+    dims = Bindings()
+    if check_shape(dims, dims_of(q), "B H S D") and check_shape(dims, dims_of(k), "B Hkv S D"): ...
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from . import ir_utils as u
+
+
+@dataclass(frozen=True)
+class DimOf:
+    """Dim ``axis`` of the tensor whose ``id()`` is ``tensor``, when no name or size is known."""
+
+    tensor: int
+    axis: int
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """A symbolic dim times a static factor."""
+
+    dim: str | DimOf
+    factor: int
+
+
+Dim = int | str | DimOf | Scaled | None
+
+
+def same_dim(a: Dim, b: Dim) -> bool:
+    """Two dims proved equal: equal static sizes, or one symbolic term."""
+    return a is not None and b is not None and a == b
+
+
+def may_broadcast(a: Dim, b: Dim) -> bool:
+    """Two batch dims of operands that may differ at run time by broadcasting: not proved equal,
+    and one is 1 or both are static. Symbolic dims that are not proved equal are taken to be one
+    size: exporters name one batch several ways, and a broadcast batch is written with a 1."""
+    return not same_dim(a, b) and (a == 1 or b == 1 or (isinstance(a, int) and isinstance(b, int)))
+
+
+def static(d: Dim) -> int | None:
+    """d when it is a static size."""
+    return d if isinstance(d, int) else None
+
+
+def times(d: Dim, factor: int) -> Dim:
+    """d · factor as a dim term."""
+    if d is None:
+        return None
+    if isinstance(d, int):
+        return d * factor
+    if isinstance(d, Scaled):
+        return Scaled(d.dim, d.factor * factor)
+    return d if factor == 1 else Scaled(d, factor)
+
+
+def _inferred_dims(value: ir.Value) -> list[Dim] | None:
+    shape = u.value_shape(value)
+    if shape is None:
+        return None
+    return [DimOf(id(value), i) if d is None else d for i, d in enumerate(shape)]
+
+
+_PASS_THROUGH = ("Cast", "Identity", "Neg", "Sqrt", "Exp", "Tanh", "Erf", "Sigmoid", "Relu")
+_BROADCASTING = ("Mul", "Div", "Add", "Sub", "Where", "Pow")
+
+
+def resolved_dim(value: ir.Value | None, axis: int, depth: int = u.MAX_DEPTH) -> Dim:
+    """value's size along axis. Beyond shape inference it follows Transposes, Reshapes with
+    computed shapes and broadcasting elementwise ops back to a static size (TorchScript exports
+    reshape heads as [B, S, -1, D] from runtime shapes, which inference leaves open)."""
+    if value is None:
+        return None
+    dims = _inferred_dims(value)
+    d: Dim = dims[axis] if dims is not None and axis < len(dims) else None
+    if isinstance(d, int) or depth <= 0:
+        return d
+    node = u.producer(value)
+    found: Dim = None
+    if node is None:
+        pass
+    elif node.op_type == "Transpose":
+        perm = u.attr_ints(node, "perm")
+        if perm is not None and axis < len(perm):
+            found = resolved_dim(node.inputs[0], perm[axis], depth - 1)
+    elif node.op_type == "Reshape":
+        out = reshape_dims(node, depth - 1)
+        if out is not None and axis < len(out):
+            found = out[axis]
+    elif node.op_type == "Expand":
+        found = _expanded_dim(node, value, axis, depth)
+    elif node.op_type in _PASS_THROUGH:
+        found = resolved_dim(node.inputs[0], axis, depth - 1)
+    elif node.op_type in _BROADCASTING:
+        found = _broadcast_dim(node, value, axis, depth)
+    if isinstance(found, int) or isinstance(d, str):
+        return found if isinstance(found, int) else d
+    return found if found is not None else d
+
+
+def _expanded_dim(node: ir.Node, value: ir.Value, axis: int, depth: int) -> Dim:
+    """Expand's output along axis: the target's size where it is not 1, else the input's."""
+    target = shape_vector(node.inputs[1], depth - 1)
+    out_rank, in_rank = u.rank(value), u.rank(node.inputs[0])
+    if target is None or out_rank is None or in_rank is None:
+        return None
+    t = target[axis - (out_rank - len(target))] if axis >= out_rank - len(target) else 1
+    a = axis - (out_rank - in_rank)
+    source = 1 if a < 0 else resolved_dim(node.inputs[0], a, depth - 1)
+    if t == 1:
+        return source
+    # A symbolic target may be 1 at run time (then the input's size wins): only a static size
+    # above 1, or any target over an input of size 1, is the output's.
+    return t if (isinstance(t, int) and t > 1) or source == 1 else None
+
+
+def _broadcast_dim(node: ir.Node, value: ir.Value, axis: int, depth: int) -> Dim:
+    """The output's size is an operand's size other than 1 (operands aligned right)."""
+    out_rank = u.rank(value)
+    ranks = [u.rank(x) for x in node.inputs]
+    if out_rank is None or None in ranks:
+        return None
+    sizes: list[Dim] = []
+    for x, r in zip(node.inputs, ranks):
+        a = axis - (out_rank - (r or 0))
+        sizes.append(1 if a < 0 or x is None else resolved_dim(x, a, depth - 1))
+    found = {s for s in sizes if isinstance(s, int) and s != 1}
+    if len(found) == 1:
+        return found.pop()
+    if sizes and all(s == 1 for s in sizes):
+        return 1
+    return None
+
+
+def dims_of(value: ir.Value | None, depth: int = u.MAX_DEPTH) -> list[Dim] | None:
+    """All dims of value, each resolved; None when its rank is unknown."""
+    r = u.rank(value)
+    if value is None or r is None:
+        return None
+    return [resolved_dim(value, i, depth) for i in range(r)]
+
+
+def shape_vector(value: ir.Value | None, depth: int = u.MAX_DEPTH) -> list[Dim] | None:
+    """A 1-D int64 shape tensor, element by element; None when even its length is unknown."""
+    if value is None or depth <= 0:
+        return None
+    arr = u.const_array(value)
+    if arr is not None:
+        return [int(x) for x in np.asarray(arr).reshape(-1)] if arr.ndim <= 1 else None
+    node = u.producer(value)
+    if node is None:
+        return None
+    op = node.op_type
+    if op == "Shape":
+        dims = dims_of(node.inputs[0], depth - 1)
+        return None if dims is None else dims[u.attr_int(node, "start", 0) : u.attr_int(node, "end", None)]
+    if op == "Concat":
+        out: list[Dim] = []
+        for x in node.inputs:
+            part = shape_vector(x, depth - 1)
+            if part is None:
+                return None
+            out += part
+        return out
+    if op in ("Cast", "Identity") or (op == "Reshape" and _const_list(node.inputs[1]) == [-1]):
+        return shape_vector(node.inputs[0], depth - 1)
+    if op == "Unsqueeze" and u.unsqueeze_axes(node) == [0] and u.rank(node.inputs[0]) in (0, None):
+        return [scalar_dim(node.inputs[0], depth - 1)]
+    if op == "Gather" and u.attr_int(node, "axis", 0) == 0:
+        idx, data = u.const_array(node.inputs[1]), shape_vector(node.inputs[0], depth - 1)
+        if idx is None or data is None or idx.ndim != 1:
+            return None
+        try:
+            return [data[int(i)] for i in idx]
+        except IndexError:
+            return None
+    if op == "Where":
+        return _unless_minus_one(node, depth)
+    return None
+
+
+def _unless_minus_one(where: ir.Node, depth: int) -> list[Dim] | None:
+    """where(s == -1, ones, s) is s when no element of s can be -1 (dims are >= 0)."""
+    cond, _, s = where.inputs
+    eq = u.producer(cond, "Equal")
+    vec = shape_vector(s, depth - 1)
+    if eq is None or vec is None or s not in eq.inputs or -1 in vec:
+        return None
+    other = u.const_array(eq.inputs[1] if eq.inputs[0] is s else eq.inputs[0])
+    return vec if other is not None and bool(np.all(other == -1)) else None
+
+
+def _const_list(value: ir.Value | None) -> list[int] | None:
+    arr = u.const_array(value)
+    return None if arr is None else [int(x) for x in arr.reshape(-1)]
+
+
+_INT_OPS: dict[str, Callable[[int, int], int | None]] = {
+    "Mul": lambda a, b: a * b,
+    "Add": lambda a, b: a + b,
+    "Sub": lambda a, b: a - b,
+    "Div": lambda a, b: a // b if b and a % b == 0 else None,
+}
+
+
+def scalar_dim(value: ir.Value | None, depth: int = u.MAX_DEPTH) -> Dim:
+    """A scalar int64 shape element as a dim term."""
+    if value is None or depth <= 0:
+        return None
+    arr = u.const_array(value)
+    if arr is not None:
+        arr = np.asarray(arr)
+        return int(arr.reshape(())) if arr.size == 1 and np.issubdtype(arr.dtype, np.integer) else None
+    node = u.producer(value)
+    if node is None:
+        return None
+    op = node.op_type
+    if op in ("Cast", "Identity", "Squeeze"):
+        return scalar_dim(node.inputs[0], depth - 1)
+    if op == "Gather" and u.attr_int(node, "axis", 0) == 0:
+        idx, data = u.const_array(node.inputs[1]), shape_vector(node.inputs[0], depth - 1)
+        if idx is None or data is None or idx.ndim != 0:
+            return None
+        try:
+            return data[int(idx)]
+        except IndexError:
+            return None
+    if op in _INT_OPS and len(node.inputs) == 2:
+        a, b = (scalar_dim(x, depth - 1) for x in node.inputs)
+        if isinstance(a, int) and isinstance(b, int):
+            return _INT_OPS[op](a, b)
+        if op == "Mul" and isinstance(b, int):
+            return times(a, b)
+        if op == "Mul" and isinstance(a, int):
+            return times(b, a)
+    return None
+
+
+def apply_reshape(target: Sequence[Dim], in_dims: Sequence[Dim] | None, allowzero: bool = False) -> list[Dim]:
+    """The output dims of Reshape(x, target) for x of dims in_dims: 0 copies the input dim
+    (unless allowzero), -1 is what the element count leaves (None where it cannot be proved)."""
+    dims = list(target)
+    for i, d in enumerate(dims):
+        if d == 0 and not allowzero:
+            dims[i] = in_dims[i] if in_dims is not None and i < len(in_dims) else None
+    if dims.count(-1) == 1:
+        dims[dims.index(-1)] = _quotient(in_dims, [d for d in dims if d != -1])
+    return [None if d == -1 else d for d in dims]
+
+
+def _quotient(total: Sequence[Dim] | None, part: Sequence[Dim]) -> Dim:
+    """prod(total) / prod(part) as a dim, when the symbols cancel to at most one left over."""
+    if total is None or None in total or None in part:
+        return None
+    total_int, total_sym = _factor(total)
+    part_int, part_sym = _factor(part)
+    if total_int is None or part_int is None or part_int <= 0 or total_int % part_int:
+        return None
+    left = list(total_sym)
+    for s in part_sym:
+        if s not in left:
+            return None
+        left.remove(s)
+    factor = total_int // part_int
+    if not left:
+        return factor
+    return times(left[0], factor) if len(left) == 1 else None
+
+
+def _factor(dims: Sequence[Dim]) -> tuple[int | None, list[str | DimOf]]:
+    """(the static product, the symbols) of a product of dims."""
+    ints: list[int] = []
+    syms: list[str | DimOf] = []
+    for d in dims:
+        if isinstance(d, int):
+            ints.append(d)
+        elif isinstance(d, Scaled):
+            ints.append(d.factor)
+            syms.append(d.dim)
+        elif d is not None:
+            syms.append(d)
+        else:
+            return None, []
+    return math.prod(ints), syms
+
+
+def reshape_dims(node: ir.Node, depth: int = u.MAX_DEPTH) -> list[Dim] | None:
+    """The output dims of a Reshape node, its target and its input's dims evaluated."""
+    target = shape_vector(node.inputs[1], depth - 1)
+    if target is None:
+        return None
+    in_dims = dims_of(node.inputs[0], depth - 1)
+    return apply_reshape(target, in_dims, bool(u.attr_int(node, "allowzero", 0)))
+
+
+def batch_and_heads(x: ir.Value | None) -> tuple[Dim, Dim] | None:
+    """(dim 0, dim 1) of a 4D operand; (1, dim 0) for rank 3 ([H, Sq, Sk]); (1, 1) for lower
+    ranks, which broadcast over both; None when the rank is unknown."""
+    if x is None:
+        return (1, 1)
+    r = u.rank(x)
+    if r is None:
+        return None
+    if r >= 4:
+        return resolved_dim(x, r - 4), resolved_dim(x, r - 3)
+    if r == 3:
+        return 1, resolved_dim(x, 0)
+    return 1, 1
+
+
+class Bindings(dict[str, Dim]):
+    """Names of dims bound by ``check_shape``: the first use binds, later uses must agree."""
+
+
+def check_shape(bindings: Bindings, dims: Sequence[Dim] | None, pattern: str) -> bool:
+    """Whether dims match pattern (names separated by spaces, ints, or ``_`` for any dim),
+    binding each new name; a name already bound must be proved the same dim."""
+    names = pattern.split()
+    if dims is None or len(dims) != len(names):
+        return False
+    for name, d in zip(names, dims):
+        if name == "_":
+            continue
+        if name.lstrip("-").isdigit():
+            if d != int(name):
+                return False
+        elif name in bindings:
+            if not same_dim(bindings[name], d):
+                return False
+        else:
+            bindings[name] = d
+    return True

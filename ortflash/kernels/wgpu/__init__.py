@@ -1,0 +1,15 @@
+"""The WGSL backend: the attention kernels in ``shaders/*.wgsl``, run through wgpu.
+
+- ``kernel``: ``flash_attention`` (the numpy-in, numpy-out entry point), ``available()``;
+- ``runner``: one wgpu device: buffers, pipelines, upload, dispatch, read-back;
+- ``params``: the shapes of a call and the uniform ``Params`` record of common.wgsl;
+- ``plan``: which dispatches a call runs (grids, naive score chunks);
+- ``tiles``: flash.wgsl's tile model, cost model and measured tiles;
+- ``assemble``: a specialised kernel's WGSL source, loops marked ``// @unroll`` written out;
+- ``trusted``: compiling ortflash's own shaders without naga's run-time checks;
+- ``hostcopy``: multi-threaded copies between numpy and mapped staging memory;
+- ``tuner``: timing candidate tiles once per adapter, driver, head dims and dtype, and the cache file;
+- ``adapter``: which adapter to use; ``limits``: what the device allows.
+
+Importing this package does not import wgpu.
+"""

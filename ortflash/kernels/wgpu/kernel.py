@@ -1,0 +1,116 @@
+"""FlashAttention on the GPU through wgpu: the WGSL kernels behind a numpy interface.
+
+``flash_attention`` has the signature and semantics of
+``ortflash.kernels.reference.flash_attention``: Q [B, Hq, Sq, D], K [B, Hkv, Sk, D],
+V [B, Hkv, Sk, Dv], optional additive ``bias`` and boolean ``mask``
+broadcastable to [B, Hq, Sq, Sk], the spec's attributes as keywords, and a
+``policy`` whose choice for the key length picks the shader: ``naive`` runs
+naive.wgsl (three passes, the score rows in device memory), ``online`` runs
+flash.wgsl (key tiles, running max and running sum). The result is a numpy
+array of Q's dtype, accumulated in float32.
+
+The WGSL kernels choose their own key tile from the adapter's limits, so the
+``block_size`` attribute does not change which keys share a tile there (the
+results agree with the reference to float32 rounding either way).
+
+One ``Runner`` (one wgpu device) serves the whole process; ``runner()`` makes
+it on first use. ``available()`` says whether wgpu finds an adapter at all.
+
+Both are cached with ``functools.lru_cache``, which keeps only results, never
+exceptions: a probe or a Runner that fails (no driver yet, a device lost while
+starting) raises, is not cached, and the next call tries again, while a
+success is found once per process.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ... import spec
+from ...policy import SoftmaxPolicy
+from .params import Problem
+from .runner import Runner
+
+
+class AdapterUnavailable(RuntimeError):
+    """wgpu cannot be imported, or finds no adapter; the message says which and why."""
+
+
+@lru_cache(maxsize=1)
+def _probe_adapter() -> bool:
+    """True once wgpu has found an adapter; raises AdapterUnavailable (not cached) otherwise."""
+    try:
+        import wgpu  # noqa: F401
+    except Exception as e:  # ImportError, or OSError from a missing native library
+        raise AdapterUnavailable(f"wgpu cannot be imported: {e}") from e
+    from .adapter import find_adapter, no_adapter_message
+
+    search = find_adapter()
+    if search.adapter is None:
+        raise AdapterUnavailable(no_adapter_message(search))
+    return True
+
+
+def available() -> bool:
+    """True when wgpu is importable and finds an adapter (a GPU, or lavapipe)."""
+    try:
+        return _probe_adapter()
+    except Exception:  # noqa: BLE001 -- any failure to probe means "not now"; the next call probes again
+        return False
+
+
+def unavailable_reason() -> str:
+    """Why available() is False, in words (empty when it is True)."""
+    try:
+        _probe_adapter()
+    except Exception as e:  # noqa: BLE001 -- the reason is the result
+        return str(e)
+    return ""
+
+
+# lru_cache may run a function twice when two threads miss at once; the lock
+# makes sure the process gets one device.
+_runner_lock = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _make_runner() -> Runner:
+    return Runner()
+
+
+def runner() -> Runner:
+    """The process-wide Runner (created on first use)."""
+    with _runner_lock:
+        return _make_runner()
+
+
+def adapter_info() -> dict[str, Any]:
+    """Which adapter/backend the kernels run on (device, backend, driver, features)."""
+    return runner().info
+
+
+def last_device_ms() -> float | None:
+    """Device time of the last call in milliseconds (timestamp queries), or None."""
+    return runner().last_device_ms
+
+
+def flash_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    bias: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    *,
+    policy: SoftmaxPolicy | None = None,
+    **attrs: Any,
+) -> np.ndarray:
+    """Run FlashAttention in WGSL. Same arguments and results as the numpy reference."""
+    attrs = spec.validate(attrs)
+    policy = policy or SoftmaxPolicy.from_attributes(attrs)
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    kernel = "flash" if policy.choose(Problem.of(q, k, v).seq_k) == "online" else "naive"
+    return runner().attention(q, k, v, bias, mask, attrs=attrs, kernel=kernel)

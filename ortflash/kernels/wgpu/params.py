@@ -1,0 +1,174 @@
+"""The host side of one attention call: the shapes checked, the operands laid out as the
+shaders read them, and the uniform ``Params`` record of common.wgsl filled in."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Uniform block layout; must match `struct Params` in common.wgsl.
+PARAMS_DTYPE = np.dtype(
+    [
+        ("heads_q", "<u4"),
+        ("group", "<u4"),
+        ("seq_q", "<u4"),
+        ("seq_k", "<u4"),
+        ("flags", "<u4"),
+        ("bh0", "<u4"),
+        ("row0", "<u4"),
+        ("rows", "<u4"),
+        ("scale", "<f4"),
+        ("softcap", "<f4"),
+        ("mask_fill", "<f4"),
+        ("neg_inf", "<f4"),
+        ("empty_row", "<f4"),
+        ("scale_log2", "<f4"),
+        ("_pad", "<f4", (2,)),
+        ("bias_stride", "<u4", (4,)),
+        ("mask_stride", "<u4", (4,)),
+    ]
+)
+assert PARAMS_DTYPE.itemsize == 96
+
+# Bits of Params.flags; the same values as the FLAG_* constants of common.wgsl.
+FLAG_BIAS, FLAG_MASK, FLAG_CAUSAL, FLAG_SOFTCAP, FLAG_SKIP_CAUSAL_TILES = 1, 2, 4, 8, 16
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The shapes of one call: Q [B, Hq, Sq, D], K [B, Hkv, Sk, D], V [B, Hkv, Sk, Dv]."""
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    value_dim: int
+
+    @classmethod
+    def of(cls, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> Problem:
+        """The problem of Q, K, V; ValueError when their shapes do not make one."""
+        if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+            raise ValueError(f"FlashAttention wants 4D Q, K, V; got {q.shape}, {k.shape}, {v.shape}")
+        b, hq, sq, d = q.shape
+        hkv, sk = k.shape[1], k.shape[2]
+        if k.shape[0] != b or v.shape[0] != b or v.shape[1] != hkv or v.shape[2] != sk or k.shape[3] != d:
+            raise ValueError(f"Q, K, V shapes do not agree: {q.shape}, {k.shape}, {v.shape}")
+        if hq % hkv:
+            raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
+        return cls(b, hq, hkv, sq, sk, d, v.shape[3])
+
+    @property
+    def d4(self) -> int:
+        """The Q/K head dim in vec4s (padded up)."""
+        return -(-self.head_dim // 4)
+
+    @property
+    def dv4(self) -> int:
+        """The V/O head dim in vec4s (padded up)."""
+        return -(-self.value_dim // 4)
+
+    @property
+    def heads(self) -> int:
+        """(batch, query head) pairs: the axis the kernels' grids walk."""
+        return self.batch * self.heads_q
+
+    @property
+    def is_empty(self) -> bool:
+        """True when O has no rows to compute."""
+        return self.seq_q == 0 or self.heads == 0
+
+
+@dataclass(frozen=True)
+class HostOperands:
+    """The arrays to upload and the Params record of one call."""
+
+    io: str  # which io_*.wgsl reads Q/K/V/O: 'f32' or 'f16'
+    host_dtype: type[np.floating[Any]]  # the dtype of Q/K/V/O on the device
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    bias: np.ndarray | None  # float32, broadcast dims kept at size 1
+    mask: np.ndarray | None  # one uint8 per element, broadcast dims kept at size 1
+    params: np.ndarray  # one PARAMS_DTYPE record; the planner sets bh0/row0/rows per dispatch
+
+
+def prepare(
+    problem: Problem,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    bias: np.ndarray | None,
+    mask: np.ndarray | None,
+    attrs: Mapping[str, Any],
+    *,
+    f16_on_device: bool,
+) -> HostOperands:
+    """Lay out the operands of one call; attrs as spec.validate gives them.
+
+    float16 stays float16 on the way in when the shader can read it
+    (``f16_on_device``); otherwise the host widens it to float32.
+    """
+    f16 = f16_on_device and all(t.dtype == np.float16 for t in (q, k, v))
+    host_dtype = np.float16 if f16 else np.float32
+    qh, kh, vh = (
+        _pad_last(np.asarray(t, host_dtype), 4 * n) for t, n in ((q, problem.d4), (k, problem.d4), (v, problem.dv4))
+    )
+    full_shape = (problem.batch, problem.heads_q, problem.seq_q, problem.seq_k)
+    params = np.zeros(1, PARAMS_DTYPE)
+    flags = 0
+    bias_arr = mask_arr = None
+    if bias is not None:
+        bias_arr, params["bias_stride"] = _broadcast_operand(bias, full_shape, "bias")
+        bias_arr = bias_arr.astype(np.float32, copy=False)
+        flags |= FLAG_BIAS
+    if mask is not None:
+        mask_arr, params["mask_stride"] = _broadcast_operand(mask, full_shape, "mask")
+        mask_arr = mask_arr.astype(bool, copy=False).astype(np.uint8)
+        flags |= FLAG_MASK
+    if attrs["is_causal"]:
+        flags |= FLAG_CAUSAL
+        if attrs["mask_fill"] == -math.inf:
+            flags |= FLAG_SKIP_CAUSAL_TILES
+    if attrs["softcap"] > 0:
+        flags |= FLAG_SOFTCAP
+    params["heads_q"] = problem.heads_q
+    params["group"] = problem.heads_q // problem.heads_kv
+    params["seq_q"] = problem.seq_q
+    params["seq_k"] = problem.seq_k
+    params["flags"] = flags
+    params["scale"] = attrs["scale"]
+    params["scale_log2"] = attrs["scale"] * math.log2(math.e)  # one rounding, in float64 first
+    params["softcap"] = attrs["softcap"] or 1.0
+    params["mask_fill"] = attrs["mask_fill"]
+    params["neg_inf"] = -np.inf
+    params["empty_row"] = 0.0 if attrs["masked_rows"] == "zero" else np.nan
+    return HostOperands("f16" if f16 else "f32", host_dtype, qh, kh, vh, bias_arr, mask_arr, params)
+
+
+def _pad_last(a: np.ndarray, n: int) -> np.ndarray:
+    """a with its last axis zero-padded to n (dot products and outputs unchanged)."""
+    if a.shape[-1] == n:
+        return np.ascontiguousarray(a)
+    pad = [(0, 0)] * (a.ndim - 1) + [(0, n - a.shape[-1])]
+    return np.pad(a, pad)
+
+
+def _broadcast_operand(t: np.ndarray, full_shape: tuple[int, ...], name: str) -> tuple[np.ndarray, list[int]]:
+    """(contiguous array, per-dim element strides with 0 on broadcast dims) of a bias or mask."""
+    t = np.asarray(t)
+    if t.ndim > 4:
+        raise ValueError(f"{name} has {t.ndim} dims; at most 4 (broadcastable to [B, Hq, Sq, Sk])")
+    t = t.reshape((1,) * (4 - t.ndim) + t.shape)
+    for size, full, axis in zip(t.shape, full_shape, ("B", "Hq", "Sq", "Sk")):
+        if size not in (1, full):
+            raise ValueError(f"{name} shape {t.shape} does not broadcast to {full_shape} (axis {axis})")
+    t = np.ascontiguousarray(t)
+    contiguous = [int(np.prod(t.shape[i + 1 :])) for i in range(4)]
+    strides = [0 if size == 1 else s for size, s in zip(t.shape, contiguous)]
+    return t, strides

@@ -1,0 +1,520 @@
+"""Run the WGSL attention kernels (naive.wgsl, flash.wgsl) through wgpu.
+
+``Runner`` owns one wgpu device. It creates the device with the adapter's own
+limits and the features the kernels can use (``shader-f16``,
+``timestamp-query``, ``subgroup``), probes the subgroup size once, compiles
+each specialised shader once (without naga's run-time checks where wgpu-native
+allows it: trusted.py), keeps device and staging buffers between calls whose
+sizes repeat, and reads the device time of every call from timestamp queries
+when the adapter has them. ``last_timing`` splits the host-to-host time of the
+last call into its stages.
+
+One call goes: host operands and Params (params.py), the dispatch plan
+(plan.py), upload and bind, encode and submit, read back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from .adapter import find_adapter, no_adapter_message
+from .assemble import assemble, read_shader
+from .hostcopy import HostCopier
+from .limits import WANTED_FEATURES, WANTED_LIMITS, DeviceLimits
+from .params import PARAMS_DTYPE, HostOperands, Problem, prepare
+from .plan import Plan, check_kernel, plan
+from .tiles import FlashTile, choose_flash_tile
+from .trusted import create_trusted_module
+from .tuner import TileCache, TuneKey, tune
+
+if TYPE_CHECKING:
+    import wgpu
+
+# Device buffers are sized in multiples of 16 bytes (one vec4<f32>).
+_BUFFER_GRANULE = 16
+# A cached buffer is reused while it is big enough and at most this many times
+# the request plus the slack; a larger one is replaced, so one large call does
+# not pin device memory for good while small changes in size keep reusing it.
+_OVERSIZE_FACTOR = 4
+_OVERSIZE_SLACK_BYTES = 1 << 20
+# Two u64 timestamps: the start and the end of the compute pass.
+_TIMESTAMP_BYTES = 16
+# Invocations of the subgroup probe's one workgroup: several subgroups of any size up to 64.
+_PROBE_INVOCATIONS = 256
+
+
+class BoundBuffer(NamedTuple):
+    """A device buffer and the bytes of it one call binds."""
+
+    buffer: wgpu.GPUBuffer
+    size: int
+
+
+@dataclass(frozen=True)
+class _Upload:
+    """A copy from a mapped staging buffer into a storage buffer, recorded first in the call's encoder."""
+
+    staging: wgpu.GPUBuffer
+    target: wgpu.GPUBuffer
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """What one call's encoder needs: a bind group per dispatch, the uploads, the output buffer."""
+
+    groups: list[wgpu.GPUBindGroup]
+    uploads: list[_Upload]
+    output: BoundBuffer
+
+
+def _timestamp_period(queue: wgpu.GPUQueue) -> float:
+    """Nanoseconds per timestamp tick (wgpu-native; 1.0 where it is not exposed)."""
+    try:
+        from wgpu.backends.wgpu_native._ffi import lib
+
+        period = float(lib.wgpuQueueGetTimestampPeriod(queue._internal))
+        return period if period > 0 else 1.0
+    except Exception:  # noqa: BLE001 -- a private wgpu-native API; without it, ticks are taken as ns
+        return 1.0
+
+
+class Runner:
+    """One wgpu device running the attention kernels.
+
+    Calls are serialised by a lock: they share device buffers, and wgpu's
+    calls release the GIL (ONNX Runtime may run custom ops from several threads).
+    """
+
+    def __init__(
+        self,
+        adapter: wgpu.GPUAdapter | None = None,
+        *,
+        use_f16: bool = True,
+        use_timestamps: bool = True,
+        use_subgroups: bool = True,
+        trusted_shaders: bool = True,
+        tile_cache: TileCache | None = None,
+    ) -> None:
+        import wgpu
+
+        self.wgpu = wgpu
+        if adapter is None:
+            search = find_adapter()
+            if search.adapter is None:
+                raise RuntimeError(no_adapter_message(search))
+            adapter = search.adapter
+        self.adapter = adapter
+        features = [f for f in WANTED_FEATURES if f in adapter.features]
+        if not use_f16 and "shader-f16" in features:
+            features.remove("shader-f16")
+        if not use_timestamps and "timestamp-query" in features:
+            features.remove("timestamp-query")
+        if not use_subgroups and "subgroup" in features:
+            features.remove("subgroup")
+        limits = {k: adapter.limits[k] for k in WANTED_LIMITS if k in adapter.limits}
+        self.device = adapter.request_device_sync(required_features=features, required_limits=limits)
+        self.limits: dict[str, int] = dict(self.device.limits)
+        self.device_limits = DeviceLimits.from_device(self.limits)
+        self.features: set[str] = set(self.device.features)
+        self.has_f16 = "shader-f16" in self.features
+        self.has_timestamps = "timestamp-query" in self.features
+        self.queue = self.device.queue
+        self._ts_period = _timestamp_period(self.queue) if self.has_timestamps else 1.0
+        self.last_device_ms: float | None = None  # device time of the last call (timestamp queries)
+        self.last_host_ms: float | None = None  # host-to-host time of the last call
+        self.last_plan: dict[str, Any] = {}  # what the last call ran (kernel, tile, chunks)
+        self.last_timing: dict[str, float] = {}  # host ms of each stage of the last call
+        self.trusted_shaders = trusted_shaders  # compile without naga's bounds checks when possible
+        # Where flash tiles tuned for this adapter are looked up (tune_flash writes them); None: not at all.
+        self.tile_cache = tile_cache
+        self._cached_tiles: dict[TuneKey, FlashTile | None] = {}
+        self._modules: dict[tuple[Any, ...], wgpu.GPUShaderModule] = {}
+        self._pipelines: dict[tuple[Any, ...], wgpu.GPUComputePipeline] = {}
+        self._buffers: dict[str, wgpu.GPUBuffer] = {}
+        self._copier = HostCopier()  # host <-> staging copies on several threads
+        self._lock = threading.RLock()
+        self._bind_group_layout, self._layout = self._make_layouts()
+        if self.has_timestamps:
+            self._query_set = self.device.create_query_set(type="timestamp", count=2)
+        # Lanes per subgroup when flash.wgsl may reduce rows by shuffles; 0 when it may not.
+        self.subgroup_size = self._probe_subgroup_size() if "subgroup" in self.features else 0
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """Which adapter and backend this runner uses."""
+        i = self.adapter.info
+        return {
+            "device": i.get("device", ""),
+            "vendor": i.get("vendor", ""),
+            "backend": i.get("backend_type", ""),
+            "adapter_type": i.get("adapter_type", ""),
+            "driver": i.get("description", ""),
+            "shader_f16": self.has_f16,
+            "timestamp_query": self.has_timestamps,
+            "subgroup_size": self.subgroup_size,
+            "trusted_shaders": self.trusted_shaders,
+            "max_workgroup_storage": self.limits.get("max-compute-workgroup-storage-size"),
+            "max_invocations": self.limits.get("max-compute-invocations-per-workgroup"),
+            "max_storage_binding": self.limits.get("max-storage-buffer-binding-size"),
+        }
+
+    def flash_tile(self, d: int, dv: int, sq: int = 4096, io: str = "f32") -> FlashTile:
+        """The flash tile this adapter runs for head dims d, dv, Sq query rows and io (f32/f16)."""
+        return choose_flash_tile(-(-d // 4), -(-dv // 4), sq, io, self.device_limits)
+
+    def _probe_subgroup_size(self) -> int:
+        """The subgroup size of a compute workgroup, or 0 when subgroups are not runs of
+        consecutive invocations or differ in size (then the kernels reduce through memory)."""
+        wgpu = self.wgpu
+        code = read_shader("probe_subgroup.wgsl").replace("${WG}", str(_PROBE_INVOCATIONS))
+        module = self.device.create_shader_module(code=code)
+        pipe = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        nbytes = 8 * _PROBE_INVOCATIONS
+        out = self.device.create_buffer(size=nbytes, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+        group = self.device.create_bind_group(
+            layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": out}}]
+        )
+        encoder = self.device.create_command_encoder()
+        cpass = encoder.begin_compute_pass()
+        cpass.set_pipeline(pipe)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(1)
+        cpass.end()
+        self.queue.submit([encoder.finish()])
+        probe = np.frombuffer(self.queue.read_buffer(out), np.uint32).reshape(_PROBE_INVOCATIONS, 2)
+        out.destroy()
+        sizes, lanes = probe[:, 0], probe[:, 1]
+        size = int(sizes[0])
+        if size <= 0 or (sizes != size).any():
+            return 0
+        if not np.array_equal(lanes, np.arange(_PROBE_INVOCATIONS, dtype=np.uint32) % size):
+            return 0
+        return size
+
+    def _fits(self, tile: FlashTile, d4: int) -> bool:
+        return (
+            tile.smem_bytes(d4) <= self.device_limits.workgroup_storage_bytes
+            and tile.workgroup_size <= self.device_limits.invocations_per_workgroup
+        )
+
+    def cached_flash_tile(self, d4: int, dv4: int, io: str) -> FlashTile | None:
+        """The tile tile_cache holds for this adapter, head dims and io, when it fits the device."""
+        if self.tile_cache is None:
+            return None
+        key = TuneKey.of(self.info, d4, dv4, io)
+        if key not in self._cached_tiles:
+            tile = self.tile_cache.get(key)
+            self._cached_tiles[key] = tile if tile is not None and self._fits(tile, d4) else None
+        return self._cached_tiles[key]
+
+    def tune_flash(
+        self, d: int, dv: int, io: str, cache: TileCache, *, seq: int = 4096, heads: int = 16, top: int = 8
+    ) -> FlashTile:
+        """The fastest flash tile for head dims d, dv and io on this adapter: from `cache` when it
+        has one for this adapter and driver, else the `top` tiles of the cost model (each in both
+        K/V layouts) timed once on random [1, heads, seq, d] inputs, the winner written to `cache`."""
+        from dataclasses import replace
+
+        from ... import spec
+        from .tiles import flash_tiles
+
+        d4, dv4 = -(-d // 4), -(-dv // 4)
+        ranked = flash_tiles(
+            d4, dv4, seq, self.device_limits.workgroup_storage_bytes, self.device_limits.invocations_per_workgroup
+        )[:top]
+        candidates = [t for tile in ranked for t in (tile, replace(tile, kv_split=1)) if self._fits(t, d4)]
+        dtype = np.float16 if io == "f16" else np.float32
+        rng = np.random.default_rng(0)
+        q, k = (rng.standard_normal((1, heads, seq, d)).astype(dtype) for _ in range(2))
+        v = rng.standard_normal((1, heads, seq, dv)).astype(dtype)
+        attrs = spec.validate({"scale": d**-0.5})
+
+        def time_tile(tile: FlashTile) -> float | None:
+            self.attention(q, k, v, attrs=attrs, kernel="flash", tile=tile)  # compile, warm up
+            self.attention(q, k, v, attrs=attrs, kernel="flash", tile=tile)
+            return self.last_device_ms if self.last_device_ms is not None else self.last_host_ms
+
+        key = TuneKey.of(self.info, d4, dv4, io)
+        tile = tune(key, candidates, time_tile, cache)
+        if cache is self.tile_cache:
+            self._cached_tiles[key] = tile
+        return tile
+
+    # ---------------------------------------------------------------- device objects
+
+    def _make_layouts(self) -> tuple[wgpu.GPUBindGroupLayout, wgpu.GPUPipelineLayout]:
+        """The one bind group layout all kernels share (bindings 0-7 of common/io/naive.wgsl)."""
+        wgpu = self.wgpu
+        ro = {"type": wgpu.BufferBindingType.read_only_storage}
+        rw = {"type": wgpu.BufferBindingType.storage}
+        kinds = [{"type": wgpu.BufferBindingType.uniform}, ro, ro, ro, ro, ro, rw, rw]
+        entries = [
+            {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": kind} for i, kind in enumerate(kinds)
+        ]
+        bind_group_layout = self.device.create_bind_group_layout(entries=entries)
+        return bind_group_layout, self.device.create_pipeline_layout(bind_group_layouts=[bind_group_layout])
+
+    def pipeline(self, kernel: str, entry: str, io: str, constants: Mapping[str, int]) -> wgpu.GPUComputePipeline:
+        """A compiled pipeline, cached by (kernel, io, specialisation, entry point)."""
+        key = (kernel, entry, io, tuple(sorted(constants.items())))
+        pipe = self._pipelines.get(key)
+        if pipe is None:
+            module_key = (kernel, io, key[3])
+            module = self._modules.get(module_key)
+            if module is None:
+                code = assemble(kernel, io, constants)
+                module = create_trusted_module(self.device, code, kernel) if self.trusted_shaders else None
+                if module is None:
+                    module = self.device.create_shader_module(code=code)
+                self._modules[module_key] = module
+            pipe = self.device.create_compute_pipeline(
+                layout=self._layout, compute={"module": module, "entry_point": entry}
+            )
+            self._pipelines[key] = pipe
+        return pipe
+
+    def _buffer(self, role: str, nbytes: int, usage: int) -> wgpu.GPUBuffer:
+        """A device buffer for `role` of at least nbytes, reused while big enough."""
+        nbytes = max(_BUFFER_GRANULE, -(-nbytes // _BUFFER_GRANULE) * _BUFFER_GRANULE)
+        buf = self._buffers.get(role)
+        if buf is None or buf.size < nbytes or buf.size > _OVERSIZE_FACTOR * nbytes + _OVERSIZE_SLACK_BYTES:
+            if buf is not None:
+                buf.destroy()
+            buf = self.device.create_buffer(size=nbytes, usage=usage)
+            self._buffers[role] = buf
+        return buf
+
+    def _upload(self, role: str, array: np.ndarray, uploads: list[_Upload]) -> BoundBuffer:
+        """Stage `array` for the storage buffer of `role` and add its copy to `uploads`.
+
+        Uploads go through a persistent mapped staging buffer per role: one
+        memcpy on the host and one copy on the device, with no fresh
+        allocation per call (queue.write_buffer allocates a new staging area
+        every time, several times slower for tens of MiB).
+        """
+        wgpu = self.wgpu
+        data = np.ascontiguousarray(array)
+        if data.nbytes % 4:
+            data = np.concatenate([data.reshape(-1).view(np.uint8), np.zeros(4 - data.nbytes % 4, np.uint8)])
+        self.device_limits.check_binding(role, data.nbytes)
+        buf = self._buffer(role, data.nbytes, wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST)
+        staging = self._buffer(role + "_upload", data.nbytes, wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
+        staging.map_sync(wgpu.MapMode.WRITE, 0, staging.size)
+        source = data.reshape(-1).view(np.uint8)
+        mapped = self._mapped_bytes(staging, source.nbytes)
+        if mapped is None:
+            staging.write_mapped(source, 0)
+        else:
+            self._copier.copy(mapped, source)
+            del mapped  # no view of the mapped range may outlive unmap
+        staging.unmap()
+        uploads.append(_Upload(staging, buf, -(-data.nbytes // 4) * 4))
+        return BoundBuffer(buf, data.nbytes)
+
+    @staticmethod
+    def _mapped_bytes(staging: wgpu.GPUBuffer, nbytes: int) -> np.ndarray | None:
+        """A writable uint8 view of the first nbytes of a buffer mapped for writing, or None where
+        wgpu-py does not offer one (then write_mapped copies, on one thread)."""
+        get_range = getattr(staging, "_experimental_get_mapped_range", None)
+        if get_range is None:
+            return None
+        try:
+            return np.frombuffer(get_range(0, -(-nbytes // 4) * 4), np.uint8)[:nbytes]
+        except (TypeError, ValueError, RuntimeError):
+            return None
+
+    # ---------------------------------------------------------------- attention
+
+    def attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        bias: np.ndarray | None = None,
+        mask: np.ndarray | None = None,
+        *,
+        attrs: Mapping[str, Any],
+        kernel: str = "flash",
+        tile: FlashTile | None = None,
+        score_chunk_bytes: int | None = None,
+    ) -> np.ndarray:
+        """O = attention(Q, K, V) by `kernel` ('flash' or 'naive'); attrs as spec.validate gives them.
+
+        Returns O [B, Hq, Sq, Dv] with Q's dtype. ``tile`` overrides the flash
+        tile; ``score_chunk_bytes`` caps the naive kernel's score buffer.
+        """
+        with self._lock:
+            t_start = time.perf_counter()
+            problem = Problem.of(q, k, v)
+            check_kernel(kernel)
+            if problem.is_empty:
+                return np.zeros((problem.batch, problem.heads_q, problem.seq_q, problem.value_dim), q.dtype)
+            operands = prepare(problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16)
+            if kernel == "flash" and tile is None:
+                tile = self.cached_flash_tile(problem.d4, problem.dv4, operands.io)
+            call_plan = plan(
+                kernel, problem, operands.io, operands.params,
+                tile=tile, score_chunk_bytes=score_chunk_bytes, limits=self.device_limits,
+                subgroup_size=self.subgroup_size,
+            )
+            self.last_plan = call_plan.summary
+            t_prepared = time.perf_counter()
+            bound = self._upload_and_bind(problem, operands, call_plan)
+            t_staged = time.perf_counter()
+            staging, timestamps = self._encode_and_submit(call_plan, bound)
+            t_submitted = time.perf_counter()
+            staging.map_sync(self.wgpu.MapMode.READ, 0, staging.size)  # waits for the device
+            t_done = time.perf_counter()
+            out = self._read_output(staging, bound.output.size, problem, operands.host_dtype, q.dtype)
+            self.last_device_ms = self._read_device_ms(timestamps) if timestamps is not None else None
+            t_end = time.perf_counter()
+            self.last_host_ms = (t_end - t_start) * 1e3
+            self.last_timing = {
+                "prepare_ms": (t_prepared - t_start) * 1e3,  # checks, host layout, plan
+                "stage_ms": (t_staged - t_prepared) * 1e3,  # memcpy into the mapped staging buffers, bind
+                "submit_ms": (t_submitted - t_staged) * 1e3,  # encode and submit
+                "wait_ms": (t_done - t_submitted) * 1e3,  # uploads, kernel and read-back copy on the device
+                "read_ms": (t_end - t_done) * 1e3,  # copy out of the mapped buffer, timestamps
+            }
+            return out
+
+    def _upload_and_bind(self, problem: Problem, operands: HostOperands, call_plan: Plan) -> _Bound:
+        """Upload the operands and Params, size the output and score buffers, make one bind group per dispatch."""
+        uploads: list[_Upload] = []
+        bufs = self._upload_operands(operands, uploads)
+        bufs["o"] = self._output_buffer(problem, operands)
+        bufs["scores"] = self._scores_buffer(call_plan)
+        uniform, align = self._write_params(call_plan)
+
+        roles = ("q", "k", "v", "bias", "mask", "o", "scores")  # bindings 1..7
+        data_entries = [
+            {"binding": binding, "resource": {"buffer": bufs[role].buffer, "offset": 0, "size": bufs[role].size}}
+            for binding, role in enumerate(roles, start=1)
+        ]
+
+        def params_entry(slot: int) -> dict[str, Any]:
+            window = {"buffer": uniform, "offset": slot * align, "size": PARAMS_DTYPE.itemsize}
+            return {"binding": 0, "resource": window}
+
+        groups = [
+            self.device.create_bind_group(layout=self._bind_group_layout, entries=[params_entry(i), *data_entries])
+            for i in range(len(call_plan.dispatches))
+        ]
+        return _Bound(groups, uploads, bufs["o"])
+
+    def _upload_operands(self, operands: HostOperands, uploads: list[_Upload]) -> dict[str, BoundBuffer]:
+        """Q, K, V, bias and mask staged for upload; an absent bias or mask binds a small placeholder
+        under its own role (every binding needs a buffer)."""
+        qkv = (("q", operands.q), ("k", operands.k), ("v", operands.v))
+        bufs = {role: self._upload(role, array, uploads) for role, array in qkv}
+        if operands.bias is not None:
+            bufs["bias"] = self._upload("bias", operands.bias, uploads)
+        else:
+            bufs["bias"] = self._upload("no_bias", np.zeros(4, np.float32), uploads)
+        if operands.mask is not None:
+            bufs["mask"] = self._upload("mask", operands.mask, uploads)
+        else:
+            bufs["mask"] = self._upload("no_mask", np.ones(4, np.uint8), uploads)
+        return bufs
+
+    def _output_buffer(self, problem: Problem, operands: HostOperands) -> BoundBuffer:
+        """The device buffer O is written to (head dims padded to vec4s, the device dtype)."""
+        nbytes = problem.heads * problem.seq_q * problem.dv4 * 4 * np.dtype(operands.host_dtype).itemsize
+        self.device_limits.check_binding("output", nbytes)
+        usage = self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC
+        return BoundBuffer(self._buffer("o", nbytes, usage), nbytes)
+
+    def _scores_buffer(self, call_plan: Plan) -> BoundBuffer:
+        """The naive kernel's score buffer, or a placeholder for the flash kernel."""
+        role, nbytes = ("scores", call_plan.score_bytes) if call_plan.score_bytes else ("no_scores", _BUFFER_GRANULE)
+        return BoundBuffer(self._buffer(role, nbytes, self.wgpu.BufferUsage.STORAGE), nbytes)
+
+    def _write_params(self, call_plan: Plan) -> tuple[wgpu.GPUBuffer, int]:
+        """The uniform buffer holding each dispatch's Params at its own slot, and the slot size
+        (the adapter's uniform offset alignment)."""
+        wgpu = self.wgpu
+        align = self.device_limits.uniform_offset_alignment
+        slots = len(call_plan.dispatches)
+        uniform = self._buffer("params", align * slots, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        blob = np.zeros(align * slots, np.uint8)
+        for i, dispatch in enumerate(call_plan.dispatches):
+            blob[i * align : i * align + PARAMS_DTYPE.itemsize] = dispatch.params.view(np.uint8)
+        self.queue.write_buffer(uniform, 0, blob)
+        return uniform, align
+
+    def _encode_and_submit(
+        self, call_plan: Plan, bound: _Bound
+    ) -> tuple[wgpu.GPUBuffer, wgpu.GPUBuffer | None]:
+        """Record the uploads, the dispatches and the read-back copies; submit. Returns the
+        mapped-read buffers of the output and of the timestamps (None without timestamps)."""
+        wgpu = self.wgpu
+        pipelines = [
+            self.pipeline(call_plan.kernel, dispatch.entry, call_plan.io, call_plan.constants)
+            for dispatch in call_plan.dispatches
+        ]
+        encoder = self.device.create_command_encoder()
+        for upload in bound.uploads:
+            encoder.copy_buffer_to_buffer(upload.staging, 0, upload.target, 0, upload.nbytes)
+        pass_args = {}
+        if self.has_timestamps:
+            pass_args["timestamp_writes"] = {
+                "query_set": self._query_set,
+                "beginning_of_pass_write_index": 0,
+                "end_of_pass_write_index": 1,
+            }
+        # One compute pass: WebGPU orders the dispatches and makes each see the
+        # previous ones' writes, and the two timestamps bracket all of them.
+        cpass = encoder.begin_compute_pass(**pass_args)
+        for dispatch, pipe, group in zip(call_plan.dispatches, pipelines, bound.groups):
+            cpass.set_pipeline(pipe)
+            cpass.set_bind_group(0, group)
+            cpass.dispatch_workgroups(*dispatch.grid)
+        cpass.end()
+
+        usage_read = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+        out_nbytes = bound.output.size
+        staging = self._buffer("staging", out_nbytes, usage_read)
+        encoder.copy_buffer_to_buffer(bound.output.buffer, 0, staging, 0, out_nbytes)
+        ts_read = None
+        if self.has_timestamps:
+            resolve = self._buffer(
+                "ts_resolve", _TIMESTAMP_BYTES, wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
+            )
+            ts_read = self._buffer("ts_read", _TIMESTAMP_BYTES, usage_read)
+            encoder.resolve_query_set(self._query_set, 0, 2, resolve, 0)
+            encoder.copy_buffer_to_buffer(resolve, 0, ts_read, 0, _TIMESTAMP_BYTES)
+        self.queue.submit([encoder.finish()])
+        return staging, ts_read
+
+    def _read_output(
+        self,
+        staging: wgpu.GPUBuffer,
+        nbytes: int,
+        problem: Problem,
+        host_dtype: type[np.floating[Any]],
+        out_dtype: np.dtype[Any],
+    ) -> np.ndarray:
+        """O [B, Hq, Sq, Dv] in out_dtype, from the staging buffer, mapped for reading."""
+        view = staging.read_mapped(0, nbytes, copy=False)
+        rows = problem.heads * problem.seq_q
+        mapped = np.frombuffer(view, dtype=host_dtype).reshape(rows, 4 * problem.dv4)[:, : problem.value_dim]
+        out = np.empty((problem.batch, problem.heads_q, problem.seq_q, problem.value_dim), out_dtype)
+        # The one host copy, made before unmap invalidates the view.
+        self._copier.copy(out.reshape(rows, problem.value_dim), mapped)
+        del mapped, view
+        staging.unmap()
+        return out
+
+    def _read_device_ms(self, ts_read: wgpu.GPUBuffer) -> float | None:
+        """Milliseconds between the compute pass's two timestamps (None if they went backwards)."""
+        ts_read.map_sync(self.wgpu.MapMode.READ, 0, _TIMESTAMP_BYTES)
+        t0, t1 = np.frombuffer(ts_read.read_mapped(0, _TIMESTAMP_BYTES), dtype=np.uint64)
+        ts_read.unmap()
+        return float(t1 - t0) * self._ts_period / 1e6 if t1 >= t0 else None

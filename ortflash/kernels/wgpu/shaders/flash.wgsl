@@ -1,0 +1,373 @@
+// FlashAttention forward, online softmax (one pass over key tiles).
+//
+// One workgroup computes BR query rows of one (batch, query head). It walks
+// the keys in tiles of BC: each K tile and then V tile is staged in workgroup
+// memory, the BR x BC scores are computed from Q (kept in workgroup memory,
+// transposed) and the K tile, and the output rows are updated from the V tile.
+// The score matrix never exists in device memory.
+//
+// Invocation layout (register tiling): the workgroup is GROUPS row groups of C
+// invocations. An invocation owns TM = 4*RV query rows, held as RV vec4s of
+// four consecutive rows, and
+//   - in the score phase, KPT keys of the tile (keys c, c+C, c+2C, ...), so it
+//     computes a TM x KPT block of scores;
+//   - in the output phase, VPT vec4 columns of V/O (columns c, c+C, ...), so it
+//     accumulates a TM x 4*VPT block of the output.
+// Per-invocation arrays must live in registers: every loop that indexes one
+// is marked `// @unroll`, and assemble.py writes such a loop out once per value
+// of its counter (as a `const`), so every private index is a constant.
+// (Left as loops, NVIDIA's Vulkan compiler put the arrays in local memory,
+// 3-10x slower, and lavapipe has miscompiled such dynamic indexing.)
+//
+// Scores are kept in log2 units (s * log2(e), log2(e) folded into the scale
+// on the host), so every softmax exponential is an exp2.
+//
+// Precision: whatever the io dtype, values are widened to f32 as they are
+// staged (io_f16.wgsl), and every product, dot-product sum, running max,
+// running sum and output accumulator is f32; O is narrowed once when stored.
+// (f16 products with f32 sums would need a conversion per product on SIMT
+// cores; the H200 measurements are in benchmarks/results.)
+//
+// Causal: key tiles right of the diagonal are skipped (mask_fill -inf), tiles
+// wholly left of it take the plain path (no per-element check), and only the
+// tiles that cross the diagonal evaluate score_of per element.
+//
+// Variants (specialisation constants, chosen by the host):
+//   SG = 1: the C invocations of a row group are lanes of one subgroup, and the
+//     row maxima and sums are reduced by subgroup shuffles (reduce_subgroup.wgsl)
+//     instead of a round trip through workgroup memory and a barrier;
+//   KVS = 1: the K and V tiles have their own workgroup memory and are staged
+//     together, so their loads overlap and one barrier per tile goes.
+//
+// Specialisation constants: assemble.py substitutes each dollar-brace field
+// below (string.Template syntax) before compiling.
+
+const D4: u32 = ${D4}u;      // head dim of Q/K, in vec4s
+const DV4: u32 = ${DV4}u;    // head dim of V/O, in vec4s
+const BR: u32 = ${BR}u;      // query rows per workgroup
+const BC: u32 = ${BC}u;      // keys per tile
+const C: u32 = ${C}u;        // invocations per row group
+const RV: u32 = ${RV}u;      // vec4 row blocks per invocation
+const VPT: u32 = ${VPT}u;    // vec4 output columns per invocation (VPT * C >= DV4)
+const KPT: u32 = ${KPT}u;    // keys per invocation in the score phase (BC / C)
+const SG: u32 = ${SG}u;      // 1: row reductions by subgroup shuffles
+const KVS: u32 = ${KVS}u;    // 1: separate K and V tiles, staged together
+const KV_SIZE: u32 = ${KV_SIZE}u;  // vec4s of kv_tile
+const V_OFF: u32 = ${V_OFF}u;      // where the V tile starts in kv_tile
+const LOG2E: f32 = 1.4426950408889634;
+
+const TM: u32 = 4u * RV;
+const GROUPS: u32 = BR / TM;
+const WG: u32 = GROUPS * C;
+const BR4: u32 = BR / 4u;
+const KROW: u32 = D4 + 1u;    // K tile row stride: one vec4 of padding spreads keys over banks
+const VROW: u32 = VPT * C;    // V tile row stride (>= DV4; the extra columns are never stored)
+const PROW: u32 = BR4 + 1u;   // P tile row stride, padded likewise
+
+// Q^T: q_tile[d * BR4 + r] holds dimension d of rows 4r..4r+3, so a vec4 load
+// gives one dimension of four rows.
+var<workgroup> q_tile: array<vec4<f32>, D4 * 4u * BR4>;
+// The K tile (key-major, KROW vec4 per key) and the V tile (VROW per key) at
+// V_OFF: after the K tile (KVS = 1), or in its place once it is read (KVS = 0).
+var<workgroup> kv_tile: array<vec4<f32>, KV_SIZE>;
+// P^T: p_tile[key * PROW + r] = probabilities of rows 4r..4r+3 for that key.
+var<workgroup> p_tile: array<vec4<f32>, BC * PROW>;
+// Row-wise partial maxima (per tile) and partial sums (at the end), one
+// vec4 per (invocation of a row group, row block); unused when SG = 1.
+var<workgroup> red_tile: array<vec4<f32>, C * BR4>;
+
+// The final scores, in log2 units, of one row block (4 rows from row0) for
+// one key. `plain`: no bias, mask, softcap or causal check applies to this tile.
+fn finish4(dots: vec4<f32>, bb: u32, mb: u32, row0: u32, key: u32, plain: bool) -> vec4<f32> {
+    if (key >= params.seq_k) {
+        // Past the end of the keys: not a masked key but no key at all; it
+        // must weigh exactly 0 whatever mask_fill is.
+        return vec4<f32>(params.neg_inf);
+    }
+    if (plain) {
+        return dots * params.scale_log2;
+    }
+    // Rows past Sq are computed but never stored; clamp them so bias/mask
+    // reads stay inside their buffers.
+    let last = params.seq_q - 1u;
+    return LOG2E * vec4<f32>(
+        score_of(dots.x, bb, mb, min(row0, last), key),
+        score_of(dots.y, bb, mb, min(row0 + 1u, last), key),
+        score_of(dots.z, bb, mb, min(row0 + 2u, last), key),
+        score_of(dots.w, bb, mb, min(row0 + 3u, last), key),
+    );
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let heads_q = params.heads_q;
+    let bh = params.bh0 + wid.y;                  // batch * Hq + query head
+    let b = bh / heads_q;
+    let h = bh % heads_q;
+    let kv_heads = heads_q / params.group;
+    let bkv = b * kv_heads + h / params.group;    // grouped-query: shared K/V head, no repeat
+    let sq = params.seq_q;
+    let sk = params.seq_k;
+    let q0 = wid.x * BR;
+    let grp = lid / C;
+    let c = lid % C;
+    let rb0 = grp * RV;                           // this invocation's first row block
+    let bb = bias_base(b, h);
+    let mb = mask_base(b, h);
+    let neg_inf = vec4<f32>(params.neg_inf);
+
+    // Stage Q^T once; rows past Sq are zeros.
+    let q_base = bh * sq * D4;
+    for (var i = lid; i < BR * D4; i += WG) {
+        let row = i / D4;
+        let dq = i % D4;
+        var x = vec4<f32>(0.0);
+        if (q0 + row < sq) {
+            x = load_q(q_base + (q0 + row) * D4 + dq);
+        }
+        let slot = 4u * dq * BR4 + row / 4u;
+        let lane = row % 4u;
+        q_tile[slot][lane] = x.x;
+        q_tile[slot + BR4][lane] = x.y;
+        q_tile[slot + 2u * BR4][lane] = x.z;
+        q_tile[slot + 3u * BR4][lane] = x.w;
+    }
+
+    var running_max: array<vec4<f32>, RV>;   // m: largest score (log2 units) seen so far, per row
+    var running_sum: array<vec4<f32>, RV>;   // l: sum of exp2(score - m) over this invocation's keys
+    var acc: array<vec4<f32>, TM * VPT>;     // unnormalised output, in units of exp2(-m)
+    // @unroll
+    for (var r = 0u; r < RV; r++) {
+        running_max[r] = neg_inf;
+    }
+
+    // Causal, top-left aligned: rows q0..q0+BR-1 see no key past q0+BR-1.
+    var k_end = sk;
+    if ((params.flags & FLAG_SKIP_CAUSAL_TILES) != 0u) {
+        k_end = min(sk, q0 + BR);
+    }
+    let k_base = bkv * sk * D4;
+    let v_base = bkv * sk * DV4;
+    let extra = params.flags & FLAG_ANY_EXTRA;
+
+    for (var k0 = 0u; k0 < k_end; k0 += BC) {
+        workgroupBarrier();   // everyone is done with the previous K/V and P tiles
+        for (var i = lid; i < BC * D4; i += WG) {
+            let key = i / D4;
+            let dq = i % D4;
+            var x = vec4<f32>(0.0);
+            if (k0 + key < sk) {
+                x = load_k(k_base + (k0 + key) * D4 + dq);
+            }
+            kv_tile[key * KROW + dq] = x;
+        }
+        if (KVS == 1u) {
+            stage_v(v_base, k0, lid);
+        }
+        workgroupBarrier();
+        // Off the diagonal, a causal-only tile needs no per-element check:
+        // every key is at or before every row (k0 + BC - 1 <= q0).
+        let plain = extra == 0u || (extra == FLAG_CAUSAL && k0 + BC <= q0 + 1u);
+
+        // Scores: s[kk * RV + r] = q.k of row block r with key kk*C + c.
+        // Zeroed explicitly: a `var` declared in a loop body is not reliably
+        // re-initialised on every iteration once compiled.
+        var s: array<vec4<f32>, KPT * RV>;
+        // @unroll
+        for (var kk = 0u; kk < KPT; kk++) {
+            // @unroll
+            for (var r = 0u; r < RV; r++) {
+                s[kk * RV + r] = vec4<f32>(0.0);
+            }
+        }
+        for (var dq = 0u; dq < D4; dq++) {
+            var qx: array<vec4<f32>, RV>;
+            var qy: array<vec4<f32>, RV>;
+            var qz: array<vec4<f32>, RV>;
+            var qw: array<vec4<f32>, RV>;
+            let qs = 4u * dq * BR4 + rb0;
+            // @unroll
+            for (var r = 0u; r < RV; r++) {
+                qx[r] = q_tile[qs + r];
+                qy[r] = q_tile[qs + BR4 + r];
+                qz[r] = q_tile[qs + 2u * BR4 + r];
+                qw[r] = q_tile[qs + 3u * BR4 + r];
+            }
+            // @unroll
+            for (var kk = 0u; kk < KPT; kk++) {
+                let kx = kv_tile[(kk * C + c) * KROW + dq];
+                // @unroll
+                for (var r = 0u; r < RV; r++) {
+                    s[kk * RV + r] += qx[r] * kx.x + qy[r] * kx.y + qz[r] * kx.z + qw[r] * kx.w;
+                }
+            }
+        }
+
+        // Scale, cap, bias, mask; then this invocation's share of each row's tile maximum.
+        // @unroll
+        for (var kk = 0u; kk < KPT; kk++) {
+            // @unroll
+            for (var r = 0u; r < RV; r++) {
+                s[kk * RV + r] = finish4(s[kk * RV + r], bb, mb, q0 + (rb0 + r) * 4u, k0 + kk * C + c, plain);
+            }
+        }
+        var tile_max: array<vec4<f32>, RV>;
+        // @unroll
+        for (var r = 0u; r < RV; r++) {
+            var part = s[r];
+            // @unroll
+            for (var kk = 1u; kk < KPT; kk++) {
+                part = max(part, s[kk * RV + r]);
+            }
+            tile_max[r] = part;
+        }
+        if (SG == 1u) {
+            // @unroll
+            for (var r = 0u; r < RV; r++) {
+                tile_max[r] = row_group_max(tile_max[r]);
+            }
+        } else {
+            // @unroll
+            for (var r = 0u; r < RV; r++) {
+                red_tile[c * BR4 + rb0 + r] = tile_max[r];
+            }
+        }
+        if (SG == 0u || KVS == 0u) {
+            workgroupBarrier();   // partial maxima visible; the K tile is no longer read
+        }
+        if (SG == 0u) {
+            // @unroll
+            for (var r = 0u; r < RV; r++) {
+                var m = red_tile[rb0 + r];
+                for (var cc = 1u; cc < C; cc++) {
+                    m = max(m, red_tile[cc * BR4 + rb0 + r]);
+                }
+                tile_max[r] = m;
+            }
+        }
+
+        // The rescaling trick: with m the running max, acc and l hold sums in
+        // units of exp2(-m). When a tile raises the max to m', everything
+        // summed so far is multiplied by exp2(m - m') before the tile's own
+        // exp2(s - m') terms are added, so no score row is ever kept whole.
+        // @unroll
+        for (var r = 0u; r < RV; r++) {
+            let m_new = max(running_max[r], tile_max[r]);
+            // A row that has seen only -inf so far keeps 0 as its reference,
+            // so exp2(-inf - ref) = 0 instead of NaN; a fully masked row ends
+            // with running_sum 0.
+            let ref_max = select(m_new, vec4<f32>(0.0), m_new == neg_inf);
+            let rescale = exp2(running_max[r] - ref_max);
+            running_max[r] = m_new;
+            running_sum[r] *= rescale;
+            // @unroll
+            for (var v = 0u; v < VPT; v++) {
+                acc[(4u * r) * VPT + v] *= rescale.x;
+                acc[(4u * r + 1u) * VPT + v] *= rescale.y;
+                acc[(4u * r + 2u) * VPT + v] *= rescale.z;
+                acc[(4u * r + 3u) * VPT + v] *= rescale.w;
+            }
+            // @unroll
+            for (var kk = 0u; kk < KPT; kk++) {
+                let p = exp2(s[kk * RV + r] - ref_max);
+                running_sum[r] += p;
+                p_tile[(kk * C + c) * PROW + rb0 + r] = p;
+            }
+        }
+
+        if (KVS == 0u) {
+            stage_v(v_base, k0, lid);   // where the K tile was
+        }
+        workgroupBarrier();   // P (and V) visible
+
+        // acc += P V over this tile's keys.
+        let n_keys = min(BC, sk - k0);
+        for (var j = 0u; j < n_keys; j++) {
+            var p: array<vec4<f32>, RV>;
+            // @unroll
+            for (var r = 0u; r < RV; r++) {
+                p[r] = p_tile[j * PROW + rb0 + r];
+            }
+            // @unroll
+            for (var v = 0u; v < VPT; v++) {
+                let x = kv_tile[V_OFF + j * VROW + v * C + c];
+                // @unroll
+                for (var r = 0u; r < RV; r++) {
+                    acc[(4u * r) * VPT + v] += p[r].x * x;
+                    acc[(4u * r + 1u) * VPT + v] += p[r].y * x;
+                    acc[(4u * r + 2u) * VPT + v] += p[r].z * x;
+                    acc[(4u * r + 3u) * VPT + v] += p[r].w * x;
+                }
+            }
+        }
+    }
+
+    // Each invocation summed only its own keys: add up the row group's
+    // partial sums. (red_tile was last read before the last V barrier.)
+    var totals: array<vec4<f32>, RV>;
+    if (SG == 1u) {
+        // @unroll
+        for (var r = 0u; r < RV; r++) {
+            totals[r] = row_group_sum(running_sum[r]);
+        }
+    } else {
+        // @unroll
+        for (var r = 0u; r < RV; r++) {
+            red_tile[c * BR4 + rb0 + r] = running_sum[r];
+        }
+    }
+    workgroupBarrier();
+    if (SG == 0u) {
+        // @unroll
+        for (var r = 0u; r < RV; r++) {
+            var total = red_tile[rb0 + r];
+            for (var cc = 1u; cc < C; cc++) {
+                total += red_tile[cc * BR4 + rb0 + r];
+            }
+            totals[r] = total;
+        }
+    }
+    let o_base = bh * sq * DV4;
+    // @unroll
+    for (var r = 0u; r < RV; r++) {
+        let total = totals[r];
+        let row0 = q0 + (rb0 + r) * 4u;
+        // @unroll
+        for (var v = 0u; v < VPT; v++) {
+            let col = v * C + c;
+            if (col < DV4) {
+                store_row(o_base, row0, col, acc[(4u * r) * VPT + v], total.x);
+                store_row(o_base, row0 + 1u, col, acc[(4u * r + 1u) * VPT + v], total.y);
+                store_row(o_base, row0 + 2u, col, acc[(4u * r + 2u) * VPT + v], total.z);
+                store_row(o_base, row0 + 3u, col, acc[(4u * r + 3u) * VPT + v], total.w);
+            }
+        }
+    }
+}
+
+// Stage the V tile of keys k0.. at V_OFF; keys past Sk are zeros so that
+// their p = 0 adds exactly 0.
+fn stage_v(v_base: u32, k0: u32, lid: u32) {
+    for (var i = lid; i < BC * DV4; i += WG) {
+        let key = i / DV4;
+        let dv = i % DV4;
+        var x = vec4<f32>(0.0);
+        if (k0 + key < params.seq_k) {
+            x = load_v(v_base + (k0 + key) * DV4 + dv);
+        }
+        kv_tile[V_OFF + key * VROW + dv] = x;
+    }
+}
+
+// Normalise and store 4 output columns of one row; a row whose sum is 0 had
+// every key masked with -inf and yields empty_row (NaN or 0, masked_rows).
+fn store_row(o_base: u32, row: u32, col: u32, x: vec4<f32>, total: f32) {
+    if (row >= params.seq_q) {
+        return;
+    }
+    var out = vec4<f32>(params.empty_row);
+    if (total != 0.0) {
+        out = x / total;
+    }
+    store_o(o_base + row * DV4 + col, out);
+}

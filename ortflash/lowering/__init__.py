@@ -1,0 +1,226 @@
+"""Lower FlashAttention nodes to native ops: ONNX Runtime's contrib ops or standard ONNX.
+
+read.py reads a node back into its FlashAttentionCall, contrib.py and standard.py write the
+target ops, layout.py what they need around them; this module runs the pass.
+
+    model, notes = lower(model, "contrib")   # or "onnx", or "ortflash" (no change)
+
+Targets (DESIGN.md, "Targets"):
+
+- ``ortflash``: nothing changes; FlashAttention runs through ``ortflash.session_options()``.
+- ``contrib``: ONNX Runtime's ``com.microsoft`` MultiHeadAttention; GroupQueryAttention for
+  causal grouped-query blocks (and causal soft-capped ones) where it provably computes the same.
+- ``onnx``: the standard ``Attention`` op; the model's default opset is converted to 23.
+
+A node is lowered only where the target op computes exactly what FlashAttention computes
+(``ortflash/spec.py``), up to float32 rounding. Otherwise it stays a FlashAttention node, the
+model still needs ortflash to run, and its LoweringNote says why. What the rules rest on was
+measured on ONNX Runtime 1.31 (CPU EP) and is pinned by tests/test_lower.py:
+
+- MultiHeadAttention: query 3D [B, S, N·H]; key/value 3D, or 4D BNSH when key and value have
+  the same shape; ``attention_bias`` must be 4D [B|1, N|1, Sq, Sk] (Sq and Sk not broadcast);
+  it is added to ``scale·QKᵀ``. A row whose scores are all -inf gives NaN; a row of
+  float32-lowest scores gives the uniform average (no special case). ``unidirectional`` is
+  top-left aligned when Sq >= Sk but not when Sq < Sk (the last query row then sees every key),
+  so causality is always written into ``attention_bias`` instead. Float16 runs on the CPU EP.
+- GroupQueryAttention (no past): needs Sq == Sk, equal key/value head sizes and (CPU EP) a
+  head size that is a multiple of 8; causal with
+  ``seqlens_k = Sk - 1`` for every row is then the top-left mask; softcap is applied before
+  ``attention_bias``; all -inf rows give NaN, like MHA.
+- ONNX Attention (opset 23): 4D Q/K/V, native GQA, V's head size free, softcap before the mask;
+  ``is_causal`` is top-left aligned without past (Sq < Sk and Sq > Sk checked); ``attn_mask``
+  must be 2D-4D with its last two dims exactly [Sq, Sk]. A row whose scores are all -inf gives
+  zeros (the opset-23 errata; NaN before it), and so does a row whose maximum is float32-lowest
+  (ONNX Runtime uses lowest as its own mask sentinel) where the ONNX reference gives the uniform
+  average. So the lowering writes fully masked rows out itself (Where on ReduceMax(mask) ==
+  -inf: NaN, or zeros after a NaN guard) and moves float32-lowest mask values one float up
+  (the same for softmax, not the sentinel).
+
+Exactness of the additive form: FlashAttention *replaces* masked scores with ``mask_fill``;
+native ops *add* a bias. With ``mask_fill = -inf`` that is the same (s + -inf = -inf). A finite
+fill at or below -2**127 (float32-lowest, as transformers writes) is absorbed too: s + fill rounds
+to a number that softmax treats exactly as fill for |s| < 2**103. A smaller finite fill (-1e4,
+-1e9) is not: rows whose keys are all masked give the mean of V in FlashAttention and something
+else natively, so such blocks stay.
+
+Also: a NaN guard (``masked_rows = "zero"``) on the contrib ops is Where(IsNaN(out), 0, out),
+exact for finite V; float16 blocks keep the exact casts around the node and lower in float32;
+grouped-query blocks that GroupQueryAttention does not provably compute go to
+MultiHeadAttention with K/V heads repeated (Unsqueeze/Expand/Reshape, query head h reading kv
+head h // (Hq/Hkv)); a negative scale stays (both native ops take positive scales only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
+
+from .. import spec
+from ..errors import NotLowered, OrtflashError
+from ..fusion.emit import BLOCK_ID
+from ..graph import ir_utils as u
+from ..graph.emitter import Emitter
+from ..model_shapes import graphs_of
+from .contrib import CONTRIB_DOMAIN, CONTRIB_VERSION, OP_GQA, OP_MHA, lower_contrib
+from .read import is_flash_attention, read_call, with_shapes
+from .standard import (
+    ONNX_ATTENTION_OPSET,
+    ONNX_IR_VERSION,
+    OP_ATTENTION,
+    lower_standard,
+)
+
+__all__ = [
+    "CONTRIB_DOMAIN",
+    "OP_ATTENTION",
+    "OP_GQA",
+    "OP_MHA",
+    "TARGETS",
+    "LoweringNote",
+    "lower",
+]
+
+TARGETS = ("ortflash", "contrib", "onnx")
+_NEEDS_ORTFLASH = "the model still needs ortflash (ortflash.session_options()) to run"
+_MESSAGE_CHARS = 160  # of a converter error, in a note
+
+
+@dataclass(frozen=True)
+class LoweringNote:
+    """One FlashAttention node: lowered to ``op``, or kept (op ``FlashAttention``) and why.
+
+    ``block`` is the report row the node stands for, as ortflash.optimize recorded it in the
+    node's metadata (None for nodes written by other tools)."""
+
+    node_name: str
+    lowered: bool
+    reason: str
+    op: str
+    block: str | None = None
+
+    def __str__(self) -> str:
+        state = f"lowered to {self.op}" if self.lowered else "kept as FlashAttention"
+        return f"{self.node_name}: {state}" + (f" ({self.reason})" if self.reason else "")
+
+
+def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[LoweringNote]]:
+    """Replace every FlashAttention node the target op computes exactly; notes for all of them.
+
+    The input model is not modified. When nothing is lowered the input model itself comes back.
+    """
+    if target not in TARGETS:
+        raise OrtflashError(f"unknown lowering target {target!r}: use one of {', '.join(TARGETS)}")
+    kept = [_kept_note(n, i) for i, n in enumerate(_flash_attention_protos(model))]
+    if not kept:
+        return model, []
+    if target == "ortflash":
+        why = "target ortflash keeps FlashAttention; it runs with ortflash.session_options()"
+        return model, [_with_reason(n, why) for n in kept]
+
+    work = model
+    if target == "onnx" and u.default_opset(model) < ONNX_ATTENTION_OPSET:
+        try:
+            work = onnx.version_converter.convert_version(model, ONNX_ATTENTION_OPSET)
+        except Exception as exc:  # noqa: BLE001 - the converter raises several types
+            why = (f"the model could not be converted to opset {ONNX_ATTENTION_OPSET} for Attention "
+                   f"({type(exc).__name__}: {str(exc).splitlines()[0][:_MESSAGE_CHARS]}); {_NEEDS_ORTFLASH}")
+            return model, [_with_reason(n, why) for n in kept]
+        _restore_metadata(model, work)
+    opset = u.default_opset(work)
+    irm = ir.serde.deserialize_model(with_shapes(work))
+    graph = irm.graph
+
+    notes: list[LoweringNote] = []
+    stem = _fresh_stem(irm)
+    write = lower_contrib if target == "contrib" else lower_standard
+    # every graph's nodes (If branches, Loop and Scan bodies too); each written into its own graph
+    for index, node in enumerate([n for n in graph.all_nodes() if is_flash_attention(n)]):
+        name = node.name or f"{spec.OP_TYPE}_{index}"
+        block = node.metadata_props.get(BLOCK_ID)
+        owner = node.graph
+        assert owner is not None
+        try:
+            call = read_call(node)
+            op, how = write(Emitter(owner, node, f"{stem}_{index}", opset), call, node.outputs[0])
+        except NotLowered as why:
+            notes.append(LoweringNote(name, False, f"{why}; {_NEEDS_ORTFLASH}", spec.OP_TYPE, block))
+            continue
+        owner.remove(node, safe=True)
+        notes.append(LoweringNote(name, True, how, op, block))
+
+    if not any(n.lowered for n in notes):
+        return model, notes
+    common_passes.RemoveUnusedNodesPass()(irm)
+    if target == "contrib":
+        irm.opset_imports[CONTRIB_DOMAIN] = CONTRIB_VERSION
+    out = ir.serde.serialize_model(irm)
+    _drop_unused_ortflash_import(out)
+    # Opset 23 belongs to IR 11, but IR 10 is what ONNX Runtime 1.31 and onnxruntime-web 1.30
+    # load it with; a model already above 10 keeps its version.
+    out.ir_version = max(model.ir_version, ONNX_IR_VERSION) if target == "onnx" else model.ir_version
+    declared = {vi.name for g in graphs_of(model.graph) for vi in g.value_info}
+    for out_graph in graphs_of(out.graph):
+        kept_info = [vi for vi in out_graph.value_info if vi.name in declared]
+        del out_graph.value_info[:]
+        out_graph.value_info.extend(kept_info)
+    return out, notes
+
+
+def _flash_attention_protos(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The FlashAttention nodes of every graph of model, main graph first."""
+    return [n for g in graphs_of(model.graph) for n in g.node if is_flash_attention(n)]
+
+
+def _kept_note(node: onnx.NodeProto, index: int) -> LoweringNote:
+    block = next((p.value for p in node.metadata_props if p.key == BLOCK_ID), None)
+    return LoweringNote(node.name or f"{spec.OP_TYPE}_{index}", False, "", spec.OP_TYPE, block)
+
+
+def _restore_metadata(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """The version converter drops node metadata; copy it back onto the FlashAttention nodes,
+    which it keeps with their (unique) names."""
+    props = {n.name: n.metadata_props for n in _flash_attention_protos(original) if n.name}
+    for node in _flash_attention_protos(converted):
+        if node.name in props and not node.metadata_props:
+            node.metadata_props.extend(props[node.name])
+
+
+def _with_reason(note: LoweringNote, reason: str) -> LoweringNote:
+    return LoweringNote(note.node_name, False, reason, note.op, note.block)
+
+
+def _fresh_stem(model: ir.Model) -> str:
+    """A name stem no node or value of the model uses yet (a model may be lowered twice)."""
+    taken = set()
+    for node in model.graph.all_nodes():
+        taken.add(node.name or "")
+        taken.update(v.name or "" for v in node.outputs)
+    stem, n = "ortflash/lower", 1
+    while any(t.startswith(stem + "_") for t in taken):
+        n += 1
+        stem = f"ortflash/lower{n}"
+    return stem
+
+
+def _drop_unused_ortflash_import(model: onnx.ModelProto) -> None:
+    """Remove the import of ortflash's domain when no FlashAttention node is left."""
+
+    def uses(graph: onnx.GraphProto) -> bool:
+        for n in graph.node:
+            if n.domain == spec.DOMAIN:
+                return True
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH and uses(a.g):
+                    return True
+                if a.type == onnx.AttributeProto.GRAPHS and any(uses(g) for g in a.graphs):
+                    return True
+        return False
+
+    used = uses(model.graph) or any(n.domain == spec.DOMAIN for f in model.functions for n in f.node)
+    if not used:
+        keep = [imp for imp in model.opset_import if imp.domain != spec.DOMAIN]
+        del model.opset_import[:]
+        model.opset_import.extend(keep)

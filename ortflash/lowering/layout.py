@@ -1,0 +1,144 @@
+"""What the native attention ops need around them: BNSH <-> BSD layouts, repeated K/V heads,
+the causal and boolean masks written as one additive bias, and the cast back to Q's type."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from ..fusion.call import FlashAttentionCall
+from ..graph import ir_utils as u
+from ..graph import shapes
+from ..graph.emitter import Emitter, replace_output
+
+SWAP_SH = [0, 2, 1, 3]  # [B, H, S, D] <-> [B, S, H, D]
+F32_LOWEST = float(np.finfo(np.float32).min)
+# One step above lowest: the same mask value for softmax, but not ONNX Runtime's sentinel.
+_F32_ABOVE_LOWEST = float(np.nextafter(np.float32(F32_LOWEST), np.float32(0)))
+
+
+@dataclass(frozen=True)
+class SeqLengths:
+    """Where the lowered graph reads Sq and Sk from: (a tensor it keeps, its sequence axis)."""
+
+    q: tuple[ir.Value, int]
+    k: tuple[ir.Value, int]
+
+    def of(self, e: Emitter, which: str, scalar: bool = False) -> ir.Value:
+        """Sq ("q") or Sk ("k") as int64, 1-D of one element or a scalar."""
+        x, axis = self.q if which == "q" else self.k
+        return e.dim(x, axis, scalar)
+
+
+def bsd_source(x: ir.Value, heads: int | None) -> ir.Value | None:
+    """x [B, H, S, D] as a 3D [B, S, H·D] tensor the graph already has, without a Transpose."""
+    t = u.producer(x, "Transpose")
+    if t is not None and u.attr_ints(t, "perm") == SWAP_SH:
+        return t.inputs[0]  # [B, S, H, D]: reshaped by the caller
+    s = u.producer(x, "Unsqueeze")
+    if s is not None and heads == 1 and u.unsqueeze_axes(s) == [1]:
+        return s.inputs[0]  # [B·H, S, D]: already 3D with one head
+    return None
+
+
+def to_bsd(e: Emitter, x: ir.Value, heads: int | None, reuse_transpose: bool = True) -> ir.Value:
+    """[B, H, S, D] -> [B, S, H·D]; reuse_transpose: start from the [B, S, H, D] tensor the graph
+    transposed into x, when there is one."""
+    src = bsd_source(x, heads) if reuse_transpose else None
+    if src is not None and u.producer(x, "Unsqueeze") is not None:
+        return src
+    bshd = src if src is not None else e.transpose(x, SWAP_SH)
+    return e.reshape(bshd, [0, 0, _width(x, heads)])
+
+
+def _width(x: ir.Value, heads: int | None) -> int:
+    """H·D for a reshape to [B, S, H·D]: static where D is, so that a wrong head count fails
+    loudly at run time instead of splitting heads differently; -1 otherwise."""
+    d = shapes.static(shapes.resolved_dim(x, 3))
+    return heads * d if heads is not None and d is not None else -1
+
+
+def repeat_bsd(e: Emitter, x: ir.Value, heads: int, repeats: int, reuse_transpose: bool) -> ir.Value:
+    """[B, Hkv, S, D] -> [B, S, Hkv·repeats·D], query head h reading kv head h // repeats."""
+    t = u.producer(x, "Transpose") if reuse_transpose else None
+    if t is not None and u.attr_ints(t, "perm") == SWAP_SH:
+        bshd = u.operand(t, 0)
+    else:
+        bshd = e.transpose(x, SWAP_SH)
+    wide = e.node("Expand", [e.unsqueeze(bshd, [3]), e.i64([1, 1, 1, repeats, 1])])
+    return e.reshape(wide, [0, 0, _width(x, heads * repeats)])
+
+
+def replace_bsd_output(e: Emitter, out3: ir.Value, heads: int, old: ir.Value, reuse_transpose: bool) -> None:
+    """Make out3 [B, S, H·Dv] stand for old [B, H, S, Dv], taking the place of the Transpose or
+    Squeeze that reads old when it is old's only reader."""
+    uses = list(old.uses())
+    reader = uses[0].node if reuse_transpose and len(uses) == 1 and not old.is_graph_output() else None
+    if reader is not None and reader.domain in ("", "ai.onnx"):
+        new = None
+        if reader.op_type == "Transpose" and u.attr_ints(reader, "perm") == SWAP_SH:
+            new = e.reshape(out3, [0, 0, heads, -1])
+        elif reader.op_type == "Squeeze" and heads == 1 and u.unsqueeze_axes(reader) == [1]:
+            new = out3
+        if new is not None:
+            replace_output(e.graph, reader.outputs[0], new)
+            e.graph.remove(reader, safe=True)
+            return
+    bshd = e.reshape(out3, [0, 0, heads, -1])
+    replace_output(e.graph, old, e.transpose(bshd, SWAP_SH))
+
+
+def _causal_keep(e: Emitter, lengths: SeqLengths) -> ir.Value:
+    """bool [Sq, Sk]: key j visible from query i iff j <= i (top-left aligned)."""
+    rows = e.arange(lengths.of(e, "q", scalar=True))
+    cols = e.arange(lengths.of(e, "k", scalar=True))
+    return e.node("LessOrEqual", [e.unsqueeze(cols, [0]), e.unsqueeze(rows, [1])])
+
+
+def additive_bias(
+    e: Emitter, call: FlashAttentionCall, lengths: SeqLengths, fold_causal: bool, avoid_lowest: bool
+) -> ir.Value | None:
+    """float32 [B|1, H|1, Sq, Sk] to add to scale·QKᵀ: bias where kept, mask_fill where masked out.
+
+    avoid_lowest: no element may be float32-lowest (ONNX Runtime's Attention takes a row whose
+    maximum is lowest for fully masked); lowest becomes the next float up, the same for softmax."""
+    fill = call.mask_fill
+    keep = call.mask
+    if fold_causal and call.is_causal:
+        causal = _causal_keep(e, lengths)
+        keep = causal if keep is None else e.node("And", [keep, causal])
+    bias = None if call.bias is None else e.cast(call.bias, ir.DataType.FLOAT)
+    if avoid_lowest and bias is not None:
+        lowest = e.f32(F32_LOWEST)
+        bias = e.node("Where", [e.node("Equal", [bias, lowest]), e.f32(_F32_ABOVE_LOWEST), bias])
+    if avoid_lowest and fill == F32_LOWEST:
+        fill = _F32_ABOVE_LOWEST
+    if keep is not None:
+        bias = e.node("Where", [keep, bias if bias is not None else e.f32(0.0), e.f32(fill)])
+    if bias is None:
+        return None
+    sizes = e.node("Concat", [e.i64([1, 1]), lengths.of(e, "q"), lengths.of(e, "k")], axis=0)
+    return e.node("Expand", [bias, sizes])
+
+
+def cast_back(e: Emitter, out: ir.Value, call: FlashAttentionCall) -> tuple[ir.Value, str]:
+    """out (float32) back to Q's element type: Cast where it is known, CastLike(Q) where not."""
+    if call.dtype is None:
+        return e.node("CastLike", [out, call.q]), "computed in float32 between Cast and CastLike (Q's type not inferred)"
+    return e.cast(out, call.dtype), f"computed in float32 between casts (Q is {call.dtype.name.lower()})"
+
+
+def mask_parts(call: FlashAttentionCall, causal_folded: bool) -> list[str]:
+    """The note's words for the call's bias, mask and causality."""
+    fill = "-inf" if call.mask_fill == -math.inf else f"{call.mask_fill:g}"
+    parts = []
+    if call.bias is not None:
+        parts.append("bias")
+    if call.mask is not None:
+        parts.append(f"bool mask as Where(mask, ., {fill})")
+    if call.is_causal:
+        parts.append(f"causal in the bias (fill {fill})" if causal_folded else "causal")
+    return parts

@@ -1,0 +1,214 @@
+"""Read a FlashAttention node back into the FlashAttentionCall it was written from, with the dims
+the native ops need proved, and give the model the types ONNX shape inference cannot find."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from .. import spec
+from ..errors import NotLowered
+from ..fusion.call import FlashAttentionCall
+from ..graph import ir_utils as u
+from ..graph import shapes
+from ..graph.emitter import Emitter
+
+# Fills at or below this have a float32 ulp of 2**104: s + fill rounds to a number that softmax
+# treats exactly as fill for |s| < 2**103, so adding them is the same as replacing by them.
+ABSORBING_FILL = -(2.0**127)
+# A constant bias (mask) below this many elements that is all zeros (all true) counts as absent:
+# the bridge's placeholders are scalars; a larger constant is not worth reading.
+_MAX_CONSTANT_PLACEHOLDER = 2**20
+
+
+def is_flash_attention(node: ir.Node | onnx.NodeProto) -> bool:
+    return node.domain == spec.DOMAIN and node.op_type == spec.OP_TYPE
+
+
+def read_call(node: ir.Node) -> FlashAttentionCall:
+    """The call a FlashAttention node makes; raises NotLowered where no native op can take it."""
+    if len(node.inputs) != len(spec.INPUTS) or any(x is None for x in node.inputs):
+        raise NotLowered(f"{len(node.inputs)} inputs, the contract has {len(spec.INPUTS)} (Q, K, V, bias, mask)")
+    raw = {name: a.value for name, a in node.attributes.items()}
+    try:
+        attrs = spec.validate(spec.resolve_exact_floats(raw))
+    except spec.SpecError as exc:
+        raise NotLowered(f"attributes outside the FlashAttention contract: {exc}") from None
+    q, k, v, bias, mask = node.inputs
+    assert q is not None and k is not None and v is not None and bias is not None and mask is not None
+    dtype = q.dtype
+    if dtype is not None and dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        raise NotLowered(f"Q's element type is {dtype}, not float32 or float16")
+    for label, x in (("Q", q), ("K", k), ("V", v)):
+        r = u.rank(x)
+        if r is not None and r != 4:
+            raise NotLowered(f"{label} has rank {r}, not 4")
+    arr = u.const_array(bias)
+    kept_bias: ir.Value | None = bias
+    if arr is not None and arr.size <= _MAX_CONSTANT_PLACEHOLDER and not np.any(arr):
+        kept_bias = None
+    elif (bias_rank := u.rank(bias)) is not None and bias_rank > 4:
+        raise NotLowered(f"bias has rank {bias_rank}, more than 4")
+    arr = u.const_array(mask)
+    kept_mask: ir.Value | None = mask
+    if arr is not None and arr.size <= _MAX_CONSTANT_PLACEHOLDER and np.all(arr):
+        kept_mask = None
+    elif mask.dtype is not None and mask.dtype != ir.DataType.BOOL:
+        raise NotLowered(f"mask's element type is {mask.dtype}, not bool")
+    call = FlashAttentionCall(
+        q=q,
+        k=k,
+        v=v,
+        dtype=dtype,
+        scale=float(attrs["scale"]),  # type: ignore[arg-type]
+        bias=kept_bias,
+        mask=kept_mask,
+        is_causal=bool(attrs["is_causal"]),
+        mask_fill=float(attrs["mask_fill"]),  # type: ignore[arg-type]
+        masked_rows=str(attrs["masked_rows"]),
+        softcap=float(attrs["softcap"]),  # type: ignore[arg-type]
+    )
+    if call.scale < 0:
+        raise NotLowered(f"scale {call.scale:g} is negative: native attention ops take a positive scale")
+    fill = call.mask_fill
+    if call.masked and math.isfinite(fill) and fill > ABSORBING_FILL:
+        raise NotLowered(
+            f"mask_fill {fill:g} is finite: native ops add the fill to the score (s + fill) where "
+            f"FlashAttention replaces the score by it, so rows with every key masked differ "
+            f"(exact only for -inf or fills <= -2**127 such as float32-lowest)"
+        )
+    return call
+
+
+@dataclass(frozen=True)
+class CallDims:
+    """The dims of a call's Q [B, Hq, Sq, D], K [B, Hkv, Sk, Dk] and V [B, _, Sv, Dv], as far as the
+    graph proves them (shapes.Dim terms; heads only when static)."""
+
+    hq: int | None
+    hkv: int | None
+    sq: shapes.Dim
+    sk: shapes.Dim
+    sv: shapes.Dim
+    d: shapes.Dim
+    dk: shapes.Dim
+    dv: shapes.Dim
+
+
+def call_dims(call: FlashAttentionCall) -> CallDims:
+    dims = shapes.Bindings()
+    for x, pattern in ((call.q, "_ Hq Sq D"), (call.k, "_ Hkv Sk Dk"), (call.v, "_ _ Sv Dv")):
+        # Resolved per axis: the graph may fix a dim of an operand whose rank inference left open.
+        shapes.check_shape(dims, [shapes.resolved_dim(x, i) for i in range(4)], pattern)
+    return CallDims(
+        hq=shapes.static(dims["Hq"]),
+        hkv=shapes.static(dims["Hkv"]),
+        sq=dims["Sq"],
+        sk=dims["Sk"],
+        sv=dims["Sv"],
+        d=dims["D"],
+        dk=dims["Dk"],
+        dv=dims["Dv"],
+    )
+
+
+def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """model with inferred value_info, FlashAttention outputs included.
+
+    ONNX shape inference knows nothing of FlashAttention, so everything after the first block
+    would lose its types. It runs on a copy where each block is a stand-in of the same output
+    type and shape (ReduceSum(Q over D) * ReduceSum(V over heads and keys): [B, Hq, Sq, Dv] in
+    Q's dtype); the types found are copied onto the real graph."""
+    opset = u.default_opset(model)
+    proxy = onnx.ModelProto()
+    proxy.CopyFrom(model)
+    nodes = []
+    for i, n in enumerate(proxy.graph.node):
+        if not is_flash_attention(n) or len(n.input) < 3:
+            nodes.append(n)
+            continue
+        tag = f"ortflash_shape_proxy_{i}"
+        rq, rv = f"{tag}_q", f"{tag}_v"
+        if opset >= 13:
+            nodes.append(onnx.helper.make_node(
+                "Constant", [], [f"{tag}_aq"], value=onnx.numpy_helper.from_array(np.array([3], np.int64))))
+            nodes.append(onnx.helper.make_node(
+                "Constant", [], [f"{tag}_av"], value=onnx.numpy_helper.from_array(np.array([1, 2], np.int64))))
+            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[0], f"{tag}_aq"], [rq], keepdims=1))
+            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[2], f"{tag}_av"], [rv], keepdims=1))
+        else:
+            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[0]], [rq], axes=[3], keepdims=1))
+            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[2]], [rv], axes=[1, 2], keepdims=1))
+        nodes.append(onnx.helper.make_node("Mul", [rq, rv], [n.output[0]]))
+    del proxy.graph.node[:]
+    proxy.graph.node.extend(nodes)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proxy, data_prop=True)
+    except Exception:  # noqa: BLE001
+        return model  # shapes only prove head counts and equal dims; without them fewer blocks lower
+    known = {vi.name for vi in model.graph.value_info}
+    known |= {vi.name for vi in model.graph.input} | {vi.name for vi in model.graph.output}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.value_info.extend(
+        vi for vi in inferred.graph.value_info if vi.name not in known and not vi.name.startswith("ortflash_shape_proxy_"))
+    return out
+
+
+def aligned_batch(e: Emitter, call: FlashAttentionCall, dims: CallDims) -> tuple[FlashAttentionCall, str | None]:
+    """call with Q, K, V (and a 4D bias or mask) given one batch size, as the native ops require.
+
+    MatMul broadcasts: V [1, H, S, D] against Q and K [2, H, S, D] is a valid graph, and so is
+    FlashAttention (its kernels broadcast), but MultiHeadAttention, GroupQueryAttention and
+    Attention reject operands whose dim 0 differ. Where the graph does not prove one batch
+    size (``shapes.may_broadcast``), each operand is Expanded to the largest dim 0 (Max over them,
+    the broadcast size of a valid graph). Also proved here: K and V have one head count, and the bias and mask
+    broadcast over heads as [1 | Hq]. Raises NotLowered where that cannot be proved."""
+    kv_heads = [shapes.batch_and_heads(call.k), shapes.batch_and_heads(call.v)]
+    assert kv_heads[0] is not None and kv_heads[1] is not None  # read_call proved rank 4
+    hk, hv = kv_heads[0][1], kv_heads[1][1]
+    # Unproved but symbolic counts pass: FlashAttention reads one count for both as well.
+    if not shapes.same_dim(hk, hv) and (isinstance(hk, int) and isinstance(hv, int) or 1 in (hk, hv)):
+        raise NotLowered(
+            f"K has {_words(hk)} heads and V {_words(hv)}: the native ops read one key/value head count")
+    for label, x in (("bias", call.bias), ("mask", call.mask)):
+        found = shapes.batch_and_heads(x)
+        if found is None:
+            raise NotLowered(f"the rank of the {label} is unknown, so its batch and head dims cannot be proved")
+        # In a valid graph the bias's head dim is 1 or the scores' (Hq), unless it broadcasts
+        # a single query head up: that, or a static mismatch, the native ops cannot take.
+        heads, q_heads = found[1], shapes.resolved_dim(call.q, 1)
+        mismatch = isinstance(heads, int) and heads != 1 and isinstance(q_heads, int) and heads != q_heads
+        if mismatch or (q_heads == 1 and heads != 1):
+            raise NotLowered(
+                f"the {label}'s head dim ({_words(found[1])}) is neither 1 nor Q's head count ({_words(dims.hq)})")
+    qkv = [call.q, call.k, call.v]
+    extra = [x for x in (call.bias, call.mask) if x is not None]
+    b = [shapes.batch_and_heads(x) for x in qkv + extra]
+    dims0 = [bh[0] if bh is not None else None for bh in b]
+    # A bias or mask may keep dim 0 of 1 (the native ops broadcast it); Q, K and V may not.
+    wide_extra = [x for x, d in zip(extra, dims0[3:]) if d != 1]
+    pairs = [(a, c) for i, a in enumerate(dims0[:3]) for c in dims0[i + 1:3]]
+    pairs += [(a, d) for a in dims0[:3] for d in dims0[3:] if d != 1]
+    if not any(shapes.may_broadcast(a, c) for a, c in pairs):
+        return call, None
+    operands = qkv + wide_extra
+    batch = e.largest_batch(operands)
+
+    def expanded(x: ir.Value) -> ir.Value:
+        return e.expand_batch(x, batch, u.rank(x) or 4) if any(x is o for o in operands) else x
+
+    aligned = dataclasses.replace(
+        call, q=expanded(call.q), k=expanded(call.k), v=expanded(call.v),
+        bias=None if call.bias is None else expanded(call.bias),
+        mask=None if call.mask is None else expanded(call.mask))
+    return aligned, "batch sizes " + "/".join(_words(d) for d in dims0) + " broadcast by Expand"
+
+
+def _words(d: shapes.Dim) -> str:
+    return "?" if d is None else str(d) if isinstance(d, (int, str)) else "an unnamed number of"

@@ -1,0 +1,108 @@
+"""Reading and writing ONNX models whose weights may stay on disk as external data."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import onnx
+
+from .errors import OrtflashError
+
+# Leave headroom under protobuf's 2 GiB message limit for the graph itself.
+_MAX_INLINE_BYTES = 2**31 - 2**20
+
+
+def external_locations(model: onnx.ModelProto) -> list[str]:
+    """The files a model's external initializers live in (relative to the model's folder)."""
+    found: list[str] = []
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in init.external_data if e.key == "location"), None)
+            if loc and loc not in found:
+                found.append(loc)
+    return found
+
+
+def load(model_or_path: onnx.ModelProto | str | os.PathLike[str]) -> onnx.ModelProto:
+    """Read a model without loading its external data: weights stay on disk, referenced.
+
+    The rewrites never read weights (scales are small inline constants), so a model of
+    any size is optimized in the memory its graph takes.
+    """
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path
+    path = os.fspath(model_or_path)
+    if not os.path.exists(path):
+        raise OrtflashError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise OrtflashError(f"{path}: is a folder, not an ONNX model file")
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises several types for a file that is not ONNX
+        raise OrtflashError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {str(exc)[:120]})") from None
+    if not model.graph.node and not model.graph.output:
+        raise OrtflashError(f"{path}: not an ONNX model (no graph in it)")
+    folder = os.path.dirname(os.path.abspath(path))
+    for loc in external_locations(model):
+        if not os.path.isfile(os.path.join(folder, loc)):
+            raise OrtflashError(f"{path}: its external data file {loc} is missing from {folder}")
+    return model
+
+
+def save(model: onnx.ModelProto, path: str | os.PathLike[str], source_dir: str | None = None) -> None:
+    """Write atomically (a temporary file beside the target, then a rename).
+
+    A model whose weights are external references (as ``load`` leaves them) keeps them:
+    in the source folder they are shared; elsewhere the data files are copied next to
+    the output, streamed, never held in memory. A model too large for one protobuf
+    (2 GiB) is written with its weights in ``OUT.data``.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise OrtflashError(f"{path}: the output folder {folder} does not exist")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    copied: list[str] = []
+    done = False
+    try:
+        locations = external_locations(model)
+        if locations:
+            if source_dir is None:
+                raise OrtflashError("this model's weights are external: save(model, path, source_dir=<its folder>)")
+            if os.path.abspath(source_dir) != folder:
+                copy = onnx.ModelProto()
+                copy.CopyFrom(model)  # cheap: the weights are references; the caller's model stays as it was
+                model = copy
+                renamed: dict[str, str] = {}
+                for loc in locations:
+                    # one file per location, named after the output; the relative path keeps names apart
+                    new_loc = f"{os.path.basename(path)}.{loc.replace('/', '_').replace(os.sep, '_')}"
+                    dst = os.path.join(folder, new_loc)
+                    shutil.copyfile(os.path.join(source_dir, loc), dst + ".tmp")
+                    copied.append(dst)
+                    renamed[loc] = new_loc
+                for init in model.graph.initializer:
+                    for entry in init.external_data:
+                        if entry.key == "location" and entry.value in renamed:
+                            entry.value = renamed[entry.value]
+            onnx.save(model, tmp)
+            for dst in copied:
+                os.replace(dst + ".tmp", dst)
+        elif model.ByteSize() > _MAX_INLINE_BYTES:
+            data = f"{os.path.basename(path)}.data"
+            onnx.save(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True, location=data)
+        else:
+            onnx.save(model, tmp)
+        os.replace(tmp, path)
+        done = True
+    except OSError as exc:
+        raise OrtflashError(f"{path}: could not write the model ({exc.strerror or exc})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        for dst in copied:
+            if os.path.exists(dst + ".tmp"):
+                os.remove(dst + ".tmp")
+            if not done and os.path.exists(dst):
+                os.remove(dst)

@@ -1,0 +1,83 @@
+"""Types and shapes for the rules to prove from: ONNX shape inference, and ONNX Runtime's symbolic
+shape inference where ONNX's leaves the rank of a tensor attention reads unknown.
+
+Shipped exports (Paddle2ONNX, older converters) often carry no value_info and build reshapes from
+``Shape`` arithmetic ONNX's inference does not follow; ONNX Runtime's symbolic inference does, with
+named dims. Whichever is used is named in the report (``Report.shape_inference``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx
+
+ONNX_INFERENCE = "onnx"
+SYMBOLIC_INFERENCE = "onnxruntime-symbolic"
+NO_INFERENCE = "none"
+
+# The ops whose operands the rules need ranks of (the attention block's own ops).
+_RANK_READERS = frozenset({"Softmax", "MatMul", "Attention"})
+
+
+def graphs_of(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """graph and every subgraph nested in its nodes (If branches, Loop and Scan bodies)."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from graphs_of(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from graphs_of(sub)
+
+
+def unknown_ranks(model: onnx.ModelProto) -> list[str]:
+    """Operands of Softmax / MatMul / Attention nodes (any graph) whose rank no declaration gives."""
+    ranked: set[str] = set()
+    for graph in graphs_of(model.graph):
+        ranked.update(i.name for i in graph.initializer)
+        for vi in [*graph.input, *graph.output, *graph.value_info]:
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                ranked.add(vi.name)
+        for node in graph.node:
+            if node.op_type == "Constant":
+                ranked.update(node.output)
+    missing: list[str] = []
+    for graph in graphs_of(model.graph):
+        softmax_inputs = {n.input[0] for n in graph.node if n.op_type == "Softmax" and n.input}
+        for node in graph.node:
+            # the block's own ops, and the node computing the scores (bias and mask operands)
+            if (node.op_type in _RANK_READERS and node.domain in ("", "ai.onnx")) or softmax_inputs & set(node.output):
+                missing += [name for name in node.input if name and name not in ranked and name not in missing]
+    return missing
+
+
+def _onnx_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - the inference raises several types on models it cannot follow
+        return None
+
+
+def _symbolic_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inferred: onnx.ModelProto | None = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except Exception:  # noqa: BLE001 - it raises on ops and external weights it cannot read
+        return None
+    return inferred
+
+
+def with_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """model with inferred value_info, and which inference gave it (ONNX_INFERENCE, SYMBOLIC_INFERENCE
+    or NO_INFERENCE). Shapes only help proofs: without them fewer blocks fuse, none wrongly."""
+    inferred = _onnx_inferred(model)
+    if inferred is not None and not unknown_ranks(inferred):
+        return inferred, ONNX_INFERENCE
+    symbolic = _symbolic_inferred(model)
+    if symbolic is not None and (inferred is None or len(unknown_ranks(symbolic)) < len(unknown_ranks(inferred))):
+        return symbolic, SYMBOLIC_INFERENCE
+    if inferred is not None:
+        return inferred, ONNX_INFERENCE
+    return model, NO_INFERENCE
