@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -197,14 +198,18 @@ inline float scalar_exp(float x) {
 // s[i][0..NR) = scale * (q row i) . (K^T panel), for R query rows (row stride ld_q).
 template <int R>
 inline void qk_block(const float* q, int ld_q, int D, const float* panel, float* s, int ld_s, float scale) {
+    // Row pointers and a pointer-sized index keep the loop free of index arithmetic: with int
+    // indices GCC re-extends every address, and the extra instructions stall the front end.
+    const float* row[R];
+    for (int i = 0; i < R; ++i) row[i] = q + ptrdiff_t(i) * ld_q;
     vf c[R][NV];
     for (int i = 0; i < R; ++i)
         for (int n = 0; n < NV; ++n) c[i][n] = vf{};
-    for (int d = 0; d < D; ++d) {
+    for (ptrdiff_t d = 0; d < D; ++d, panel += NR) {
         vf b[NV];
-        for (int n = 0; n < NV; ++n) b[n] = loadu(panel + d * NR + n * W);
+        for (int n = 0; n < NV; ++n) b[n] = loadu(panel + n * W);
         for (int i = 0; i < R; ++i) {
-            const vf a = splat(q[i * ld_q + d]);
+            const vf a = splat(row[i][d]);
             for (int n = 0; n < NV; ++n) c[i][n] += a * b[n];
         }
     }
@@ -238,14 +243,16 @@ void qk_tile(int rows, const float* q, int ld_q, int D, const float* packed, int
 // acc[i][0..NC*W) += sum_k p[i][k] * v[k][0..NC*W), for R rows.
 template <int R, int NC>
 inline void pv_block(const float* p, int ld_p, int keys, const float* v, int ld_v, float* acc, int ld_acc) {
+    const float* row[R];  // as in qk_block: no index arithmetic in the loop
+    for (int i = 0; i < R; ++i) row[i] = p + ptrdiff_t(i) * ld_p;
     vf c[R][NC];
     for (int i = 0; i < R; ++i)
         for (int n = 0; n < NC; ++n) c[i][n] = loadu(acc + i * ld_acc + n * W);
-    for (int k = 0; k < keys; ++k) {
+    for (ptrdiff_t k = 0; k < keys; ++k, v += ld_v) {
         vf b[NC];
-        for (int n = 0; n < NC; ++n) b[n] = loadu(v + size_t(k) * ld_v + n * W);
+        for (int n = 0; n < NC; ++n) b[n] = loadu(v + n * W);
         for (int i = 0; i < R; ++i) {
-            const vf a = splat(p[i * ld_p + k]);
+            const vf a = splat(row[i][k]);
             for (int n = 0; n < NC; ++n) c[i][n] += a * b[n];
         }
     }
@@ -353,6 +360,11 @@ struct Packed {  // K^T panels, V rows (padded to Dvp) and, when needed, V suffi
     bool suffix;
     size_t k_floats, v_floats, s_floats;  // per kv head
     AlignedFloats k, v, vsuffix;
+    // Per (kv head, key tile): the largest |k| of the tile's keys (NaN when any is NaN) and
+    // whether every V value of the tile is finite and below V_SKIPPABLE_LIMIT, which together
+    // let online_tile prove that a masked key tile would contribute exactly nothing.
+    std::vector<float> key_norm;
+    std::vector<uint8_t> v_bounded;
     Packed(const Problem& pb, int key_tile_, bool suffix_)
         : key_tile(key_tile_),
           tile_floats(round_up(key_tile_, NR) * pb.D),
@@ -364,8 +376,26 @@ struct Packed {  // K^T panels, V rows (padded to Dvp) and, when needed, V suffi
           s_floats(suffix_ ? size_t(pb.Sk + 1) * dvp : 0),
           k(k_floats * pb.B * pb.Hkv),
           v(v_floats * pb.B * pb.Hkv),
-          vsuffix(s_floats * pb.B * pb.Hkv) {}
+          vsuffix(s_floats * pb.B * pb.Hkv),
+          key_norm(size_t(tiles) * pb.B * pb.Hkv),
+          v_bounded(size_t(tiles) * pb.B * pb.Hkv) {}
 };
+
+// A V value this large could overflow the accumulator when an earlier tile's weight is
+// rescaled by 0; below it, a weight of exactly 0 adds exactly 0.
+constexpr float V_SKIPPABLE_LIMIT = 1e30f;
+
+// The largest Euclidean norm of n vectors of length d (row stride d); NaN when any element is.
+inline float max_norm(const float* x, int n, int d) {
+    float largest = 0.0f;
+    for (int j = 0; j < n; ++j) {
+        float sum = 0.0f;
+        for (int c = 0; c < d; ++c) sum += x[size_t(j) * d + c] * x[size_t(j) * d + c];
+        if (sum != sum) return sum;
+        largest = std::max(largest, sum);
+    }
+    return std::sqrt(largest);
+}
 
 void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
     const int D = pb.D, Dv = pb.Dv, Sk = pb.Sk, dvp = pk.dvp;
@@ -386,6 +416,9 @@ void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
                 src = static_cast<const float*>(pb.k) + at;
             float* panel = tile + size_t(j / NR) * D * NR + j % NR;
             for (int d = 0; d < D; ++d) panel[d * NR] = src[d];
+            const float norm = max_norm(src, 1, D);
+            float& largest = pk.key_norm[size_t(bh) * pk.tiles + t];
+            largest = j == 0 ? norm : (norm != norm || largest != largest) ? NAN : std::max(largest, norm);
         }
     }
     for (int j = 0; j < Sk; ++j) {
@@ -396,6 +429,13 @@ void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
         else
             std::memcpy(dst, static_cast<const float*>(pb.v) + at, sizeof(float) * Dv);
         std::fill(dst + Dv, dst + dvp, 0.0f);
+    }
+    for (int t = 0; t < pk.tiles; ++t) {
+        const int j0 = t * pk.key_tile, keys = std::min(pk.key_tile, Sk - j0);
+        bool bounded = true;
+        for (size_t c = size_t(j0) * dvp; c < size_t(j0 + keys) * dvp; ++c)
+            bounded &= std::fabs(vdst[c]) < V_SKIPPABLE_LIMIT;  // false for inf and NaN
+        pk.v_bounded[size_t(bh) * pk.tiles + t] = bounded;
     }
     if (pk.suffix) {
         float* sdst = pk.vsuffix.ptr + pk.s_floats * bh;
@@ -491,6 +531,39 @@ inline float row_max(const float* s, int n) {
     return any_nan ? std::numeric_limits<float>::quiet_NaN() : lanes_max(m0 > m1 ? m0 : m1);
 }
 
+// The common case of finish_scores then row_max in one pass: s[j] += bias[j] (bias may be
+// null), columns [keys, width) set to -inf, and the row's largest value (NaN when any is NaN).
+inline float add_bias_row_max(float* s, const float* bias, int keys, int width) {
+    vf m0 = splat(NEG_INF), m1 = m0;
+    vi nan = vi{};
+    int j = 0;
+    for (; j + 2 * W <= keys; j += 2 * W) {
+        vf x0 = loadu(s + j), x1 = loadu(s + j + W);
+        if (bias) {
+            x0 += loadu(bias + j);
+            x1 += loadu(bias + j + W);
+            storeu(s + j, x0);
+            storeu(s + j + W, x1);
+        }
+        nan |= (x0 != x0) | (x1 != x1);
+        m0 = x0 > m0 ? x0 : m0;
+        m1 = x1 > m1 ? x1 : m1;
+    }
+    if (j < width) {  // the last (partial) vectors, element by element
+        for (int c = j; c < keys; ++c)
+            if (bias) s[c] += bias[c];
+        for (int c = keys; c < width; ++c) s[c] = NEG_INF;
+        for (; j < width; j += W) {
+            const vf x = loadu(s + j);
+            nan |= (x != x);
+            m0 = x > m0 ? x : m0;
+        }
+    }
+    bool any_nan = false;
+    for (int l = 0; l < W; ++l) any_nan |= nan[l] != 0;
+    return any_nan ? std::numeric_limits<float>::quiet_NaN() : lanes_max(m0 > m1 ? m0 : m1);
+}
+
 inline float nan_max(float a, float b) {  // numpy.maximum: NaN wins
     if (a != a) return a;
     if (b != b) return b;
@@ -517,10 +590,20 @@ inline float exp_row(float* s, int n, float ref) {
     return lanes_sum(total0 + total1);
 }
 
+// A key tile that the bias or mask pushes far below the other scores, set aside until the row
+// maxima of the other tiles are known (then it is skipped when provably worthless).
+struct DeferredTile {
+    int tile;
+    float ceiling;    // an upper bound on bias (or fill) over the tile, before the product
+    bool all_filled;  // every score of the tile is mask_fill (the mask keeps none)
+    bool some_filled;
+};
+
 // Thread scratch: O(query_tile * (key tile or Sk) + query_tile * Dvp).
 struct Scratch {
     AlignedFloats q, s, acc;
-    std::vector<float> running_max, running_sum, tile_max, row;
+    std::vector<float> running_max, running_sum, tile_max, row, query_norm;
+    std::vector<struct DeferredTile> deferred;
     Scratch(const Problem& pb, int ld_s, int dvp)
         : q(pb.q_half ? size_t(pb.query_tile) * pb.D : 0),
           s(size_t(pb.query_tile) * ld_s),
@@ -552,6 +635,57 @@ const float* query_rows(const Problem& pb, Scratch& sc, int b, int h, int i0, in
 // weigh exactly 0; with a finite fill their scores are all `fill`, entered in closed form.
 inline bool skipped_keys_count(const Problem& pb) { return pb.causal && std::isfinite(pb.mask_fill); }
 
+// How far below the row maxima a score must lie for vexp to give exactly 0 (it does below
+// -87.33), with room for the rounding of the bound itself.
+constexpr float SKIP_MARGIN = 90.0f;
+
+// Describes key tile [j0, j0 + keys) for rows [i0, i0 + rows) as a DeferredTile when its bias
+// or mask could make every score worthless; false when it cannot (no bias or mask, NaN in
+// the bias, or a mask that keeps some key while there is no bias).
+bool masked_tile(const Problem& pb, int b, int h, int i0, int rows, int j0, int keys, DeferredTile* out) {
+    bool some_kept = !pb.mask.data, some_filled = false;
+    if (pb.mask.data) {
+        const Broadcast4& ms = pb.mask;
+        const uint8_t* base = reinterpret_cast<const uint8_t*>(ms.data) + b * ms.stride[0] + h * ms.stride[1] +
+                              i0 * ms.stride[2] + j0 * ms.stride[3];
+        const int distinct_rows = ms.stride[2] ? rows : 1;
+        for (int r = 0; r < distinct_rows; ++r)
+            for (int j = 0; j < keys; ++j) {
+                const bool keep = base[r * ms.stride[2] + j * ms.stride[3]] != 0;
+                some_kept |= keep;
+                some_filled |= !keep;
+            }
+        if (!some_kept) {
+            *out = DeferredTile{0, pb.mask_fill, true, true};
+            return true;
+        }
+        if (!pb.bias.data) return false;
+    }
+    if (!pb.bias.data) return false;
+    const Broadcast4& bs = pb.bias;
+    const char* base = bs.data + (b * bs.stride[0] + h * bs.stride[1] + i0 * bs.stride[2] + j0 * bs.stride[3]) * bs.item;
+    const int distinct_rows = bs.stride[2] ? rows : 1;
+    float largest = NEG_INF;
+    for (int r = 0; r < distinct_rows; ++r)
+        for (int j = 0; j < keys; ++j) {
+            const int64_t at = r * bs.stride[2] + j * bs.stride[3];
+            const float x = bs.half ? half_to_float(reinterpret_cast<const uint16_t*>(base)[at])
+                                    : reinterpret_cast<const float*>(base)[at];
+            if (x != x) return false;
+            largest = std::max(largest, x);
+        }
+    *out = DeferredTile{0, largest, false, some_filled};
+    return true;
+}
+
+// An upper bound on row r's scores in a tile described by `d`, given |score| <= product_bound.
+inline float score_ceiling(const Problem& pb, const DeferredTile& d, float product_bound) {
+    if (d.all_filled) return pb.mask_fill;
+    if (pb.softcap > 0.0f) product_bound = std::min(product_bound, pb.softcap);
+    const float bound = d.ceiling + product_bound;
+    return d.some_filled ? nan_max(bound, pb.mask_fill) : bound;
+}
+
 void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, int i0, int rows) {
     const int kv = h / (pb.Hq / pb.Hkv);
     const size_t head = size_t(b) * pb.Hkv + kv;
@@ -569,7 +703,36 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
     std::fill(acc, acc + size_t(rows) * dvp, 0.0f);
     const int last_row = i0 + rows - 1;
     const int tiles = pb.causal ? std::min(pk.tiles, last_row / block + 1) : pk.tiles;
-    for (int t = 0; t < tiles; ++t) {
+    // |score| <= |scale| |q| |k| (Cauchy-Schwarz), 1% slack for the rounding of the products.
+    const bool may_skip = pb.bias.data || pb.mask.data;
+    float* query_norm = nullptr;
+    if (may_skip) {
+        sc.query_norm.resize(rows);
+        query_norm = sc.query_norm.data();
+        for (int r = 0; r < rows; ++r) query_norm[r] = std::fabs(pb.scale) * 1.01f * max_norm(q + size_t(r) * pb.D, 1, pb.D);
+    }
+    const float* key_norm = pk.key_norm.data() + head * pk.tiles;
+    auto product_bound = [&](int r, int t) { return query_norm[r] * key_norm[t]; };
+    sc.deferred.clear();
+    auto defer = [&](int t) {
+        if (!may_skip || (pb.causal && t * block + std::min(block, pb.Sk - t * block) - 1 > i0)) return false;
+        DeferredTile d;
+        if (!masked_tile(pb, b, h, i0, rows, t * block, std::min(block, pb.Sk - t * block), &d)) return false;
+        d.tile = t;
+        for (int r = 0; r < rows; ++r)
+            if (!(score_ceiling(pb, d, product_bound(r, t)) < -SKIP_MARGIN)) return false;
+        sc.deferred.push_back(d);
+        return true;
+    };
+    // A deferred tile weighs exactly nothing when each row's score ceiling lies SKIP_MARGIN
+    // below the row's maximum: every exp is then 0, and (V bounded) so is its P x V term.
+    auto worthless = [&](const DeferredTile& d) {
+        if (!pk.v_bounded[head * pk.tiles + d.tile]) return false;
+        for (int r = 0; r < rows; ++r)
+            if (!(score_ceiling(pb, d, product_bound(r, d.tile)) - m[r] < -SKIP_MARGIN)) return false;
+        return true;
+    };
+    auto process = [&](int t) {
         const int j0 = t * block;
         const int keys = std::min(block, pb.Sk - j0);
         float* s = sc.s.ptr;
@@ -579,10 +742,20 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
         // Two passes over the rows, so that the out-of-order core overlaps the rows' short,
         // dependent chains (max -> reference -> exp -> sum) instead of waiting on each.
         float* tile_max = sc.tile_max.data();
+        const bool plain = pb.softcap <= 0.0f && !pb.mask.data && !diagonal &&
+                           (!pb.bias.data || (!pb.bias.half && pb.bias.stride[3] == 1));
         for (int r = 0; r < rows; ++r) {
             float* sr = s + size_t(r) * ld_s;
-            finish_scores(pb, sr, keys, b, h, i0 + r, j0, diagonal, sc.row);
-            tile_max[r] = row_max(sr, width);
+            if (plain) {
+                const Broadcast4& bs = pb.bias;
+                const float* bias = bs.data ? reinterpret_cast<const float*>(bs.data) + b * bs.stride[0] +
+                                                  h * bs.stride[1] + (i0 + r) * bs.stride[2] + j0
+                                            : nullptr;
+                tile_max[r] = add_bias_row_max(sr, bias, keys, width);
+            } else {
+                finish_scores(pb, sr, keys, b, h, i0 + r, j0, diagonal, sc.row);
+                tile_max[r] = row_max(sr, width);
+            }
         }
         for (int r = 0; r < rows; ++r) {
             float* sr = s + size_t(r) * ld_s;
@@ -602,7 +775,11 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
             m[r] = new_max;
         }
         pv_tile(rows, s, ld_s, keys, vpack + size_t(j0) * dvp, dvp, acc);
-    }
+    };
+    for (int t = 0; t < tiles; ++t)
+        if (!defer(t)) process(t);
+    for (const DeferredTile& d : sc.deferred)
+        if (!worthless(d)) process(d.tile);
     const int first_skipped = std::min(pb.Sk, tiles * block);
     if (skipped_keys_count(pb) && first_skipped < pb.Sk) {
         const float* vsum = pk.vsuffix.ptr + pk.s_floats * head + size_t(first_skipped) * dvp;

@@ -4,7 +4,6 @@ target, with the native ops they lower to)."""
 from __future__ import annotations
 
 import os
-
 from collections.abc import Iterator
 
 import onnx
@@ -37,9 +36,13 @@ def optimize(
     policy: SoftmaxPolicy | None = None,
     target: str = "ortflash",
 ) -> tuple[onnx.ModelProto, Report]:
-    """Fuse every provable attention block into FlashAttention.
+    """Fuse every provable attention block into FlashAttention, in every graph of the model
+    (If branches, Loop and Scan bodies included: their rows are named ``If_0.then_branch/...``).
 
-    Returns the new model and a Report with one Block per Softmax. The softmax
+    Returns the new model and a Report with one Block per Softmax; when nothing is fused, the
+    input model itself (never a rewritten copy). Shapes come from ONNX shape inference, or
+    ONNX Runtime's symbolic one where ONNX's leaves ranks unknown (``Report.shape_inference``);
+    for ``target="contrib"`` a model below opset 13 is converted to 13 (``Report.notes``). The softmax
     policy comes from ``policy``, else ``softmax`` (naive|online|auto), else the
     proposal's switch ``online_softmax`` (True -> auto, False/None -> naive).
     """

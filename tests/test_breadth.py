@@ -21,6 +21,7 @@ from attention_graphs import (
 
 import ortflash
 from ortflash import spec
+from ortflash.lowering import lower
 
 TARGETS = ("ortflash", "contrib", "onnx")
 SIZES = {"B": 2, "S": 7, "T": 7}
@@ -201,9 +202,10 @@ def test_causal_where_then_padding_bias_fuses_only_where_exact(fill, bias, targe
 # ---------------------------------------------------------------- 6. other domains and --target onnx
 
 
+@pytest.mark.parametrize("opset", [14, 17])
 @pytest.mark.parametrize("upstream", ["SkipLayerNormalization", "FastGelu"])
-def test_onnx_target_converts_only_the_default_domain(upstream):
-    model = projected_block(upstream, opset=17)
+def test_onnx_target_converts_only_the_default_domain(upstream, opset):
+    model = projected_block(upstream, opset=opset)
     out, report = fused_and_checked(model, "onnx")
     assert report.fused == 1 and spec.OP_TYPE not in op_types(out), report.blocks[0].reason
     assert upstream in op_types(out)
@@ -219,3 +221,36 @@ def test_scale_computed_from_a_static_head_dim_is_folded(gather):
     assert report.fused == 1, report.blocks[0].reason
     assert report.blocks[0].scale == pytest.approx(8**-0.5, rel=1e-6)
     assert not {"Mul", "Sqrt", "Shape"} & set(op_types(out)), op_types(out)
+
+
+# ---------------------------------------------------------------- 1. lowering FlashAttention nodes of other writers
+
+
+def _direct_node(k_heads: int, v_heads: int, bias_dims: list | None = None) -> onnx.ModelProto:
+    """One FlashAttention node (as another tool may write it) over Q [B, 4, S, 8]."""
+    h = onnx.helper
+    inputs = [h.make_tensor_value_info("q", onnx.TensorProto.FLOAT, ["B", 4, "S", 8]),
+              h.make_tensor_value_info("k", onnx.TensorProto.FLOAT, ["B", k_heads, "S", 8]),
+              h.make_tensor_value_info("v", onnx.TensorProto.FLOAT, ["B", v_heads, "S", 8])]
+    inits = [onnx.numpy_helper.from_array(np.array(True), "no_mask")]
+    if bias_dims is None:
+        inits.append(onnx.numpy_helper.from_array(np.array(0.0, np.float32), "bias"))
+    else:
+        inputs.append(h.make_tensor_value_info("bias", onnx.TensorProto.FLOAT, bias_dims))
+    node = h.make_node(spec.OP_TYPE, ["q", "k", "v", "bias", "no_mask"], ["o"], domain=spec.DOMAIN, name="fa",
+                       **spec.validate({"scale": 0.3}))
+    graph = h.make_graph([node], "fa", inputs, [h.make_tensor_value_info("o", onnx.TensorProto.FLOAT, None)], inits)
+    opsets = [h.make_opsetid("", 17), h.make_opsetid(spec.DOMAIN, spec.DOMAIN_VERSION)]
+    return h.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+@pytest.mark.parametrize("target", ("contrib", "onnx"))
+@pytest.mark.parametrize("k_heads,v_heads,bias_dims,reason", [
+    (2, 4, None, "one key/value head count"),
+    (2, 2, ["B", 3, "S", "S"], "neither 1 nor Q's head count"),
+])
+def test_lowering_refuses_operands_the_native_ops_cannot_take(k_heads, v_heads, bias_dims, reason, target):
+    model = _direct_node(k_heads, v_heads, bias_dims)
+    lowered, (note,) = lower(model, target)
+    assert not note.lowered and reason in note.reason, note
+    assert lowered is model

@@ -3,6 +3,9 @@ with-cache or without-cache branch), models without shapes, old opsets, and inpu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -200,7 +203,7 @@ def _no_attention_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 
-def test_a_model_with_nothing_fused_is_written_byte_identical(tmp_path) -> None:
+def test_a_model_with_nothing_fused_is_written_byte_identical(tmp_path: Path) -> None:
     model = _no_attention_model()
     out, report = ortflash.optimize(model)
     assert report.fused == 0 and out is model
@@ -292,7 +295,8 @@ def test_positions_follow_the_past_and_ids_stay_in_the_vocabulary() -> None:
 
 @pytest.mark.parametrize("build", [cached_decoder, merged_decoder])
 @pytest.mark.parametrize("dims", [[], ["--dim", "sequence_length=1"]], ids=["prefill", "decode"])
-def test_optimize_verify_passes_on_a_decoder_with_no_feeds(build, dims: list[str], tmp_path, capsys) -> None:
+def test_optimize_verify_passes_on_a_decoder_with_no_feeds(build: Callable[[], onnx.ModelProto], dims: list[str],
+                                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "decoder.onnx"
     onnx.save(build(), src)
     out = tmp_path / "decoder.flash.onnx"
@@ -300,9 +304,47 @@ def test_optimize_verify_passes_on_a_decoder_with_no_feeds(build, dims: list[str
     assert out.exists()
 
 
-def test_dim_flag_rejects_a_malformed_setting(tmp_path, capsys) -> None:
+def test_dim_flag_rejects_a_malformed_setting(tmp_path: Path) -> None:
     src = tmp_path / "decoder.onnx"
     onnx.save(cached_decoder(), src)
     with pytest.raises(SystemExit) as exit_info:
         main(["verify", str(src), str(src), "--dim", "sequence_length"])
     assert exit_info.value.code == 2
+
+
+def loop_encoder(seed: int = 0) -> onnx.ModelProto:
+    """The layer as a Loop body run twice: x is a loop-carried value, the weights and the mask come
+    from the main graph."""
+    nodes, out, _, _ = _layer("body/", cached=False)
+    nodes += [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Identity", [out], ["x_next"])]
+    body = helper.make_graph(
+        nodes, "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", F32, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("x_next", F32, None)])
+    weights = _weights(np.random.default_rng(seed))
+    weights += [onnx.numpy_helper.from_array(np.array(2, np.int64), "trips"),
+                onnx.numpy_helper.from_array(np.array(True), "keep_going")]
+    inputs, _ = _io(cached=False)
+    inputs[0].name = "x0"
+    graph = helper.make_graph([helper.make_node("Loop", ["trips", "keep_going", "x0"], ["logits"], body=body, name="layers")],
+                              "looped", inputs, [helper.make_tensor_value_info("logits", F32, None)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def test_a_block_in_a_loop_body_fuses_and_matches() -> None:
+    model = loop_encoder()
+    fused, report = ortflash.optimize(model)
+    assert [(b.name, b.fused) for b in report.blocks] == [("layers.body/body/softmax", True)], report.blocks
+    feeds = _encoder_feeds(np.random.default_rng(5))
+    feeds["x0"] = feeds.pop("x")
+    np.testing.assert_allclose(_run(fused, feeds)[0], _run(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_mask_length_written_as_past_plus_one_makes_one_new_token() -> None:
+    model = cached_decoder()
+    for vi in model.graph.input:
+        if vi.name == "attention_mask":
+            vi.type.tensor_type.shape.dim[1].dim_param = "past_sequence_length + 1"
+    feeds = make_feeds(model, seq_len=6)
+    assert (feeds["x"].shape[1], feeds["past_key"].shape[2], feeds["attention_mask"].shape[1]) == (1, 6, 7)

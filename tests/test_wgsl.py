@@ -153,6 +153,31 @@ def test_mask_with_finite_fill_and_bias(kernel):
     assert not np.isnan(got).any()
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_float32_lowest_fill_and_bias_stay_finite(kernel):
+    """Exported models mask with float32's lowest, finite: a row that sees only such scores is
+    the uniform average of V (the reference's softmax of equal scores), never NaN. Regression:
+    flash.wgsl once carried scores times log2(e), which turns lowest into -inf."""
+    lowest = float(np.finfo(np.float32).min)
+    rng = np.random.default_rng(13)
+    b, h, sq, sk = 2, 2, 150, 150  # several key tiles; rows not a multiple of a row block
+    q, k, v = make(rng, b, h, h, sq, sk, 32)
+    keep = np.ones((b, 1, 1, sk), bool)
+    keep[0, ..., :5] = False  # batch 0 left-padded: with causal, rows 0-4 see no key
+    keep[1, ..., 140:] = False  # batch 1 right-padded
+    uniform = v.astype(np.float64).mean(axis=2)  # [B, H, Dv]
+
+    got, _ = run_both(q, k, v, mask=keep, kernel=kernel, is_causal=1, mask_fill=lowest)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got[0, :, :5], np.repeat(uniform[0, :, None], 5, axis=1), atol=F32_ATOL)
+
+    padding_bias = np.where(keep, 0.0, lowest).astype(np.float32)
+    padding_bias[1] = lowest  # every key of batch 1 biased away: every row uniform
+    got, _ = run_both(q[:, :, :21], k, v, padding_bias, kernel=kernel)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got[1], np.repeat(uniform[1, :, None], 21, axis=1), atol=F32_ATOL)
+
+
 # --------------------------------------------------------------------------- causal, softcap
 
 

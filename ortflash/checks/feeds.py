@@ -107,9 +107,20 @@ def decoder_dims(model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2,
     out = {d: batch for d in batch_names}
     out.update({d: seq_len for d in past | new})
     out.update({d: v for d, v in given.items() if d not in totals})
+    for total in totals - given.keys():
+        terms = [t.strip() for t in total.split("+")]
+        names = [t for t in terms if not t.isdigit()]
+        if len(terms) < 2 or not set(names) <= out.keys():
+            continue
+        # a length written as a sum ("s7 + s3"; optimum's "past_sequence_length + 1") is that sum; a
+        # number in it without the new tokens' name is their count (one token per decode step)
+        added = sum(int(t) for t in terms if t.isdigit())
+        if added and not new & set(names) and not new & given.keys():
+            out.update({d: added for d in new})
+        out[total] = sum(out[t] for t in names) + added
     past_len = max(out[d] for d in past)
     new_len = max((out[d] for d in new), default=seq_len)
-    out.update({d: past_len + new_len for d in totals})
+    out.update({d: past_len + new_len for d in totals if d not in out})
     out.update(given)
     return out
 

@@ -12,7 +12,8 @@ import onnx_ir as ir
 
 from ..errors import NotFused
 from ..graph import ir_utils as u
-from .softmax_rules import QKOperands, Rule, WalkState, scaled_q, take_qk
+from .qk_operands import QKOperands, scaled_q, take_qk
+from .softmax_rules import Rule, WalkState
 
 
 def _equation(node: ir.Node) -> tuple[str, str, str] | None:

@@ -26,8 +26,7 @@ PARAMS_DTYPE = np.dtype(
         ("mask_fill", "<f4"),
         ("neg_inf", "<f4"),
         ("empty_row", "<f4"),
-        ("scale_log2", "<f4"),
-        ("_pad", "<f4", (2,)),
+        ("_pad", "<f4", (3,)),
         ("bias_stride", "<u4", (4,)),
         ("mask_stride", "<u4", (4,)),
     ]
@@ -143,7 +142,6 @@ def prepare(
     params["seq_k"] = problem.seq_k
     params["flags"] = flags
     params["scale"] = attrs["scale"]
-    params["scale_log2"] = attrs["scale"] * math.log2(math.e)  # one rounding, in float64 first
     params["softcap"] = attrs["softcap"] or 1.0
     params["mask_fill"] = attrs["mask_fill"]
     params["neg_inf"] = -np.inf

@@ -18,7 +18,7 @@ struct Params {
     mask_fill: f32,   // may be -inf
     neg_inf: f32,     // -inf, given at run time: a WGSL constant may not be infinite
     empty_row: f32,   // what a fully masked row yields: NaN (masked_rows=nan) or 0
-    scale_log2: f32,  // scale * log2(e), rounded once on the host: scores in log2 units
+    _pad0: f32,
     _pad1: f32,
     _pad2: f32,
     // Element strides of bias / mask per dimension (batch, head, row, key);

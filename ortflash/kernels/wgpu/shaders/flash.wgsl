@@ -19,8 +19,13 @@
 // (Left as loops, NVIDIA's Vulkan compiler put the arrays in local memory,
 // 3-10x slower, and lavapipe has miscompiled such dynamic indexing.)
 //
-// Scores are kept in log2 units (s * log2(e), log2(e) folded into the scale
-// on the host), so every softmax exponential is an exp2.
+// Scores stay in natural units, exactly as score_of (spec.py) defines them,
+// and log2(e) is applied only to differences: p = exp2((s - m) * LOG2E).
+// Scores may not be carried in log2 units (log2(e) folded into the scale):
+// a finite mask_fill or bias below -FLT_MAX / log2(e) (float32's lowest, as
+// exported models use) would become -inf there, and a row masked with such a
+// finite fill would turn into NaN instead of the reference's uniform average.
+// s - m is 0 or negative, so (s - m) * LOG2E can only underflow exp2 to 0.
 //
 // Precision: whatever the io dtype, values are widened to f32 as they are
 // staged (io_f16.wgsl), and every product, dot-product sum, running max,
@@ -76,8 +81,8 @@ var<workgroup> p_tile: array<vec4<f32>, BC * PROW>;
 // vec4 per (invocation of a row group, row block); unused when SG = 1.
 var<workgroup> red_tile: array<vec4<f32>, C * BR4>;
 
-// The final scores, in log2 units, of one row block (4 rows from row0) for
-// one key. `plain`: no bias, mask, softcap or causal check applies to this tile.
+// The final scores of one row block (4 rows from row0) for one key.
+// `plain`: no bias, mask, softcap or causal check applies to this tile.
 fn finish4(dots: vec4<f32>, bb: u32, mb: u32, row0: u32, key: u32, plain: bool) -> vec4<f32> {
     if (key >= params.seq_k) {
         // Past the end of the keys: not a masked key but no key at all; it
@@ -85,12 +90,12 @@ fn finish4(dots: vec4<f32>, bb: u32, mb: u32, row0: u32, key: u32, plain: bool) 
         return vec4<f32>(params.neg_inf);
     }
     if (plain) {
-        return dots * params.scale_log2;
+        return dots * params.scale;
     }
     // Rows past Sq are computed but never stored; clamp them so bias/mask
     // reads stay inside their buffers.
     let last = params.seq_q - 1u;
-    return LOG2E * vec4<f32>(
+    return vec4<f32>(
         score_of(dots.x, bb, mb, min(row0, last), key),
         score_of(dots.y, bb, mb, min(row0 + 1u, last), key),
         score_of(dots.z, bb, mb, min(row0 + 2u, last), key),
@@ -133,9 +138,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         q_tile[slot + 3u * BR4][lane] = x.w;
     }
 
-    var running_max: array<vec4<f32>, RV>;   // m: largest score (log2 units) seen so far, per row
-    var running_sum: array<vec4<f32>, RV>;   // l: sum of exp2(score - m) over this invocation's keys
-    var acc: array<vec4<f32>, TM * VPT>;     // unnormalised output, in units of exp2(-m)
+    var running_max: array<vec4<f32>, RV>;   // m: largest score seen so far, per row
+    var running_sum: array<vec4<f32>, RV>;   // l: sum of e^(score - m) over this invocation's keys
+    var acc: array<vec4<f32>, TM * VPT>;     // unnormalised output, in units of e^-m
     // @unroll
     for (var r = 0u; r < RV; r++) {
         running_max[r] = neg_inf;
@@ -247,17 +252,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
 
         // The rescaling trick: with m the running max, acc and l hold sums in
-        // units of exp2(-m). When a tile raises the max to m', everything
-        // summed so far is multiplied by exp2(m - m') before the tile's own
-        // exp2(s - m') terms are added, so no score row is ever kept whole.
+        // units of e^-m. When a tile raises the max to m', everything summed
+        // so far is multiplied by e^(m - m') before the tile's own e^(s - m')
+        // terms are added, so no score row is ever kept whole. Each e^x is
+        // exp2(x * LOG2E), x a difference of scores (see the top of the file).
         // @unroll
         for (var r = 0u; r < RV; r++) {
             let m_new = max(running_max[r], tile_max[r]);
             // A row that has seen only -inf so far keeps 0 as its reference,
-            // so exp2(-inf - ref) = 0 instead of NaN; a fully masked row ends
+            // so e^(-inf - ref) = 0 instead of NaN; a fully masked row ends
             // with running_sum 0.
             let ref_max = select(m_new, vec4<f32>(0.0), m_new == neg_inf);
-            let rescale = exp2(running_max[r] - ref_max);
+            let rescale = exp2((running_max[r] - ref_max) * LOG2E);
             running_max[r] = m_new;
             running_sum[r] *= rescale;
             // @unroll
@@ -269,7 +275,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             // @unroll
             for (var kk = 0u; kk < KPT; kk++) {
-                let p = exp2(s[kk * RV + r] - ref_max);
+                let p = exp2((s[kk * RV + r] - ref_max) * LOG2E);
                 running_sum[r] += p;
                 p_tile[(kk * C + c) * PROW + rb0 + r] = p;
             }
