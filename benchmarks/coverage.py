@@ -54,10 +54,21 @@ if str(ROOT) not in sys.path:
 
 TOOLS = ("ortflash", "ort_session", "ort_optimizer", "onnxscript")
 ATTENTION_OPS = {
-    "FlashAttention", "Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
-    "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention",
-    "DecoderAttention", "LongformerAttention", "SparseAttention", "PagedAttention", "QAttention",
-    "QOrderedAttention", "MultiHeadAttentionFused",
+    "FlashAttention",
+    "Attention",
+    "MultiHeadAttention",
+    "GroupQueryAttention",
+    "PackedAttention",
+    "PackedMultiHeadAttention",
+    "DecoderMaskedMultiHeadAttention",
+    "DecoderMaskedSelfAttention",
+    "DecoderAttention",
+    "LongformerAttention",
+    "SparseAttention",
+    "PagedAttention",
+    "QAttention",
+    "QOrderedAttention",
+    "MultiHeadAttentionFused",
 }
 # model_type for onnxruntime.transformers.optimizer, per zoo arch: the first is what ORT's own
 # export scripts use for that architecture.
@@ -126,7 +137,9 @@ def check_outputs(original, rewritten, entry) -> dict:
     out = {"runs": True, "cases": {}}
     dynamic_seq = entry.get("dynamic", {}).get("seq", True)
     for label, batch in (("b1_right_pad", 1), ("b2_left_pad", 2)):
-        feeds = make_feeds(original, seq_len=16 if dynamic_seq else 16, batch=batch, seed=0, dims=entry.get("feed_dims"))
+        feeds = make_feeds(
+            original, seq_len=16 if dynamic_seq else 16, batch=batch, seed=0, dims=entry.get("feed_dims")
+        )
         try:
             exp = ref.run(None, feeds)
             act = got.run(None, _feeds_for(rewritten, feeds))
@@ -211,9 +224,12 @@ def tool_ortflash(path, entry) -> dict:
                 lowered = ir.serde.serialize_model(lowered)
             c = count_attention(lowered)
             native = sum(n for k, n in c["attention_ops"].items() if not k.endswith("FlashAttention"))
-            res["lower"][target] = {**c, "native": min(native, entry["attention_blocks"]),
-                                    "notes": [str(n) for n in (notes or [])][:12],
-                                    "check": check_outputs(original, lowered, entry) if native else None}
+            res["lower"][target] = {
+                **c,
+                "native": min(native, entry["attention_blocks"]),
+                "notes": [str(n) for n in (notes or [])][:12],
+                "check": check_outputs(original, lowered, entry) if native else None,
+            }
         except Exception as exc:
             res["lower"][target] = {"error": _one_line(exc)}
     return res
@@ -250,8 +266,9 @@ def tool_ort_optimizer(path, entry) -> dict:
             t = {"model_type": model_type, "opt_level": level, "num_heads": nh, "hidden_size": hs}
             try:
                 with _quiet():
-                    m = optimize_model(path, model_type=model_type, num_heads=nh, hidden_size=hs,
-                                       opt_level=level, use_gpu=False)
+                    m = optimize_model(
+                        path, model_type=model_type, num_heads=nh, hidden_size=hs, opt_level=level, use_gpu=False
+                    )
                 t.update(count_attention(m.model))
                 try:
                     t["fused_operator_statistics"] = {k: v for k, v in m.get_fused_operator_statistics().items() if v}
@@ -262,13 +279,17 @@ def tool_ort_optimizer(path, entry) -> dict:
                 t["error"] = _one_line(exc)
             tries.append(t)
     if not models:
-        raise RuntimeError("every try failed: " + "; ".join(f"{t['model_type']} L{t.get('opt_level')}: {t['error']}"
-                                                             for t in tries if "error" in t)[:400])
+        raise RuntimeError(
+            "every try failed: "
+            + "; ".join(f"{t['model_type']} L{t.get('opt_level')}: {t['error']}" for t in tries if "error" in t)[:400]
+        )
     # the most attention ops; among those, the first whose outputs match (both cases, else right padding)
     top = max(t["attention_op_count"] for t, _ in models)
     results = []
     for t, model in [(t, m) for t, m in models if t["attention_op_count"] == top]:
-        r = _result(model, original, entry, best={k: t[k] for k in ("model_type", "opt_level", "num_heads", "hidden_size")})
+        r = _result(
+            model, original, entry, best={k: t[k] for k in ("model_type", "opt_level", "num_heads", "hidden_size")}
+        )
         t["verdict"] = verdict(r.get("check"))
         results.append(r)
         if t["verdict"] == "ok":
@@ -310,10 +331,18 @@ def _worker(tool, path, entry_json, result_path) -> int:
 def run_tool(tool, path, entry, timeout) -> dict:
     with tempfile.TemporaryDirectory(prefix="ortflash-coverage-") as tmp:
         out = os.path.join(tmp, "result.json")
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+        )
         try:
-            proc = subprocess.run([sys.executable, __file__, "--worker", tool, path, json.dumps(entry), out],
-                                  capture_output=True, text=True, timeout=timeout, env=env)
+            proc = subprocess.run(
+                [sys.executable, __file__, "--worker", tool, path, json.dumps(entry), out],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+            )
         except subprocess.TimeoutExpired:
             return {"status": "error", "error": f"timeout after {timeout:g} s"}
         if os.path.exists(out):
@@ -393,8 +422,12 @@ def markdown(data) -> str:
     tools = data["tools"]
     rows = data["rows"]
     tot = data["totals"]
-    names = {"ortflash": "ortflash", "ort_session": "ORT session (C++ fusions)",
-             "ort_optimizer": "ORT transformers optimizer", "onnxscript": "onnxscript ort_fusions"}
+    names = {
+        "ortflash": "ortflash",
+        "ort_session": "ORT session (C++ fusions)",
+        "ort_optimizer": "ORT transformers optimizer",
+        "onnxscript": "onnxscript ort_fusions",
+    }
     lower = "ortflash" in tools and any(isinstance(r["tools"].get("ortflash", {}).get("lower"), dict) for r in rows)
     head = ["model", "exporter", "attention", "blocks"] + [names[t] for t in tools]
     if lower:
@@ -438,7 +471,9 @@ def markdown(data) -> str:
             c = _cell(r["tools"].get(t))
             if t == "ort_optimizer" and r["tools"].get(t, {}).get("status") == "ok" and r["tools"][t]["fused"]:
                 b = r["tools"][t]["best"]
-                c += f" ({b['model_type']}, L{b['opt_level']}" + (", auto heads" if not b.get("num_heads") else "") + ")"
+                c += (
+                    f" ({b['model_type']}, L{b['opt_level']}" + (", auto heads" if not b.get("num_heads") else "") + ")"
+                )
             cells.append(c)
         if lower:
             o = r["tools"].get("ortflash")
@@ -448,24 +483,40 @@ def markdown(data) -> str:
     if lower:
         total[5:5] = [f"**{tot['ortflash_to_contrib']}**", f"**{tot['ortflash_to_onnx']}**"]
     lines.append("| " + " | ".join(total) + " |")
-    lines += ["", "## Totals", "", "| tool | blocks fused | fused and verified (both cases) | fused, right padding only (†) "
-              "| models fully fused | models where the tool failed |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## Totals",
+        "",
+        "| tool | blocks fused | fused and verified (both cases) | fused, right padding only (†) "
+        "| models fully fused | models where the tool failed |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for t in tools:
         x = tot[t]
-        lines.append(f"| {names[t]} | {x['fused']} / {tot['blocks']} | {x['fused_and_verified']} | "
-                     f"{x['fused_right_padding_only']} | {x['models_all_fused']} / {tot['models']} | {x['models_failed']} |")
+        lines.append(
+            f"| {names[t]} | {x['fused']} / {tot['blocks']} | {x['fused_and_verified']} | "
+            f"{x['fused_right_padding_only']} | {x['models_all_fused']} / {tot['models']} | {x['models_failed']} |"
+        )
     if lower:
         lines.append(f"| ortflash → contrib (native ops) | {tot['ortflash_to_contrib']} / {tot['blocks']} | | | | |")
         lines.append(f"| ortflash → onnx (native ops) | {tot['ortflash_to_onnx']} / {tot['blocks']} | | | | |")
     ran = [r for r in rows if r["tools"].get("ort_optimizer", {}).get("status") == "ok"]
-    other = sum(1 for r in ran if any(
-        {k for k in t.get("fused_operator_statistics", {}) if k not in ATTENTION_OPS}
-        for t in r["tools"]["ort_optimizer"].get("tries", [])))
+    other = sum(
+        1
+        for r in ran
+        if any(
+            {k for k in t.get("fused_operator_statistics", {}) if k not in ATTENTION_OPS}
+            for t in r["tools"]["ort_optimizer"].get("tries", [])
+        )
+    )
     if ran:
-        lines += ["", f"The ORT transformers optimizer ran on all {len(ran)} models and fused its other patterns on {other} "
-                  "of them (SkipLayerNormalization, BiasGelu/FastGelu, SimplifiedLayerNormalization, ...: "
-                  "`fused_operator_statistics` of each try in coverage.json), so its zero attention counts are pattern "
-                  "misses on these exports, not failures to run."]
+        lines += [
+            "",
+            f"The ORT transformers optimizer ran on all {len(ran)} models and fused its other patterns on {other} "
+            "of them (SkipLayerNormalization, BiasGelu/FastGelu, SimplifiedLayerNormalization, ...: "
+            "`fused_operator_statistics` of each try in coverage.json), so its zero attention counts are pattern "
+            "misses on these exports, not failures to run.",
+        ]
     notes = []
     for r in rows:
         for t in tools:
@@ -478,11 +529,18 @@ def markdown(data) -> str:
             chk = x.get("check")
             if chk and not chk.get("ok"):
                 bad = chk.get("error") or "; ".join(
-                    f"{k}: " + (v.get("error") or f"max abs diff {v['max_abs']:.3g}, NaN mismatches {v['nan_mismatch']}")
-                    for k, v in chk.get("cases", {}).items() if not v.get("ok"))
+                    f"{k}: "
+                    + (v.get("error") or f"max abs diff {v['max_abs']:.3g}, NaN mismatches {v['nan_mismatch']}")
+                    for k, v in chk.get("cases", {}).items()
+                    if not v.get("ok")
+                )
                 notes.append(f"- `{r['file']}` {names[t]}: output differs: {bad}")
             if t == "ort_optimizer":
-                errs = [f"{y['model_type']} L{y.get('opt_level', '?')}: {y['error']}" for y in x.get("tries", []) if "error" in y]
+                errs = [
+                    f"{y['model_type']} L{y.get('opt_level', '?')}: {y['error']}"
+                    for y in x.get("tries", [])
+                    if "error" in y
+                ]
                 if errs:
                     notes.append(f"- `{r['file']}` {names[t]} (other tries): " + "; ".join(errs)[:400])
             if t == "ortflash" and isinstance(x.get("lower"), dict):
@@ -490,7 +548,9 @@ def markdown(data) -> str:
                     if "error" in y:
                         notes.append(f"- `{r['file']}` lower → {target}: {y['error']}")
                     elif y.get("check") and not y["check"].get("ok"):
-                        notes.append(f"- `{r['file']}` lower → {target}: output differs: {json.dumps(y['check'])[:200]}")
+                        notes.append(
+                            f"- `{r['file']}` lower → {target}: output differs: {json.dumps(y['check'])[:200]}"
+                        )
     if notes:
         lines += ["", "## Failures, mismatches and count notes", ""] + notes
     skipped = data.get("skipped") or []
@@ -539,19 +599,32 @@ def main(argv=None) -> int:
     # every tool reads the same bytes even if the zoo is regenerated meanwhile
     snapshot = tempfile.TemporaryDirectory(prefix="ortflash-coverage-zoo-")
     rows = []
-    with snapshot, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=console) as bar:
+    with (
+        snapshot,
+        Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as bar,
+    ):
         task = bar.add_task("coverage", total=len(entries) * len(tools))
         for e in entries:
             src = zoo / e["file"]
             path = os.path.join(snapshot.name, e["file"])
             with open(src, "rb") as f, open(path, "wb") as g:
                 g.write(f.read())
-            row = {"file": e["file"], "arch": e["arch"], "exporter": e["exporter"], "attn_impl": e["attn_impl"],
-                   "blocks": e["attention_blocks"], "num_heads": e.get("num_heads"), "head_dim": e.get("head_dim"),
-                   "tools": {}}
-            entry = {k: e.get(k) for k in ("arch", "attention_blocks", "num_heads", "kv_heads", "head_dim",
-                                           "dynamic", "feed_dims")}
+            row = {
+                "file": e["file"],
+                "arch": e["arch"],
+                "exporter": e["exporter"],
+                "attn_impl": e["attn_impl"],
+                "blocks": e["attention_blocks"],
+                "num_heads": e.get("num_heads"),
+                "head_dim": e.get("head_dim"),
+                "tools": {},
+            }
+            entry = {
+                k: e.get(k)
+                for k in ("arch", "attention_blocks", "num_heads", "kv_heads", "head_dim", "dynamic", "feed_dims")
+            }
             for t in tools:
                 bar.update(task, description=f"{e['file']:32s} {t:13s}")
                 row["tools"][t] = run_tool(t, path, entry, args.timeout)

@@ -118,8 +118,11 @@ def build_model(layers: int = 2, seed: int = 0, stack: str = "padding") -> onnx.
             probs = node("Softmax", [s], p + "probs", axis=-1)
             ctx = node("Transpose", [node("MatMul", [probs, v], p + "context")], p + "context_bshd", perm=[0, 2, 1, 3])
             ctx = node("Reshape", [ctx, "shape_bsh"], p + "context_bsh")
-        o = node("Add", [node("MatMul", [ctx, weight(p + "wo", HIDDEN, HIDDEN)], p + "o_mm"),
-                         weight(p + "bo", HIDDEN)], p + "o_add")
+        o = node(
+            "Add",
+            [node("MatMul", [ctx, weight(p + "wo", HIDDEN, HIDDEN)], p + "o_mm"), weight(p + "bo", HIDDEN)],
+            p + "o_add",
+        )
         r = node("Add", [o, x], p + "residual")
         gamma = const(p + "ln_gamma", np.ones(HIDDEN, np.float32))
         beta = const(p + "ln_beta", np.zeros(HIDDEN, np.float32))
@@ -131,12 +134,16 @@ def build_model(layers: int = 2, seed: int = 0, stack: str = "padding") -> onnx.
     if stack == "padding":
         graph_inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]))
     graph = helper.make_graph(
-        nodes, f"bert_base_attention_stack_{stack}", graph_inputs,
+        nodes,
+        f"bert_base_attention_stack_{stack}",
+        graph_inputs,
         [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", HIDDEN])],
         [t for t in inits if t.name in used],
     )
     opset = 23 if stack == "causal" else OPSET
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="ortflash-benchmarks")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="ortflash-benchmarks"
+    )
     model.ir_version = 11 if stack == "causal" else 8
     onnx.checker.check_model(model)
     return model
@@ -188,8 +195,13 @@ def check_targets(results: dict[str, Any], stack: str, isa: str | None) -> list[
 
 
 def targets_markdown(targets: list[dict[str, Any]]) -> str:
-    lines = ["", "## Targets (project issue 9, ratios within this run)", "",
-             "| case | check | wanted | measured | met |", "|---|---|---:|---:|---|"]
+    lines = [
+        "",
+        "## Targets (project issue 9, ratios within this run)",
+        "",
+        "| case | check | wanted | measured | met |",
+        "|---|---|---:|---:|---|",
+    ]
     for row in targets:
         t = row["target"]
         case = f"{t['stack']}, S={t['seq_len']}, {t['variant']}" + (f", {t['isa']}" if t["isa"] else "")
@@ -198,7 +210,9 @@ def targets_markdown(targets: list[dict[str, Any]]) -> str:
         for name, (got, want, ok) in row["checks"].items():
             sense = "<=" if "memory" in name or "MiB" in name else ">="
             shown = "n/a" if got is None else f"{got:.3g}"
-            lines.append(f"| {case} | {name} | {sense} {want:g} | {shown} | {'n/a' if ok is None else 'yes' if ok else 'no'} |")
+            lines.append(
+                f"| {case} | {name} | {sense} {want:g} | {shown} | {'n/a' if ok is None else 'yes' if ok else 'no'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -213,16 +227,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="ORT intra-op, kernel and BLAS threads per worker")
-    ap.add_argument("--isa", choices=("avx512", "avx2", "generic"), default=None,
-                    help="force this build of the compiled CPU kernel (ORTFLASH_CPU_ISA in the workers)")
+    ap.add_argument(
+        "--isa",
+        choices=("avx512", "avx2", "generic"),
+        default=None,
+        help="force this build of the compiled CPU kernel (ORTFLASH_CPU_ISA in the workers)",
+    )
     ap.add_argument("--rounds", type=int, default=2, help="measurements per (variant, S), alternating the order")
     ap.add_argument("--rounds-max-seq", type=int, default=2048, help="only one round above this length")
-    ap.add_argument("--time-budget", type=float, default=60.0,
-                    help="fewer timed runs (at least 3) when repeats x cold run exceeds this many seconds")
+    ap.add_argument(
+        "--time-budget",
+        type=float,
+        default=60.0,
+        help="fewer timed runs (at least 3) when repeats x cold run exceeds this many seconds",
+    )
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per worker")
-    ap.add_argument("--max-seq", action="append", default=[], metavar="VARIANT=S",
-                    help="do not run VARIANT above sequence length S (repeatable)")
-    ap.add_argument("--profile-max-seq", type=int, default=4096, help="ORT-profiled runs (per-op times) up to this length")
+    ap.add_argument(
+        "--max-seq",
+        action="append",
+        default=[],
+        metavar="VARIANT=S",
+        help="do not run VARIANT above sequence length S (repeatable)",
+    )
+    ap.add_argument(
+        "--profile-max-seq", type=int, default=4096, help="ORT-profiled runs (per-op times) up to this length"
+    )
     ap.add_argument("--model-dir", default=None, help="where to write the generated models (default: a temp folder)")
     ap.add_argument("--no-run", action="store_true", help="only write the models (to --model-dir)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -243,23 +272,48 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     max_seq = {k: int(v) for k, v in (x.split("=", 1) for x in args.max_seq)}
     for stack in stacks:
-        notes = [(f"model: BERT-base-sized attention stack `{stack}` built by benchmarks/cpu_attention.py (hidden "
-                 f"{HIDDEN}, {HEADS} heads x {HEAD_DIM}, {args.layers} attention layers, no FFN, random weights)")] + args.note
-        res = bench(model_path(folder, stack, args.layers), seq_lens=[int(s) for s in args.seq_lens.split(",")],
-                    variants=args.variants.split(","), batch=args.batch, repeats=args.repeats,
-                    time_budget_s=args.time_budget, timeout_s=args.timeout, rounds=args.rounds, threads=args.threads,
-                    isa=args.isa, rounds_max_seq=args.rounds_max_seq, max_seq_len=max_seq,
-                    profile=args.profile_max_seq, name=f"{args.name}_{stack}",
-                    title=f"CPU attention, BERT-base sized, {stack} ({args.layers} layers)", notes=notes)
+        notes = [
+            (
+                f"model: BERT-base-sized attention stack `{stack}` built by benchmarks/cpu_attention.py (hidden "
+                f"{HIDDEN}, {HEADS} heads x {HEAD_DIM}, {args.layers} attention layers, no FFN, random weights)"
+            )
+        ] + args.note
+        res = bench(
+            model_path(folder, stack, args.layers),
+            seq_lens=[int(s) for s in args.seq_lens.split(",")],
+            variants=args.variants.split(","),
+            batch=args.batch,
+            repeats=args.repeats,
+            time_budget_s=args.time_budget,
+            timeout_s=args.timeout,
+            rounds=args.rounds,
+            threads=args.threads,
+            isa=args.isa,
+            rounds_max_seq=args.rounds_max_seq,
+            max_seq_len=max_seq,
+            profile=args.profile_max_seq,
+            name=f"{args.name}_{stack}",
+            title=f"CPU attention, BERT-base sized, {stack} ({args.layers} layers)",
+            notes=notes,
+        )
         res["targets"] = check_targets(res, stack, args.isa)
         paths = write_results(res, args.out, f"{args.name}_{stack}")
         md = Path(paths["md"])
         md.write_text(md.read_text() + targets_markdown(res["targets"]))
         for row in res["targets"]:
             t = row["target"]
-            print(f"target {t['stack']} S={t['seq_len']} {t['variant']}: "
-                  + ("not measured" if row["met"] is None and not row["checks"] else
-                     "met" if row["met"] else "NOT met" if row["met"] is False else "incomplete"))
+            print(
+                f"target {t['stack']} S={t['seq_len']} {t['variant']}: "
+                + (
+                    "not measured"
+                    if row["met"] is None and not row["checks"]
+                    else "met"
+                    if row["met"]
+                    else "NOT met"
+                    if row["met"] is False
+                    else "incomplete"
+                )
+            )
         print("wrote", ", ".join(paths.values()))
     return 0
 

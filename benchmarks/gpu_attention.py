@@ -151,8 +151,16 @@ def wgsl_attrs(d: int, mask_kind: str) -> dict[str, Any]:
 
 
 def bench_wgsl(
-    runner: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, kernel: str, dtype: type, mask_kind: str,
-    reps: int, warmup_s: float, tile: Any = None,
+    runner: Any,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    kernel: str,
+    dtype: type,
+    mask_kind: str,
+    reps: int,
+    warmup_s: float,
+    tile: Any = None,
 ) -> tuple[np.ndarray, Timing, dict[str, Any]]:
     """Warm up, then time `reps` calls of the WGSL `kernel`: host-to-host and device medians."""
     attrs = wgsl_attrs(q.shape[-1], mask_kind)
@@ -229,7 +237,7 @@ def bench_torch(
         e1.record()
         torch.cuda.synchronize()
         dev.append(e0.elapsed_time(e1))
-    del resident
+    resident.clear()  # free the GPU copies before the next shape
     torch.cuda.empty_cache()
     return out, Timing(median(host), median(dev), {})
 
@@ -272,17 +280,20 @@ def mha_model(s: int, d: int, onnx_dtype: int, mask_kind: str) -> bytes:
         names += ["", "key_padding_mask"]
         inputs_.append(helper.make_tensor_value_info("key_padding_mask", TensorProto.INT32, [B, s]))
     node = helper.make_node("MultiHeadAttention", names, ["out"], domain="com.microsoft", **attrs)
-    graph = helper.make_graph([node], "mha", inputs_, [helper.make_tensor_value_info("out", onnx_dtype, [B, s, hidden])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    graph = helper.make_graph(
+        [node], "mha", inputs_, [helper.make_tensor_value_info("out", onnx_dtype, [B, s, hidden])]
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
     model.ir_version = 8
     return model.SerializeToString()
 
 
 def ort_worker(args: argparse.Namespace) -> int:
     """Runs in the child process: MultiHeadAttention on the WebGPU EP, one JSON line per record."""
-    from onnx import TensorProto
-
     import onnxruntime as ort
+    from onnx import TensorProto
 
     print(json.dumps({"ort_version": ort.__version__, "ort_file": ort.__file__}), flush=True)
     dtypes = {"f32": (np.float32, TensorProto.FLOAT), "f16": (np.float16, TensorProto.FLOAT16)}
@@ -312,8 +323,10 @@ def ort_worker(args: argparse.Namespace) -> int:
                             times.append((time.perf_counter() - t0) * 1e3)
                         rec["host_ms"] = median(times)
                         o = out.reshape(B, s, H, d).transpose(0, 2, 1, 3)
-                        np.save(Path(args.ort_dump) / f"ort_{dtype_name}_{mask_kind}_{s}_{d}.npy",
-                                o[:, list(CHECK_HEADS)][:, :, check_rows(s)].astype(np.float32))
+                        np.save(
+                            Path(args.ort_dump) / f"ort_{dtype_name}_{mask_kind}_{s}_{d}.npy",
+                            o[:, list(CHECK_HEADS)][:, :, check_rows(s)].astype(np.float32),
+                        )
                         rec["resident_ms"], rec["resident_error"] = ort_resident_ms(ort, sess, feeds, s, args)
                         del sess
                     except Exception as e:  # noqa: BLE001 -- recorded, the run goes on
@@ -322,7 +335,9 @@ def ort_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def ort_resident_ms(ort: Any, sess: Any, feeds: dict[str, np.ndarray], s: int, args: argparse.Namespace) -> tuple[float | None, str]:
+def ort_resident_ms(
+    ort: Any, sess: Any, feeds: dict[str, np.ndarray], s: int, args: argparse.Namespace
+) -> tuple[float | None, str]:
     """Per-run host time of N runs whose inputs and output stay on the GPU (IO binding), closed by
     one read-back of the output, or why not. On the H200 (ORT 1.32 + WebGPU plugin EP 0.4.0)
     synchronize_outputs() returned before the GPU had finished (0.5 ms at S=4096 would be
@@ -350,9 +365,27 @@ def run_ort(args: argparse.Namespace, log: Log) -> tuple[list[dict[str, Any]], d
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([args.ort_site, str(ROOT)])
     Path(args.ort_dump).mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, __file__, "--ort-worker", "--ort-dump", args.ort_dump, "--reps", str(args.reps),
-           "--warmup-s", str(args.warmup_s), "--ort-max-s", str(args.ort_max_s), "--ort-dtypes", *args.ort_dtypes,
-           "--masks", *args.masks, "--sizes", *map(str, args.ort_sizes or args.sizes), "--dims", *map(str, args.dims)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--ort-worker",
+        "--ort-dump",
+        args.ort_dump,
+        "--reps",
+        str(args.reps),
+        "--warmup-s",
+        str(args.warmup_s),
+        "--ort-max-s",
+        str(args.ort_max_s),
+        "--ort-dtypes",
+        *args.ort_dtypes,
+        "--masks",
+        *args.masks,
+        "--sizes",
+        *map(str, args.ort_sizes or args.sizes),
+        "--dims",
+        *map(str, args.dims),
+    ]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.ort_timeout)
         lines = proc.stdout.splitlines()
@@ -389,29 +422,52 @@ def sweep(args: argparse.Namespace, runner: Any, log: Log) -> list[dict[str, Any
     rows = []
     for d in args.dims:
         q, k, v = inputs(s, d)
-        tiles = flash_tiles(d // 4, d // 4, s, runner.limits["max-compute-workgroup-storage-size"],
-                            runner.limits["max-compute-invocations-per-workgroup"], max_registers=args.max_registers)
-        tiles = [t for t in tiles if t.br >= 32 and 32 <= t.workgroup_size <= 256 and t.bc // t.c >= 2][: args.sweep_top]
+        tiles = flash_tiles(
+            d // 4,
+            d // 4,
+            s,
+            runner.limits["max-compute-workgroup-storage-size"],
+            runner.limits["max-compute-invocations-per-workgroup"],
+            max_registers=args.max_registers,
+        )
+        tiles = [t for t in tiles if t.br >= 32 and 32 <= t.workgroup_size <= 256 and t.bc // t.c >= 2][
+            : args.sweep_top
+        ]
         for io in ("f32", "f16"):  # the tiles measured best before, whatever the cost model says
             tuned = TUNED_TILES.get((d // 4, d // 4, io))
             if tuned is not None and tuned not in tiles:
                 tiles.append(tuned)
         smem = runner.limits["max-compute-workgroup-storage-size"]
-        candidates = [*tiles, *(replace(t, kv_split=1) for t in tiles if replace(t, kv_split=1).smem_bytes(d // 4) <= smem)]
+        candidates = [
+            *tiles,
+            *(replace(t, kv_split=1) for t in tiles if replace(t, kv_split=1).smem_bytes(d // 4) <= smem),
+        ]
         for dtype in (np.float32, np.float16):
             timed = []
             for t in candidates:
                 try:
-                    _, timing, plan = bench_wgsl(runner, q, k, v, "flash", dtype, "none", 3, args.sweep_warmup_s, tile=t)
+                    _, timing, plan = bench_wgsl(
+                        runner, q, k, v, "flash", dtype, "none", 3, args.sweep_warmup_s, tile=t
+                    )
                 except Exception as e:  # noqa: BLE001 -- a tile that fails is logged and skipped
                     log(f"sweep D={d} {t} failed: {type(e).__name__}: {e}")
                     continue
                 dev = timing.device_ms
-                rows.append({"D": d, "dtype": np.dtype(dtype).name, "tile": asdict(t), "device_ms": dev,
-                             "tflops_device": tflops(s, d, dev), "subgroups": plan.get("subgroups")})
+                rows.append(
+                    {
+                        "D": d,
+                        "dtype": np.dtype(dtype).name,
+                        "tile": asdict(t),
+                        "device_ms": dev,
+                        "tflops_device": tflops(s, d, dev),
+                        "subgroups": plan.get("subgroups"),
+                    }
+                )
                 timed.append((dev or 1e9, t))
-                log(f"sweep D={d} {np.dtype(dtype).name:8s} {t} sg={plan.get('subgroups')} "
-                    f"dev {dev:.3f} ms {tflops(s, d, dev):6.2f} TFLOP/s")
+                log(
+                    f"sweep D={d} {np.dtype(dtype).name:8s} {t} sg={plan.get('subgroups')} "
+                    f"dev {dev:.3f} ms {tflops(s, d, dev):6.2f} TFLOP/s"
+                )
             # float16 differs only in its loads: time the float32 front-runners only.
             candidates = [t for _, t in sorted(timed, key=lambda x: x[0])[: args.sweep_f16_top]]
     return rows
@@ -439,12 +495,23 @@ def ablation(args: argparse.Namespace, tiles: dict[tuple[int, str], Any], log: L
         for name, options, t in variants:
             try:
                 dev_runner = Runner(**options)
-                _, timing, plan = bench_wgsl(dev_runner, q, k, v, "flash", np.dtype(dtype_name).type, "none", 3,
-                                             args.sweep_warmup_s, tile=t)
-                rows.append({"variant": name, "dtype": dtype_name, "tile": asdict(t), "device_ms": timing.device_ms,
-                             "tflops_device": tflops(s, d, timing.device_ms), "subgroups": plan.get("subgroups")})
-                log(f"ablation {dtype_name} {name:26s} {t} dev {timing.device_ms:.3f} ms "
-                    f"{tflops(s, d, timing.device_ms):6.2f} TFLOP/s")
+                _, timing, plan = bench_wgsl(
+                    dev_runner, q, k, v, "flash", np.dtype(dtype_name).type, "none", 3, args.sweep_warmup_s, tile=t
+                )
+                rows.append(
+                    {
+                        "variant": name,
+                        "dtype": dtype_name,
+                        "tile": asdict(t),
+                        "device_ms": timing.device_ms,
+                        "tflops_device": tflops(s, d, timing.device_ms),
+                        "subgroups": plan.get("subgroups"),
+                    }
+                )
+                log(
+                    f"ablation {dtype_name} {name:26s} {t} dev {timing.device_ms:.3f} ms "
+                    f"{tflops(s, d, timing.device_ms):6.2f} TFLOP/s"
+                )
                 del dev_runner
             except Exception as e:  # noqa: BLE001 -- logged
                 log(f"ablation {name} failed: {type(e).__name__}: {e}")
@@ -506,13 +573,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "adapter": info, "host": platform.node(), "python": platform.python_version(),
-        "B": B, "H": H, "flops": "4 * S^2 * D * H", "args": vars(args),
+        "adapter": info,
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "B": B,
+        "H": H,
+        "flops": "4 * S^2 * D * H",
+        "args": vars(args),
     }
     try:
         meta["nvidia_smi"] = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            text=True,
+            timeout=20,
         ).stdout.strip()
     except Exception:  # noqa: BLE001 -- no nvidia-smi
         meta["nvidia_smi"] = None
@@ -558,17 +632,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 q, k, v = inputs(s, d)
                 ref = reference64(q, k, v, mask_kind)
                 reps = reps_for(s, args.reps)
-                variants: list[tuple[str, str, Any]] = [("flash WGSL f32", "flash", np.float32),
-                                                       ("flash WGSL f16", "flash", np.float16)]
+                variants: list[tuple[str, str, Any]] = [
+                    ("flash WGSL f32", "flash", np.float32),
+                    ("flash WGSL f16", "flash", np.float16),
+                ]
                 if mask_kind == "none" and s <= args.naive_max_s:
                     variants.append(("naive WGSL f32", "naive", np.float32))
                 for name, kernel, dtype in variants:
                     rec: dict[str, Any] = {"what": name, "S": s, "D": d, "mask": mask_kind}
                     try:
                         tile = best_tiles.get((d, np.dtype(dtype).name)) if kernel == "flash" else None
-                        out, timing, plan = bench_wgsl(runner, q, k, v, kernel, dtype, mask_kind, reps, args.warmup_s, tile)
-                        rec.update(host_ms=timing.host_ms, device_ms=timing.device_ms, stages=timing.extra,
-                                   plan={key: str(val) for key, val in plan.items()}, **errors(out, ref, s))
+                        out, timing, plan = bench_wgsl(
+                            runner, q, k, v, kernel, dtype, mask_kind, reps, args.warmup_s, tile
+                        )
+                        rec.update(
+                            host_ms=timing.host_ms,
+                            device_ms=timing.device_ms,
+                            stages=timing.extra,
+                            plan={key: str(val) for key, val in plan.items()},
+                            **errors(out, ref, s),
+                        )
                         del out
                     except Exception as e:  # noqa: BLE001 -- recorded, the run goes on
                         rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -655,8 +738,10 @@ def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             dev_txt = f"({dev:.3f})"
         ratio = f(host / dev) if host and dev else ""
         err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
-        out.append(f"| {r['what']} | {r['mask']} | {d} | {s} | {f(host)} | {dev_txt} | {f(tflops(s, d, dev))} "
-                   f"| {ratio} | {err} | {r.get('error', '') or r.get('resident_error', '')} |")
+        out.append(
+            f"| {r['what']} | {r['mask']} | {d} | {s} | {f(host)} | {dev_txt} | {f(tflops(s, d, dev))} "
+            f"| {ratio} | {err} | {r.get('error', '') or r.get('resident_error', '')} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -674,8 +759,10 @@ def summary(results: list[dict[str, Any]]) -> str:
             host = get(f"flash WGSL {dt}", 4096, d, "none", "host_ms")
             causal = get(f"flash WGSL {dt}", 4096, d, "causal", "device_ms")
             if dev:
-                lines.append(f"  flash {dt} D={d}: {tflops(4096, d, dev):.1f} TFLOP/s device, host/device "
-                             f"{host / dev:.2f}" + (f", causal speed-up {dev / causal:.2f}x" if causal else ""))
+                lines.append(
+                    f"  flash {dt} D={d}: {tflops(4096, d, dev):.1f} TFLOP/s device, host/device "
+                    f"{host / dev:.2f}" + (f", causal speed-up {dev / causal:.2f}x" if causal else "")
+                )
     ort = get("ORT WebGPU MHA f32", 4096, 64, "none", "host_ms")
     host = get("flash WGSL f32", 4096, 64, "none", "host_ms")
     if ort and host:

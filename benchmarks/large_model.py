@@ -116,9 +116,19 @@ class _DataWriter:
         self.f.close()
 
 
-def build_encoder(path: str, *, layers: int, hidden: int, heads: int, ffn: int, vocab: int = VOCAB,
-                  max_pos: int = MAX_POS, seed: int = 0, data_name: str | None = None,
-                  activation: str = "Gelu") -> dict:
+def build_encoder(
+    path: str,
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    ffn: int,
+    vocab: int = VOCAB,
+    max_pos: int = MAX_POS,
+    seed: int = 0,
+    data_name: str | None = None,
+    activation: str = "Gelu",
+) -> dict:
     """Write a BERT-style encoder to ``path`` with all weights in one external data file.
 
     Returns a summary: the data file's name and size, the number of attention blocks.
@@ -164,8 +174,14 @@ def build_encoder(path: str, *, layers: int, hidden: int, heads: int, ffn: int, 
     seq = node("Shape", ["input_ids"], "embeddings/Shape", start=1, end=2)
     seq0 = node("Squeeze", [seq], "embeddings/seq_len")
     positions = node("Range", [const("zero_i", 0), seq0, const("one_i", 1)], "embeddings/positions")
-    x = node("Add", [node("Gather", [word, "input_ids"], "embeddings/word"),
-                     node("Gather", [pos, positions], "embeddings/position")], "embeddings/sum")
+    x = node(
+        "Add",
+        [
+            node("Gather", [word, "input_ids"], "embeddings/word"),
+            node("Gather", [pos, positions], "embeddings/position"),
+        ],
+        "embeddings/sum",
+    )
     x = layer_norm(x, "embeddings.LayerNorm")
 
     # the additive padding bias, [B, 1, 1, S]
@@ -176,7 +192,7 @@ def build_encoder(path: str, *, layers: int, hidden: int, heads: int, ffn: int, 
     for i in range(layers):
         p = f"encoder.layer.{i}"
 
-        def split(t, name):
+        def split(t, name, p=p):
             r = node("Reshape", [t, heads_shape], f"{p}/attention/{name}/Reshape")
             return node("Transpose", [r], f"{p}/attention/{name}/Transpose", perm=[0, 2, 1, 3])
 
@@ -200,9 +216,12 @@ def build_encoder(path: str, *, layers: int, hidden: int, heads: int, ffn: int, 
     w.close()
 
     graph = helper.make_graph(
-        nodes, f"bert_{layers}x{hidden}",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
+        nodes,
+        f"bert_{layers}x{hidden}",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
+        ],
         [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])],
         inits,
     )
@@ -211,8 +230,13 @@ def build_encoder(path: str, *, layers: int, hidden: int, heads: int, ffn: int, 
     tmp = path + ".tmp"
     onnx.save(model, tmp)
     os.replace(tmp, path)
-    return {"path": path, "data": data_name, "data_bytes": os.path.getsize(os.path.join(folder, data_name)),
-            "model_bytes": os.path.getsize(path), "attention_blocks": layers}
+    return {
+        "path": path,
+        "data": data_name,
+        "data_bytes": os.path.getsize(os.path.join(folder, data_name)),
+        "model_bytes": os.path.getsize(path),
+        "attention_blocks": layers,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,8 +252,9 @@ def _child_generate(args):
 def _child_loadsave(args):
     src, dst = args
     model = onnx.load(src)
-    onnx.save(model, dst, save_as_external_data=True, all_tensors_to_one_file=True,
-              location=os.path.basename(dst) + ".data")
+    onnx.save(
+        model, dst, save_as_external_data=True, all_tensors_to_one_file=True, location=os.path.basename(dst) + ".data"
+    )
 
 
 def _child_ort(args):
@@ -263,8 +288,13 @@ def measure(cmd: list[str], env=None) -> dict:
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return {"wall_s": wall, "peak_rss_mib": usage.ru_maxrss / 1024, "rc": rc,
-                "stdout": out.read(), "stderr": err.read()}
+        return {
+            "wall_s": wall,
+            "peak_rss_mib": usage.ru_maxrss / 1024,
+            "rc": rc,
+            "stdout": out.read(),
+            "stderr": err.read(),
+        }
 
 
 def _self(*args) -> list[str]:
@@ -301,16 +331,23 @@ def machine() -> dict:
     except OSError:
         pass
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    import onnxruntime
-
     import onnx_ir
+    import onnxruntime
 
     import ortflash
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(ram / 2**30, 1),
-            "os": platform.platform(), "python": platform.python_version(),
-            "onnx": onnx.__version__, "onnx_ir": onnx_ir.__version__, "onnxruntime": onnxruntime.__version__,
-            "numpy": np.__version__, "ortflash": ortflash.__version__}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gib": round(ram / 2**30, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "onnx": onnx.__version__,
+        "onnx_ir": onnx_ir.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "numpy": np.__version__,
+        "ortflash": ortflash.__version__,
+    }
 
 
 def bench_model(name: str, cfg: dict, work: Path, repeat: int, run_ort: bool, log) -> dict:
@@ -333,8 +370,10 @@ def bench_model(name: str, cfg: dict, work: Path, repeat: int, run_ort: bool, lo
     res["graph_mib"] = gen["model_bytes"] / 2**20
     res["blocks"] = gen["attention_blocks"]
     data_src = str(src_dir / gen["data"])
-    log(f"[{name}] {res['weights_gib']:.2f} GiB data + {res['graph_mib']:.2f} MiB graph in {g['wall_s']:.1f} s, "
-        f"generator peak RSS {g['peak_rss_mib']:.0f} MiB")
+    log(
+        f"[{name}] {res['weights_gib']:.2f} GiB data + {res['graph_mib']:.2f} MiB graph in {g['wall_s']:.1f} s, "
+        f"generator peak RSS {g['peak_rss_mib']:.0f} MiB"
+    )
     digests_before = {p: sha256(p) for p in (src, data_src)}
 
     outs = {
@@ -346,8 +385,17 @@ def bench_model(name: str, cfg: dict, work: Path, repeat: int, run_ort: bool, lo
     def cmd(kind):
         if kind == "load+save":
             return _self("loadsave", src, outs[kind])
-        return [sys.executable, "-m", "ortflash", "optimize", src, "-o", outs[kind],
-                "--json", str(work / f"{name}-{kind.split()[-2]}.json")]
+        return [
+            sys.executable,
+            "-m",
+            "ortflash",
+            "optimize",
+            src,
+            "-o",
+            outs[kind],
+            "--json",
+            str(work / f"{name}-{kind.split()[-2]}.json"),
+        ]
 
     # The same imports as the ortflash CLI with no work done: what start-up costs.
     startup = measure([sys.executable, "-c", "import ortflash.cli, rich.console, onnx_ir"])
@@ -363,8 +411,10 @@ def bench_model(name: str, cfg: dict, work: Path, repeat: int, run_ort: bool, lo
             runs[kind].append({"wall_s": m["wall_s"], "peak_rss_mib": m["peak_rss_mib"]})
             log(f"[{name}] run {r + 1}/{repeat} {kind}: {m['wall_s']:.2f} s, peak RSS {m['peak_rss_mib']:.0f} MiB")
     res["runs"] = runs
-    best = {k: {"wall_s": min(x["wall_s"] for x in v), "peak_rss_mib": max(x["peak_rss_mib"] for x in v)}
-            for k, v in runs.items()}
+    best = {
+        k: {"wall_s": min(x["wall_s"] for x in v), "peak_rss_mib": max(x["peak_rss_mib"] for x in v)}
+        for k, v in runs.items()
+    }
     res["best"] = best
     base = best["load+save"]
     for k in ("ortflash other folder", "ortflash same folder"):
@@ -383,24 +433,35 @@ def bench_model(name: str, cfg: dict, work: Path, repeat: int, run_ort: bool, lo
     res["input_unchanged"] = {p: sha256(p) for p in digests_before} == digests_before
     copied = str(other / f"{name}.flash.onnx.{gen['data']}")
     res["data_copied"] = os.path.isfile(copied) and os.path.getsize(copied) == weights
-    same_locs = {e.value for t in onnx.load(outs["ortflash same folder"], load_external_data=False).graph.initializer
-                 for e in t.external_data if e.key == "location"}
+    same_locs = {
+        e.value
+        for t in onnx.load(outs["ortflash same folder"], load_external_data=False).graph.initializer
+        for e in t.external_data
+        if e.key == "location"
+    }
     res["same_folder_shares_data"] = same_locs == {gen["data"]}
-    log(f"[{name}] fused {fused}, input unchanged {res['input_unchanged']}, data copied {res['data_copied']}, "
-        f"same folder shares data {res['same_folder_shares_data']}")
+    log(
+        f"[{name}] fused {fused}, input unchanged {res['input_unchanged']}, data copied {res['data_copied']}, "
+        f"same folder shares data {res['same_folder_shares_data']}"
+    )
 
     if run_ort:
         rng = np.random.default_rng(1)
         b, s = 2, 16
-        feeds = {"input_ids": rng.integers(0, cfg.get("vocab", VOCAB), (b, s), dtype=np.int64),
-                 "attention_mask": np.ones((b, s), np.int64)}
+        feeds = {
+            "input_ids": rng.integers(0, cfg.get("vocab", VOCAB), (b, s), dtype=np.int64),
+            "attention_mask": np.ones((b, s), np.int64),
+        }
         feeds["attention_mask"][1, -5:] = 0
         feeds_path = str(work / f"{name}-feeds.npz")
         np.savez(feeds_path, **feeds)
         check = {}
         results = {}
-        for kind, path in (("original", src), ("ortflash other folder", outs["ortflash other folder"]),
-                           ("ortflash same folder", outs["ortflash same folder"])):
+        for kind, path in (
+            ("original", src),
+            ("ortflash other folder", outs["ortflash other folder"]),
+            ("ortflash same folder", outs["ortflash same folder"]),
+        ):
             out_npy = str(work / f"{name}-{kind.replace(' ', '_')}.npy")
             m = measure(_self("ort", path, feeds_path, out_npy))
             if m["rc"]:
@@ -415,11 +476,17 @@ def bench_model(name: str, cfg: dict, work: Path, repeat: int, run_ort: bool, lo
         check["atol"] = ATOL
         check["feeds"] = f"B={b}, S={s}, item 1 padded (last 5 tokens)"
         res["ort"] = check
-        res["ort_ok"] = all(check[k]["max_abs_diff"] < ATOL and check[k]["finite"]
-                            for k in ("ortflash other folder", "ortflash same folder"))
-        log(f"[{name}] ORT check: max abs diff "
-            + ", ".join(f"{k}: {check[k]['max_abs_diff']:.2e}" for k in ("ortflash other folder", "ortflash same folder"))
-            + f" (ORT peak RSS, original: {check['original']['peak_rss_mib']:.0f} MiB)")
+        res["ort_ok"] = all(
+            check[k]["max_abs_diff"] < ATOL and check[k]["finite"]
+            for k in ("ortflash other folder", "ortflash same folder")
+        )
+        log(
+            f"[{name}] ORT check: max abs diff "
+            + ", ".join(
+                f"{k}: {check[k]['max_abs_diff']:.2e}" for k in ("ortflash other folder", "ortflash same folder")
+            )
+            + f" (ORT peak RSS, original: {check['original']['peak_rss_mib']:.0f} MiB)"
+        )
     else:
         res["ort"] = None
         res["ort_ok"] = None
@@ -430,8 +497,10 @@ def bench_model(name: str, cfg: dict, work: Path, repeat: int, run_ort: bool, lo
         "time_same_folder": best["ortflash same folder"]["time_ratio"] <= TIME_RATIO_TARGET,
         "rss_other_folder_below_weights": best["ortflash other folder"]["peak_rss_mib"] < weights_mib,
         "rss_same_folder_below_weights": best["ortflash same folder"]["peak_rss_mib"] < weights_mib,
-        "rss_below_load_save": max(best["ortflash other folder"]["peak_rss_mib"],
-                                   best["ortflash same folder"]["peak_rss_mib"]) < base["peak_rss_mib"],
+        "rss_below_load_save": max(
+            best["ortflash other folder"]["peak_rss_mib"], best["ortflash same folder"]["peak_rss_mib"]
+        )
+        < base["peak_rss_mib"],
     }
     return res
 
@@ -468,26 +537,41 @@ def write_results(doc: dict, out_dir: Path) -> None:
         for kind, b in r["best"].items():
             tr = f"{b['time_ratio']:.2f}" if "time_ratio" in b else "1"
             rr = f"{b['rss_ratio']:.2f}" if "rss_ratio" in b else "1"
-            lines.append(f"| {r['model']} ({r['config']['layers']} layers) | "
-                         f"{r['weights_gib']:.2f} GiB | {kind} | {b['wall_s']:.2f} | {b['peak_rss_mib']:.0f} | "
-                         f"{tr} | {rr} | {b['peak_rss_mib'] / wmib:.2f} |")
-    lines += ["", "Generation (not timed against anything): " + "; ".join(
-        f"{r['model']} {r['generate']['wall_s']:.1f} s, peak RSS {r['generate']['peak_rss_mib']:.0f} MiB"
-        for r in doc["models"]) + ".", "", "## Correctness", "",
+            lines.append(
+                f"| {r['model']} ({r['config']['layers']} layers) | "
+                f"{r['weights_gib']:.2f} GiB | {kind} | {b['wall_s']:.2f} | {b['peak_rss_mib']:.0f} | "
+                f"{tr} | {rr} | {b['peak_rss_mib'] / wmib:.2f} |"
+            )
+    lines += [
+        "",
+        "Generation (not timed against anything): "
+        + "; ".join(
+            f"{r['model']} {r['generate']['wall_s']:.1f} s, peak RSS {r['generate']['peak_rss_mib']:.0f} MiB"
+            for r in doc["models"]
+        )
+        + ".",
+        "",
+        "## Correctness",
+        "",
         "| model | attention blocks | fused (other / same folder) | input files unchanged (sha256) | data copied | "
         "same folder shares data | ORT max abs diff (other / same) | ORT check | ORT peak RSS MiB (original / other / same) |",
-        "|---|---|---|---|---|---|---|---|---|"]
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in doc["models"]:
         f = r["fusion"]
         if r["ort"]:
             diff = f"{r['ort']['ortflash other folder']['max_abs_diff']:.2e} / {r['ort']['ortflash same folder']['max_abs_diff']:.2e}"
             ok = f"{'pass' if r['ort_ok'] else 'FAIL'} (< {ATOL:g}; {r['ort']['feeds']})"
-            rss = " / ".join(f"{r['ort'][k]['peak_rss_mib']:.0f}" for k in ("original", "ortflash other folder",
-                                                                          "ortflash same folder"))
+            rss = " / ".join(
+                f"{r['ort'][k]['peak_rss_mib']:.0f}"
+                for k in ("original", "ortflash other folder", "ortflash same folder")
+            )
         else:
             diff, ok, rss = "not run", "skipped (--no-ort-xl)", ""
-        lines.append(f"| {r['model']} | {r['blocks']} | {f['other']['fused']} / {f['same']['fused']} | "
-                     f"{r['input_unchanged']} | {r['data_copied']} | {r['same_folder_shares_data']} | {diff} | {ok} | {rss} |")
+        lines.append(
+            f"| {r['model']} | {r['blocks']} | {f['other']['fused']} / {f['same']['fused']} | "
+            f"{r['input_unchanged']} | {r['data_copied']} | {r['same_folder_shares_data']} | {diff} | {ok} | {rss} |"
+        )
     lines += ["", "## Targets", ""]
     for r in doc["models"]:
         t = r["targets"]
@@ -509,8 +593,11 @@ def write_results(doc: dict, out_dir: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "ortflash-large"),
-                   help="where the models are generated (outside the repository; default %(default)s)")
+    p.add_argument(
+        "--workdir",
+        default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "ortflash-large"),
+        help="where the models are generated (outside the repository; default %(default)s)",
+    )
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated, from: " + ", ".join(MODELS))
     p.add_argument("--repeat", type=int, default=2, help="timed runs of each command (best time is reported)")
     p.add_argument("--no-ort-xl", action="store_true", help="skip the ONNX Runtime check of models over 2 GiB")
@@ -526,12 +613,19 @@ def main(argv=None) -> int:
     def log(msg):
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
 
-    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": machine(), "repeat": args.repeat,
-           "command": " ".join(["python benchmarks/large_model.py", *(argv if argv is not None else sys.argv[1:])]),
-           "targets": {"time_ratio_max": TIME_RATIO_TARGET, "rss": "below the weights' size, or below load+save's",
-                       "ort_max_abs_diff": ATOL},
-           "models": [], "notes": []}
+    doc = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "repeat": args.repeat,
+        "command": " ".join(["python benchmarks/large_model.py", *(argv if argv is not None else sys.argv[1:])]),
+        "targets": {
+            "time_ratio_max": TIME_RATIO_TARGET,
+            "rss": "below the weights' size, or below load+save's",
+            "ort_max_abs_diff": ATOL,
+        },
+        "models": [],
+        "notes": [],
+    }
     for name in args.models.split(","):
         cfg = MODELS[name]
         big = weight_bytes(**cfg) > 2**31
@@ -540,8 +634,12 @@ def main(argv=None) -> int:
             doc["notes"].append(f"{name}: ONNX Runtime check skipped (--no-ort-xl)")
         doc["models"].append(bench_model(name, cfg, work, args.repeat, run_ort, log))
         if not args.keep:
-            _rm(work / name, work / f"{name}-out", *[str(p) for p in work.glob(f"{name}-*.json")],
-                str(work / f"{name}-feeds.npz"))
+            _rm(
+                work / name,
+                work / f"{name}-out",
+                *[str(p) for p in work.glob(f"{name}-*.json")],
+                str(work / f"{name}-feeds.npz"),
+            )
     doc["total_s"] = time.perf_counter() - t0
     write_results(doc, Path(args.out))
     log(f"wrote {Path(args.out) / 'large_model.md'} and .json")

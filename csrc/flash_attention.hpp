@@ -18,6 +18,13 @@
 // One difference is by design: V rows of skipped causal keys are never read, so a NaN there
 // does not reach the output (the reference multiplies it by p = 0).
 //
+// Padding is skipped, not multiplied: in online mode a key tile whose bias or mask puts every
+// score far below the rest (a padded tail, e.g. bias = float32 lowest) is set aside until the
+// other tiles have set the row maxima, and then dropped when a Cauchy-Schwarz bound
+// (|score| <= |scale| |q| |k|, key norms recorded while packing) proves each of its exps is
+// exactly 0 and its V rows are finite, so it would add exactly 0 to the sums. NaN or inf in
+// its K or V, or a row that sees no other key, keeps the tile in (then processed last).
+//
 // Scores stay in natural units and log2(e) is applied inside vexp to (score - max): folding
 // scale * log2(e) into the scores would turn a float32-lowest mask_fill into -inf, and a
 // row masked with that finite fill must stay a uniform softmax, not become NaN.
@@ -360,12 +367,14 @@ struct Packed {  // K^T panels, V rows (padded to Dvp) and, when needed, V suffi
     bool suffix;
     size_t k_floats, v_floats, s_floats;  // per kv head
     AlignedFloats k, v, vsuffix;
-    // Per (kv head, key tile): the largest |k| of the tile's keys (NaN when any is NaN) and
-    // whether every V value of the tile is finite and below V_SKIPPABLE_LIMIT, which together
-    // let online_tile prove that a masked key tile would contribute exactly nothing.
+    // Per (kv head, key group): the largest |k| of the group's keys (NaN when any is NaN) and
+    // whether every V value of the group is finite and below V_SKIPPABLE_LIMIT, which together
+    // let PaddingSkip prove that a masked group would contribute exactly nothing. A group is
+    // an online tile, or NAIVE_GROUP_KEYS keys in the naive mode (which packs one tile of Sk).
+    int group_keys, groups;  // keys per group, groups per kv head
     std::vector<float> key_norm;
     std::vector<uint8_t> v_bounded;
-    Packed(const Problem& pb, int key_tile_, bool suffix_)
+    Packed(const Problem& pb, int key_tile_, int group_keys_, bool suffix_)
         : key_tile(key_tile_),
           tile_floats(round_up(key_tile_, NR) * pb.D),
           tiles(ceil_div(pb.Sk, key_tile_)),
@@ -377,13 +386,18 @@ struct Packed {  // K^T panels, V rows (padded to Dvp) and, when needed, V suffi
           k(k_floats * pb.B * pb.Hkv),
           v(v_floats * pb.B * pb.Hkv),
           vsuffix(s_floats * pb.B * pb.Hkv),
-          key_norm(size_t(tiles) * pb.B * pb.Hkv),
-          v_bounded(size_t(tiles) * pb.B * pb.Hkv) {}
+          group_keys(group_keys_),
+          groups(ceil_div(pb.Sk, group_keys_)),
+          key_norm(size_t(groups) * pb.B * pb.Hkv),
+          v_bounded(size_t(groups) * pb.B * pb.Hkv) {}
 };
 
 // A V value this large could overflow the accumulator when an earlier tile's weight is
 // rescaled by 0; below it, a weight of exactly 0 adds exactly 0.
 constexpr float V_SKIPPABLE_LIMIT = 1e30f;
+// Keys per group that the naive mode may skip: a multiple of NR for every ISA build.
+constexpr int NAIVE_GROUP_KEYS = 64;
+static_assert(NAIVE_GROUP_KEYS % NR == 0 && NAIVE_GROUP_KEYS % W == 0, "groups must be whole panels");
 
 // The largest Euclidean norm of n vectors of length d (row stride d); NaN when any element is.
 inline float max_norm(const float* x, int n, int d) {
@@ -417,8 +431,10 @@ void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
             float* panel = tile + size_t(j / NR) * D * NR + j % NR;
             for (int d = 0; d < D; ++d) panel[d * NR] = src[d];
             const float norm = max_norm(src, 1, D);
-            float& largest = pk.key_norm[size_t(bh) * pk.tiles + t];
-            largest = j == 0 ? norm : (norm != norm || largest != largest) ? NAN : std::max(largest, norm);
+            const int key = j0 + j;
+            float& largest = pk.key_norm[size_t(bh) * pk.groups + key / pk.group_keys];
+            largest = key % pk.group_keys == 0 ? norm
+                      : (norm != norm || largest != largest) ? NAN : std::max(largest, norm);
         }
     }
     for (int j = 0; j < Sk; ++j) {
@@ -430,12 +446,12 @@ void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
             std::memcpy(dst, static_cast<const float*>(pb.v) + at, sizeof(float) * Dv);
         std::fill(dst + Dv, dst + dvp, 0.0f);
     }
-    for (int t = 0; t < pk.tiles; ++t) {
-        const int j0 = t * pk.key_tile, keys = std::min(pk.key_tile, Sk - j0);
+    for (int g = 0; g < pk.groups; ++g) {
+        const int j0 = g * pk.group_keys, keys = std::min(pk.group_keys, Sk - j0);
         bool bounded = true;
         for (size_t c = size_t(j0) * dvp; c < size_t(j0 + keys) * dvp; ++c)
             bounded &= std::fabs(vdst[c]) < V_SKIPPABLE_LIMIT;  // false for inf and NaN
-        pk.v_bounded[size_t(bh) * pk.tiles + t] = bounded;
+        pk.v_bounded[size_t(bh) * pk.groups + g] = bounded;
     }
     if (pk.suffix) {
         float* sdst = pk.vsuffix.ptr + pk.s_floats * bh;
@@ -494,6 +510,19 @@ void finish_scores(const Problem& pb, float* s, int keys, int b, int h, int i, i
 }
 
 // Horizontal reductions as trees (log2(W) dependent steps, not W).
+#if defined(__AVX__) && !defined(__AVX512F__)
+// The same trees in registers (GCC builds the array versions below through the stack).
+inline float lanes_max(vf v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+inline float lanes_sum(vf v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+#else
 inline float lanes_max(vf v) {
     float a[W];
     __builtin_memcpy(a, &v, sizeof v);
@@ -508,6 +537,7 @@ inline float lanes_sum(vf v) {
         for (int i = 0; i < w; ++i) a[i] += a[i + w];
     return a[0];
 }
+#endif
 
 // Largest value of s[0..n) (n a multiple of W), NaN when any is NaN (like numpy's max). Two
 // independent chains halve the loop's latency on short (64-key) tiles.
@@ -597,7 +627,23 @@ struct DeferredTile {
     float ceiling;    // an upper bound on bias (or fill) over the tile, before the product
     bool all_filled;  // every score of the tile is mask_fill (the mask keeps none)
     bool some_filled;
+    bool dropped = false;  // proved worthless and left out
 };
+
+// finish_scores, then the row's largest value (row_max over `width` columns), in one pass
+// when the row needs nothing but a float32 bias row added.
+inline float finish_scores_max(const Problem& pb, float* s, int keys, int width, int b, int h, int i, int j0,
+                               bool diagonal, std::vector<float>& row) {
+    const Broadcast4& bs = pb.bias;
+    if (pb.softcap <= 0.0f && !pb.mask.data && !diagonal && (!bs.data || (!bs.half && bs.stride[3] == 1))) {
+        const float* bias = bs.data ? reinterpret_cast<const float*>(bs.data) + b * bs.stride[0] + h * bs.stride[1] +
+                                          i * bs.stride[2] + j0
+                                    : nullptr;
+        return add_bias_row_max(s, bias, keys, width);
+    }
+    finish_scores(pb, s, keys, b, h, i, j0, diagonal, row);
+    return row_max(s, width);
+}
 
 // Thread scratch: O(query_tile * (key tile or Sk) + query_tile * Dvp).
 struct Scratch {
@@ -641,8 +687,10 @@ constexpr float SKIP_MARGIN = 90.0f;
 
 // Describes key tile [j0, j0 + keys) for rows [i0, i0 + rows) as a DeferredTile when its bias
 // or mask could make every score worthless; false when it cannot (no bias or mask, NaN in
-// the bias, or a mask that keeps some key while there is no bias).
-bool masked_tile(const Problem& pb, int b, int h, int i0, int rows, int j0, int keys, DeferredTile* out) {
+// the bias, a mask that keeps some key while there is no bias, or a bias value at or above
+// `bias_limit`, where the scan stops early: an unmasked tile costs a look at one value).
+bool masked_tile(const Problem& pb, int b, int h, int i0, int rows, int j0, int keys, float bias_limit,
+                 DeferredTile* out) {
     bool some_kept = !pb.mask.data, some_filled = false;
     if (pb.mask.data) {
         const Broadcast4& ms = pb.mask;
@@ -652,6 +700,7 @@ bool masked_tile(const Problem& pb, int b, int h, int i0, int rows, int j0, int 
         for (int r = 0; r < distinct_rows; ++r)
             for (int j = 0; j < keys; ++j) {
                 const bool keep = base[r * ms.stride[2] + j * ms.stride[3]] != 0;
+                if (keep && !pb.bias.data) return false;
                 some_kept |= keep;
                 some_filled |= !keep;
             }
@@ -671,7 +720,7 @@ bool masked_tile(const Problem& pb, int b, int h, int i0, int rows, int j0, int 
             const int64_t at = r * bs.stride[2] + j * bs.stride[3];
             const float x = bs.half ? half_to_float(reinterpret_cast<const uint16_t*>(base)[at])
                                     : reinterpret_cast<const float*>(base)[at];
-            if (x != x) return false;
+            if (!(x < bias_limit)) return false;  // NaN included
             largest = std::max(largest, x);
         }
     *out = DeferredTile{0, largest, false, some_filled};
@@ -685,6 +734,62 @@ inline float score_ceiling(const Problem& pb, const DeferredTile& d, float produ
     const float bound = d.ceiling + product_bound;
     return d.some_filled ? nan_max(bound, pb.mask_fill) : bound;
 }
+
+// The skipping of padded key groups (the online tiles, or NAIVE_GROUP_KEYS keys) for the query
+// rows [i0, i0 + rows) of one head: defer() sets a group aside when its bias or mask puts it
+// far below zero, worthless() then tells, given the rows' maxima, whether it weighs exactly 0.
+struct PaddingSkip {
+    const Problem& pb;
+    const Packed& pk;
+    Scratch& sc;
+    size_t head;
+    int b, h, i0, rows;
+    bool possible;             // a bias or mask is present
+    const float* query_norm;   // per row: |scale| |q| with 1% slack for the products' rounding
+    const float* key_norm;     // per group of this kv head: max |k|
+
+    PaddingSkip(const Problem& pb_, const Packed& pk_, Scratch& sc_, size_t head_, int b_, int h_, int i0_,
+                int rows_, const float* q)
+        : pb(pb_), pk(pk_), sc(sc_), head(head_), b(b_), h(h_), i0(i0_), rows(rows_),
+          possible(pb_.bias.data || pb_.mask.data), query_norm(nullptr),
+          key_norm(pk_.key_norm.data() + head_ * pk_.groups) {
+        sc.deferred.clear();
+        if (!possible) return;
+        sc.query_norm.resize(rows);
+        for (int r = 0; r < rows; ++r)
+            sc.query_norm[r] = std::fabs(pb.scale) * 1.01f * max_norm(q + size_t(r) * pb.D, 1, pb.D);
+        query_norm = sc.query_norm.data();
+    }
+
+    // |score| <= |scale| |q| |k| (Cauchy-Schwarz)
+    float product_bound(int r, int group) const { return query_norm[r] * key_norm[group]; }
+
+    // Appends group (keys [j0, j0 + keys)) to sc.deferred when every row's score ceiling there
+    // lies SKIP_MARGIN below zero; never a causal group that crosses the diagonal.
+    bool defer(int group, int j0, int keys) {
+        if (!possible || (pb.causal && j0 + keys - 1 > i0)) return false;
+        float largest_product = 0.0f;
+        for (int r = 0; r < rows; ++r) largest_product = nan_max(largest_product, product_bound(r, group));
+        if (pb.softcap > 0.0f) largest_product = std::min(largest_product, pb.softcap);
+        if (largest_product != largest_product) return false;
+        DeferredTile d;
+        if (!masked_tile(pb, b, h, i0, rows, j0, keys, -SKIP_MARGIN - largest_product, &d)) return false;
+        d.tile = group;
+        for (int r = 0; r < rows; ++r)
+            if (!(score_ceiling(pb, d, product_bound(r, group)) < -SKIP_MARGIN)) return false;
+        sc.deferred.push_back(d);
+        return true;
+    }
+
+    // A deferred group weighs exactly nothing when each row's score ceiling lies SKIP_MARGIN
+    // below the row's maximum: every exp is then 0, and (V bounded) so is its P x V term.
+    bool worthless(const DeferredTile& d, const float* row_max) const {
+        if (!pk.v_bounded[head * pk.groups + d.tile]) return false;
+        for (int r = 0; r < rows; ++r)
+            if (!(score_ceiling(pb, d, product_bound(r, d.tile)) - row_max[r] < -SKIP_MARGIN)) return false;
+        return true;
+    }
+};
 
 void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, int i0, int rows) {
     const int kv = h / (pb.Hq / pb.Hkv);
@@ -703,35 +808,8 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
     std::fill(acc, acc + size_t(rows) * dvp, 0.0f);
     const int last_row = i0 + rows - 1;
     const int tiles = pb.causal ? std::min(pk.tiles, last_row / block + 1) : pk.tiles;
-    // |score| <= |scale| |q| |k| (Cauchy-Schwarz), 1% slack for the rounding of the products.
-    const bool may_skip = pb.bias.data || pb.mask.data;
-    float* query_norm = nullptr;
-    if (may_skip) {
-        sc.query_norm.resize(rows);
-        query_norm = sc.query_norm.data();
-        for (int r = 0; r < rows; ++r) query_norm[r] = std::fabs(pb.scale) * 1.01f * max_norm(q + size_t(r) * pb.D, 1, pb.D);
-    }
-    const float* key_norm = pk.key_norm.data() + head * pk.tiles;
-    auto product_bound = [&](int r, int t) { return query_norm[r] * key_norm[t]; };
-    sc.deferred.clear();
-    auto defer = [&](int t) {
-        if (!may_skip || (pb.causal && t * block + std::min(block, pb.Sk - t * block) - 1 > i0)) return false;
-        DeferredTile d;
-        if (!masked_tile(pb, b, h, i0, rows, t * block, std::min(block, pb.Sk - t * block), &d)) return false;
-        d.tile = t;
-        for (int r = 0; r < rows; ++r)
-            if (!(score_ceiling(pb, d, product_bound(r, t)) < -SKIP_MARGIN)) return false;
-        sc.deferred.push_back(d);
-        return true;
-    };
-    // A deferred tile weighs exactly nothing when each row's score ceiling lies SKIP_MARGIN
-    // below the row's maximum: every exp is then 0, and (V bounded) so is its P x V term.
-    auto worthless = [&](const DeferredTile& d) {
-        if (!pk.v_bounded[head * pk.tiles + d.tile]) return false;
-        for (int r = 0; r < rows; ++r)
-            if (!(score_ceiling(pb, d, product_bound(r, d.tile)) - m[r] < -SKIP_MARGIN)) return false;
-        return true;
-    };
+    // Padded tiles are set aside; once the others have set m, each is dropped or processed last.
+    PaddingSkip skip(pb, pk, sc, head, b, h, i0, rows, q);
     auto process = [&](int t) {
         const int j0 = t * block;
         const int keys = std::min(block, pb.Sk - j0);
@@ -742,21 +820,8 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
         // Two passes over the rows, so that the out-of-order core overlaps the rows' short,
         // dependent chains (max -> reference -> exp -> sum) instead of waiting on each.
         float* tile_max = sc.tile_max.data();
-        const bool plain = pb.softcap <= 0.0f && !pb.mask.data && !diagonal &&
-                           (!pb.bias.data || (!pb.bias.half && pb.bias.stride[3] == 1));
-        for (int r = 0; r < rows; ++r) {
-            float* sr = s + size_t(r) * ld_s;
-            if (plain) {
-                const Broadcast4& bs = pb.bias;
-                const float* bias = bs.data ? reinterpret_cast<const float*>(bs.data) + b * bs.stride[0] +
-                                                  h * bs.stride[1] + (i0 + r) * bs.stride[2] + j0
-                                            : nullptr;
-                tile_max[r] = add_bias_row_max(sr, bias, keys, width);
-            } else {
-                finish_scores(pb, sr, keys, b, h, i0 + r, j0, diagonal, sc.row);
-                tile_max[r] = row_max(sr, width);
-            }
-        }
+        for (int r = 0; r < rows; ++r)
+            tile_max[r] = finish_scores_max(pb, s + size_t(r) * ld_s, keys, width, b, h, i0 + r, j0, diagonal, sc.row);
         for (int r = 0; r < rows; ++r) {
             float* sr = s + size_t(r) * ld_s;
             const float new_max = nan_max(m[r], tile_max[r]);
@@ -777,9 +842,9 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
         pv_tile(rows, s, ld_s, keys, vpack + size_t(j0) * dvp, dvp, acc);
     };
     for (int t = 0; t < tiles; ++t)
-        if (!defer(t)) process(t);
+        if (!skip.defer(t, t * block, std::min(block, pb.Sk - t * block))) process(t);
     for (const DeferredTile& d : sc.deferred)
-        if (!worthless(d)) process(d.tile);
+        if (!skip.worthless(d, m)) process(d.tile);
     const int first_skipped = std::min(pb.Sk, tiles * block);
     if (skipped_keys_count(pb) && first_skipped < pb.Sk) {
         const float* vsum = pk.vsuffix.ptr + pk.s_floats * head + size_t(first_skipped) * dvp;
@@ -815,12 +880,47 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
     float* s = sc.s.ptr;
     float* acc = sc.acc.ptr;
     float* skipped_weight = sc.running_sum.data();
-    qk_tile(rows, q, pb.D, pb.D, pk.k.ptr + pk.k_floats * head, ceil_div(keys, NR), s, ld_s, pb.scale);
+    float* maxima = sc.tile_max.data();
+    const float* kpack = pk.k.ptr + pk.k_floats * head;
+    constexpr int G = NAIVE_GROUP_KEYS;
+    auto group_keys = [&](int g) { return std::min(G, keys - g * G); };
+    auto scores_of = [&](int g0, int g1) {  // the products of key groups [g0, g1)
+        const int j0 = g0 * G, j1 = std::min(keys, g1 * G);
+        qk_tile(rows, q, pb.D, pb.D, kpack + size_t(j0 / NR) * pb.D * NR, ceil_div(j1 - j0, NR), s + j0, ld_s,
+                pb.scale);
+    };
+    // Padded groups are set aside (their scores -inf for now); the rest are multiplied in runs.
+    PaddingSkip skip(pb, pk, sc, head, b, h, i0, rows, q);
+    const int groups = ceil_div(keys, G);
+    int run = 0;
+    for (int g = 0; g < groups; ++g) {
+        if (!skip.defer(g, g * G, group_keys(g))) continue;
+        if (run < g) scores_of(run, g);
+        run = g + 1;
+        for (int r = 0; r < rows; ++r) std::fill_n(s + size_t(r) * ld_s + g * G, group_keys(g), NEG_INF);
+    }
+    if (run < groups) scores_of(run, groups);
     const bool diagonal = pb.causal && keys - 1 > i0;
+    // Finishing a -inf score leaves at most what the real one would give, so these maxima leave
+    // out the deferred groups: a group is dropped when worthless against them, and otherwise
+    // multiplied and finished now, and the maxima taken again.
+    for (int r = 0; r < rows; ++r)
+        maxima[r] = finish_scores_max(pb, s + size_t(r) * ld_s, keys, width, b, h, i0 + r, 0, diagonal, sc.row);
+    bool refinished = false;
+    for (DeferredTile& d : sc.deferred) {
+        d.dropped = skip.worthless(d, maxima);
+        if (d.dropped) continue;
+        const int j0 = d.tile * G;
+        scores_of(d.tile, d.tile + 1);
+        for (int r = 0; r < rows; ++r)
+            finish_scores(pb, s + size_t(r) * ld_s + j0, group_keys(d.tile), b, h, i0 + r, j0, false, sc.row);
+        refinished = true;
+    }
+    if (refinished)
+        for (int r = 0; r < rows; ++r) maxima[r] = row_max(s + size_t(r) * ld_s, width);
     for (int r = 0; r < rows; ++r) {
         float* sr = s + size_t(r) * ld_s;
-        finish_scores(pb, sr, keys, b, h, i0 + r, 0, diagonal, sc.row);
-        float mx = row_max(sr, width);
+        float mx = maxima[r];
         if (skipped) mx = nan_max(mx, pb.mask_fill);
         float sum = exp_row(sr, width, mx);
         float skipped_p = 0.0f;
@@ -839,7 +939,15 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
         skipped_weight[r] = skipped_p;
     }
     std::fill(acc, acc + size_t(rows) * dvp, 0.0f);
-    pv_tile(rows, s, ld_s, keys, pk.v.ptr + pk.v_floats * head, dvp, acc);
+    const float* vpack = pk.v.ptr + pk.v_floats * head;
+    int k0 = 0;  // P x V over the keys between the dropped groups
+    for (const DeferredTile& d : sc.deferred) {
+        if (!d.dropped) continue;
+        const int j0 = d.tile * G;
+        if (k0 < j0) pv_tile(rows, s + k0, ld_s, j0 - k0, vpack + size_t(k0) * dvp, dvp, acc);
+        k0 = j0 + group_keys(d.tile);
+    }
+    if (k0 < keys) pv_tile(rows, s + k0, ld_s, keys - k0, vpack + size_t(k0) * dvp, dvp, acc);
     if (skipped) {
         const float* vsum = pk.vsuffix.ptr + pk.s_floats * head + size_t(keys) * dvp;
         for (int r = 0; r < rows; ++r)
@@ -850,7 +958,7 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
 
 bool run_problem(const Problem& pb) {
     const int key_tile = pb.online ? std::min(pb.block, pb.Sk) : pb.Sk;
-    Packed pk(pb, key_tile, skipped_keys_count(pb));
+    Packed pk(pb, key_tile, pb.online ? key_tile : NAIVE_GROUP_KEYS, skipped_keys_count(pb));
     const bool packed = parallel_items(pb.B * pb.Hkv, pb.threads, [&]() {
         return [&, row = std::vector<float>()](int bh) mutable { pack_head(pb, pk, bh, row); };
     });

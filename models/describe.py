@@ -14,6 +14,7 @@ onnx.reference (intermediate results) on small feeds (batch 2, seq 7, decoder
 seq 5, last row right-padded where the model takes a mask).
 Blocks with the same skeleton are grouped; one of each group is shown.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,9 @@ HERE = Path(__file__).resolve().parent
 # ops a Softmax output may pass through on its way to the P·V MatMul
 PASS_AFTER_SOFTMAX = {"Cast", "Where", "Dropout", "Identity"}
 # ops on the scores path between Q·Kᵀ and Softmax
-SCORE_OPS = {"Add", "Sub", "Mul", "Div", "Where", "Cast", "Reshape", "Identity", "Tanh", "Min", "Max",
-             "Clip", "Expand"}
+SCORE_OPS = {"Add", "Sub", "Mul", "Div", "Where", "Cast", "Reshape", "Identity", "Tanh", "Min", "Max", "Clip", "Expand"}
 # ops walked through on the Q / K / V side, back towards the projections
-QKV_OPS = {"Transpose", "Reshape", "Mul", "Div", "Cast", "Unsqueeze", "Squeeze", "Expand", "Identity",
-           "Sqrt"}
+QKV_OPS = {"Transpose", "Reshape", "Mul", "Div", "Cast", "Unsqueeze", "Squeeze", "Expand", "Identity", "Sqrt"}
 
 DTYPES = {1: "float32", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64", 16: "bfloat16"}
 
@@ -118,6 +117,7 @@ class Graph:
     def run(self, feeds):
         """Run once in ONNX Runtime with every typed intermediate tensor as an extra output."""
         import onnxruntime as ort
+
         m2 = onnx.ModelProto()
         m2.CopyFrom(self.m)
         have = {o.name for o in m2.graph.output}
@@ -152,8 +152,9 @@ class Graph:
     def symshape(self, name):
         vi = self.vi.get(name)
         if vi is not None and vi.type.tensor_type.HasField("shape"):
-            return [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?")
-                    for d in vi.type.tensor_type.shape.dim]
+            return [
+                d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in vi.type.tensor_type.shape.dim
+            ]
         return None
 
     def dtype(self, name):
@@ -168,6 +169,7 @@ class Graph:
 
 
 # -- formatting ------------------------------------------------------------------
+
 
 def fmt_num(x):
     if isinstance(x, (bool, np.bool_)):
@@ -200,7 +202,7 @@ def attrs(n):
             out.append(f"axis={a.i}")
         elif a.name == "to":
             out.append(f"to={DTYPES.get(a.i, a.i)}")
-        elif a.name in ("keepdims", "upper", "allowzero", "transA", "transB") :
+        elif a.name in ("keepdims", "upper", "allowzero", "transA", "transB"):
             out.append(f"{a.name}={a.i}")
         elif a.name in ("alpha", "beta"):
             out.append(f"{a.name}={fmt_num(a.f)}")
@@ -271,7 +273,7 @@ def side_desc(g: Graph, name, role):
     ops, ins = ops_upstream(g, name)
     if v is not None and np.size(v) == 1:
         val = fmt_num(np.asarray(v).reshape(-1)[0])
-        return (f"{role} = {val} at run time, {shp}, computed: {expr(g, name, depth=6)}")
+        return f"{role} = {val} at run time, {shp}, computed: {expr(g, name, depth=6)}"
     s = f"{role}: {shp}"
     if sym:
         s += f" (graph shape {sym})"
@@ -471,20 +473,24 @@ def describe_block(g: Graph, sm):
         sk.append(op_label(cs[0]))
         t = cs[0].output[0]
 
-    lines = ["- scores: " + " → ".join(steps),
-             f"- Q side (input A of Q·Kᵀ, walked back): {q_desc}",
-             f"- K side (input B of Q·Kᵀ, walked back): {k_desc}",
-             f"- V side (input B of P·V, walked back): {v_desc}",
-             f"- ranks: Q·Kᵀ inputs {len(g.shape(qk.input[0]) or [])}D × {len(g.shape(qk.input[1]) or [])}D, "
-             f"softmax input {len(g.shape(sm.input[0]) or [])}D, P·V output {len(g.shape(pv.output[0]) or [])}D"]
+    lines = [
+        "- scores: " + " → ".join(steps),
+        f"- Q side (input A of Q·Kᵀ, walked back): {q_desc}",
+        f"- K side (input B of Q·Kᵀ, walked back): {k_desc}",
+        f"- V side (input B of P·V, walked back): {v_desc}",
+        f"- ranks: Q·Kᵀ inputs {len(g.shape(qk.input[0]) or [])}D × {len(g.shape(qk.input[1]) or [])}D, "
+        f"softmax input {len(g.shape(sm.input[0]) or [])}D, P·V output {len(g.shape(pv.output[0]) or [])}D",
+    ]
     if info["scales"]:
         eff = 1.0
         for _, op, v, _, _ in info["scales"]:
             eff = eff * v if op == "Mul" else eff / v
         head_dim = (g.shape(qk.input[0]) or [0])[-1]
-        ref = f" = 1/sqrt({head_dim})" if head_dim and abs(eff - head_dim ** -0.5) < 1e-6 else ""
-        lines.append(f"- effective scale: {fmt_num(eff)}{ref}; factors: " + "; ".join(
-            f"{op} {fmt_num(v)} on {where} ({rank}D, {src})" for where, op, v, src, rank in info["scales"]))
+        ref = f" = 1/sqrt({head_dim})" if head_dim and abs(eff - head_dim**-0.5) < 1e-6 else ""
+        lines.append(
+            f"- effective scale: {fmt_num(eff)}{ref}; factors: "
+            + "; ".join(f"{op} {fmt_num(v)} on {where} ({rank}D, {src})" for where, op, v, src, rank in info["scales"])
+        )
     else:
         lines.append("- effective scale: 1 (no scalar Mul/Div on Q, K or the scores)")
     if masks:
@@ -508,8 +514,13 @@ def describe_block(g: Graph, sm):
                 seen.add(n)
                 lines.append("    - " + n)
     skeleton = " | ".join(sk)
-    return {"lines": lines, "skeleton": skeleton, "key": skeleton + "#" + str(g.shape(qk.output[0])) + "#".join(key),
-            "qk": qk.name, "pv": pv.name}
+    return {
+        "lines": lines,
+        "skeleton": skeleton,
+        "key": skeleton + "#" + str(g.shape(qk.output[0])) + "#".join(key),
+        "qk": qk.name,
+        "pv": pv.name,
+    }
 
 
 def block_name(n):
@@ -529,7 +540,7 @@ def feeds_from_manifest(entry, batch=2, seq=7, dec_seq=5):
         shape = [dims.get(d, 7) if isinstance(d, str) else d for d in inp["shape"]]
         if inp["role"] == "attention_mask":
             a = np.ones(shape, dtype=np.int64)
-            a[-1, shape[1] - 2:] = 0
+            a[-1, shape[1] - 2 :] = 0
         elif inp["elem_type"] == "int64":
             a = rng.integers(inp.get("low", 0), inp.get("vocab_size", 100), size=shape, dtype=np.int64)
         else:
@@ -558,16 +569,25 @@ def describe_model(path: Path, entry=None):
     out = []
     title = path.name
     if entry is not None:
-        title += (f" — {entry['arch']}, {entry['exporter']}, attn={entry['attn_impl']}, opset {entry['opset']}, "
-                  f"{len(sms)} blocks, heads {entry['num_heads']}/{entry['kv_heads']} kv, head_dim {entry['head_dim']}")
+        title += (
+            f" — {entry['arch']}, {entry['exporter']}, attn={entry['attn_impl']}, opset {entry['opset']}, "
+            f"{len(sms)} blocks, heads {entry['num_heads']}/{entry['kv_heads']} kv, head_dim {entry['head_dim']}"
+        )
     out.append(f"### {title}\n")
     if entry is not None:
-        out.append("Inputs: " + ", ".join(f"`{i['name']}` {i['elem_type']}{i['shape']}" for i in entry["inputs"]) +
-                   ("  (runtime shapes below: batch 2, seq 7, dec_seq 5, last row's 2 last tokens padded)"
-                    if not err else f"  (could not run onnx.reference: {err})") + "\n")
+        out.append(
+            "Inputs: "
+            + ", ".join(f"`{i['name']}` {i['elem_type']}{i['shape']}" for i in entry["inputs"])
+            + (
+                "  (runtime shapes below: batch 2, seq 7, dec_seq 5, last row's 2 last tokens padded)"
+                if not err
+                else f"  (could not run onnx.reference: {err})"
+            )
+            + "\n"
+        )
     ops = Counter(n.op_type for n in m.graph.node)
     out.append("Graph op counts: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())) + "\n")
-    for i, (skel, blocks) in enumerate(groups.items()):
+    for i, blocks in enumerate(groups.values()):
         names = ", ".join(f"`{block_name(sm)}`" for sm, _ in blocks)
         out.append(f"**Pattern {chr(65 + i)}** — {len(blocks)} block(s): {names}\n")
         out.extend(blocks[0][1]["lines"])
@@ -584,23 +604,27 @@ def main(argv=None):
         return
     zoo = Path(argv[0]) if argv else HERE
     man = json.loads((zoo / "manifest.json").read_text())
-    parts = ["# Attention patterns in the zoo\n",
-             "Generated by `python models/describe.py` from `models/manifest.json` (rerun after "
-             "`python models/generate.py`). For each model, the blocks are grouped by skeleton and one block of "
-             "each group is spelled out: the scores path from Q·Kᵀ to the P·V MatMul (`→` in data-flow order), "
-             "the Q/K/V sides walked back from the MatMuls (`←`, back towards the projections), and the side inputs "
-             "(scales, masks, biases) with their dtype, runtime shape [batch 2, seq 7, dec_seq 5] and where they come "
-             "from. `[×c]`/`[÷c]` mark scalar scales; `expr:` shows a side input's producer expression (depth-limited).\n",
-             SUMMARY_PLACEHOLDER]
+    parts = [
+        "# Attention patterns in the zoo\n",
+        "Generated by `python models/describe.py` from `models/manifest.json` (rerun after "
+        "`python models/generate.py`). For each model, the blocks are grouped by skeleton and one block of "
+        "each group is spelled out: the scores path from Q·Kᵀ to the P·V MatMul (`→` in data-flow order), "
+        "the Q/K/V sides walked back from the MatMuls (`←`, back towards the projections), and the side inputs "
+        "(scales, masks, biases) with their dtype, runtime shape [batch 2, seq 7, dec_seq 5] and where they come "
+        "from. `[×c]`/`[÷c]` mark scalar scales; `expr:` shows a side input's producer expression (depth-limited).\n",
+        SUMMARY_PLACEHOLDER,
+    ]
     skel_index = OrderedDict()
     for e in man["models"]:
         text, skels = describe_model(zoo / e["file"], e)
         parts.append(text)
         for s in skels:
             skel_index.setdefault(s, []).append(e["file"])
-    summary = ["## Distinct block skeletons\n",
-               "One line per distinct skeleton (Q-side ops, K-side ops, score ops, softmax axis, ops between "
-               "Softmax and P·V, V-side ops, output ops) and the files that have it.\n"]
+    summary = [
+        "## Distinct block skeletons\n",
+        "One line per distinct skeleton (Q-side ops, K-side ops, score ops, softmax axis, ops between "
+        "Softmax and P·V, V-side ops, output ops) and the files that have it.\n",
+    ]
     for i, (s, files) in enumerate(skel_index.items()):
         summary.append(f"{i + 1}. `{s}`  \n   {', '.join(files)}")
     summary.append("")
@@ -608,8 +632,10 @@ def main(argv=None):
     if all(v.get(k) == val for k, val in NOTES_VERSIONS.items()):
         summary = [NOTES] + summary
     else:
-        summary = [f"(The hand-written summary in describe.py was written for {NOTES_VERSIONS}; these models "
-                   f"were made with {v}: re-read the blocks below.)\n"] + summary
+        summary = [
+            f"(The hand-written summary in describe.py was written for {NOTES_VERSIONS}; these models "
+            f"were made with {v}: re-read the blocks below.)\n"
+        ] + summary
     text = "\n".join(parts).replace(SUMMARY_PLACEHOLDER, "\n".join(summary))
     (zoo / "PATTERNS.md").write_text(text)
     print(f"wrote {zoo / 'PATTERNS.md'} ({len(man['models'])} models, {len(skel_index)} distinct skeletons)")

@@ -86,22 +86,38 @@ def _nonneg_int(text: str) -> int:
 def _add_policy(p: argparse.ArgumentParser, overrides: bool) -> None:
     """The softmax options; ``overrides``: they override the fused nodes' own (verify)."""
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--online-softmax", action="store_true",
-                   help="the proposal's switch: online softmax for key lengths >= --min-seq-len (same as --softmax auto)")
-    g.add_argument("--softmax", choices=spec.SOFTMAX_MODES,
-                   help="softmax of every fused node" + (" (default: each node's own)" if overrides else " (default naive)"))
+    g.add_argument(
+        "--online-softmax",
+        action="store_true",
+        help="the proposal's switch: online softmax for key lengths >= --min-seq-len (same as --softmax auto)",
+    )
+    g.add_argument(
+        "--softmax",
+        choices=spec.SOFTMAX_MODES,
+        help="softmax of every fused node" + (" (default: each node's own)" if overrides else " (default naive)"),
+    )
     keep = " with a softmax option; alone it overrides only this, each node keeping its softmax" if overrides else ""
-    p.add_argument("--block-size", type=_positive_int,
-                   help=f"keys per tile in the online softmax (default {spec.ATTRIBUTES['block_size'].default}{keep})")
-    p.add_argument("--min-seq-len", type=_nonneg_int,
-                   help=f"under auto, the key length from which online is used "
-                        f"(default {spec.ATTRIBUTES['min_seq_len'].default}{keep})")
+    p.add_argument(
+        "--block-size",
+        type=_positive_int,
+        help=f"keys per tile in the online softmax (default {spec.ATTRIBUTES['block_size'].default}{keep})",
+    )
+    p.add_argument(
+        "--min-seq-len",
+        type=_nonneg_int,
+        help=f"under auto, the key length from which online is used "
+        f"(default {spec.ATTRIBUTES['min_seq_len'].default}{keep})",
+    )
 
 
 def _policy(args: argparse.Namespace) -> SoftmaxPolicy | None:
     """The policy the softmax options ask for; None when none is given."""
-    return SoftmaxPolicy.from_options(getattr(args, "softmax", None), getattr(args, "online_softmax", False) or None,
-                                      getattr(args, "block_size", None), getattr(args, "min_seq_len", None))
+    return SoftmaxPolicy.from_options(
+        getattr(args, "softmax", None),
+        getattr(args, "online_softmax", False) or None,
+        getattr(args, "block_size", None),
+        getattr(args, "min_seq_len", None),
+    )
 
 
 def _dim_setting(text: str) -> tuple[str, int]:
@@ -114,20 +130,35 @@ def _dim_setting(text: str) -> tuple[str, int]:
 
 def _add_feeds(p: argparse.ArgumentParser) -> None:
     p.add_argument("--feeds", help=".npz file of inputs (default: random inputs with padded attention masks)")
-    p.add_argument("--dim", type=_dim_setting, action="append", default=[], metavar="NAME=VALUE",
-                   help="size of a named input dim in random inputs (repeatable; a decoder's mask length "
-                        "follows its past and new lengths unless set too)")
-    p.add_argument("--seq-len", type=_positive_int, default=16, help="sequence length of random inputs (default %(default)s)")
+    p.add_argument(
+        "--dim",
+        type=_dim_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="size of a named input dim in random inputs (repeatable; a decoder's mask length "
+        "follows its past and new lengths unless set too)",
+    )
+    p.add_argument(
+        "--seq-len", type=_positive_int, default=16, help="sequence length of random inputs (default %(default)s)"
+    )
     p.add_argument("--batch", type=_positive_int, default=2, help="batch size of random inputs (default %(default)s)")
     (rtol, atol), (rtol16, atol16) = FLOAT32_TOLERANCE, FLOAT16_TOLERANCE
-    p.add_argument("--rtol", type=float, default=None, help=f"relative tolerance (default {rtol:g}; {rtol16:g} for float16 models)")
-    p.add_argument("--atol", type=float, default=None, help=f"absolute tolerance (default {atol:g}; {atol16:g} for float16 models)")
+    p.add_argument(
+        "--rtol", type=float, default=None, help=f"relative tolerance (default {rtol:g}; {rtol16:g} for float16 models)"
+    )
+    p.add_argument(
+        "--atol", type=float, default=None, help=f"absolute tolerance (default {atol:g}; {atol16:g} for float16 models)"
+    )
 
 
 def _add_num_heads(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-heads", type=_positive_int,
-                   help="head count of blocks whose count cannot be proved from shapes or initializers (for "
-                        "instance MultiHeadAttention nodes ONNX Runtime's optimizer wrote without it)")
+    p.add_argument(
+        "--num-heads",
+        type=_positive_int,
+        help="head count of blocks whose count cannot be proved from shapes or initializers (for "
+        "instance MultiHeadAttention nodes ONNX Runtime's optimizer wrote without it)",
+    )
 
 
 def _pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -143,32 +174,48 @@ def _pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
 def _output_options() -> _Parser:
     """--quiet and --json, shared by every command but bench (which writes its own result files)."""
     p = _Parser(add_help=False)
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors (the exit code says the result)")
-    p.add_argument("--json", metavar="PATH", help="also write the result as JSON (schema ortflash.result, "
-                                                  "see the README); - writes it to stdout and the tables to stderr")
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="print nothing but errors (the exit code says the result)"
+    )
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the result as JSON (schema ortflash.result, "
+        "see the README); - writes it to stdout and the tables to stderr",
+    )
     return p
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ortflash", description="Fuse attention in ONNX models into one FlashAttention op, and prove it.")
+    parser = _Parser(
+        prog="ortflash", description="Fuse attention in ONNX models into one FlashAttention op, and prove it."
+    )
     parser.add_argument("--version", action="version", version=f"ortflash {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     common = [_output_options()]
 
     p = sub.add_parser("optimize", parents=common, help="fuse attention blocks and write the new model")
     p.add_argument("model", help="input .onnx model (never modified, unless --in-place)")
-    p.add_argument("-o", "--output", help=f"output path (default: IN{OPTIMIZED_SUFFIX}); the input itself only "
-                                          "with --in-place")
+    p.add_argument(
+        "-o", "--output", help=f"output path (default: IN{OPTIMIZED_SUFFIX}); the input itself only with --in-place"
+    )
     p.add_argument("--in-place", action="store_true", help="replace the input model with the optimized one")
     _add_policy(p, overrides=False)
-    p.add_argument("--target", choices=("ortflash", "contrib", "onnx"), default="ortflash",
-                   help="ortflash: FlashAttention nodes (run with ortflash.session_options()); contrib: ONNX Runtime's "
-                        "com.microsoft MultiHeadAttention/GroupQueryAttention; onnx: ONNX Attention (opset 23). A block no "
-                        "native op computes exactly stays FlashAttention (default %(default)s)")
-    p.add_argument("--verify", action="store_true",
-                   help="then run both models in ONNX Runtime and compare, each fused node in every softmax it runs "
-                        f"deployed; on a failure the model is written as OUT{UNVERIFIED_SUFFIX.removesuffix(ONNX_SUFFIX)}"
-                        f"{ONNX_SUFFIX} instead of OUT")
+    p.add_argument(
+        "--target",
+        choices=("ortflash", "contrib", "onnx"),
+        default="ortflash",
+        help="ortflash: FlashAttention nodes (run with ortflash.session_options()); contrib: ONNX Runtime's "
+        "com.microsoft MultiHeadAttention/GroupQueryAttention; onnx: ONNX Attention (opset 23). A block no "
+        "native op computes exactly stays FlashAttention (default %(default)s)",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="then run both models in ONNX Runtime and compare, each fused node in every softmax it runs "
+        f"deployed; on a failure the model is written as OUT{UNVERIFIED_SUFFIX.removesuffix(ONNX_SUFFIX)}"
+        f"{ONNX_SUFFIX} instead of OUT",
+    )
     _add_feeds(p)
 
     _add_num_heads(p)
@@ -180,24 +227,39 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", parents=common, help="check each fused node's kernel against the naive ORT subgraph")
     p.add_argument("original")
     p.add_argument("--optimized", help="a fused model of ORIGINAL (default: optimize ORIGINAL now)")
-    p.add_argument("--backend", choices=(*BACKENDS, *BACKEND_ALIASES), default=DEFAULT_BACKEND,
-                   help="kernel to check: cpu (compiled), reference (numpy) or wgpu (the WGSL shaders; "
-                        "wgsl is another name for it) (default %(default)s)")
+    p.add_argument(
+        "--backend",
+        choices=(*BACKENDS, *BACKEND_ALIASES),
+        default=DEFAULT_BACKEND,
+        help="kernel to check: cpu (compiled), reference (numpy) or wgpu (the WGSL shaders; "
+        "wgsl is another name for it) (default %(default)s)",
+    )
     p.add_argument("--softmax", choices=("naive", "online"), help="softmax to run (default: each node's own)")
     p.add_argument("--block-size", type=_positive_int, help="keys per tile for online (default: each node's own)")
     _add_feeds(p)
 
-    p = sub.add_parser("web-check", parents=common,
-                       help="run a lowered model in onnxruntime-web / onnxruntime-node and compare with ONNX Runtime")
-    p.add_argument("model", help="a model without FlashAttention nodes (ortflash optimize ... --target contrib or --target onnx)")
-    p.add_argument("--runtime", choices=("web-wasm", "node-cpu", "node-webgpu"), default="web-wasm",
-                   help="web-wasm: onnxruntime-web's wasm backend under Node; node-cpu / node-webgpu: onnxruntime-node's "
-                        "CPU / WebGPU execution provider (default %(default)s)")
+    p = sub.add_parser(
+        "web-check",
+        parents=common,
+        help="run a lowered model in onnxruntime-web / onnxruntime-node and compare with ONNX Runtime",
+    )
+    p.add_argument(
+        "model", help="a model without FlashAttention nodes (ortflash optimize ... --target contrib or --target onnx)"
+    )
+    p.add_argument(
+        "--runtime",
+        choices=("web-wasm", "node-cpu", "node-webgpu"),
+        default="web-wasm",
+        help="web-wasm: onnxruntime-web's wasm backend under Node; node-cpu / node-webgpu: onnxruntime-node's "
+        "CPU / WebGPU execution provider (default %(default)s)",
+    )
     _add_feeds(p)
 
     from . import bench as _bench
 
-    p = sub.add_parser("bench", help="latency and peak memory of each variant against sequence length, one process each")
+    p = sub.add_parser(
+        "bench", help="latency and peak memory of each variant against sequence length, one process each"
+    )
     _bench.add_arguments(p)
 
     p = sub.add_parser("verify", parents=common, help="compare an optimized model with its original in ONNX Runtime")
@@ -218,8 +280,9 @@ def _console(args: argparse.Namespace) -> Console:
 
     stream = sys.stderr if getattr(args, "json", None) == STDOUT else sys.stdout
     terminal = stream.isatty()
-    return Console(file=stream, width=None if terminal else PIPE_WIDTH, quiet=getattr(args, "quiet", False),
-                   highlight=terminal)
+    return Console(
+        file=stream, width=None if terminal else PIPE_WIDTH, quiet=getattr(args, "quiet", False), highlight=terminal
+    )
 
 
 def _check_json_target(path: str | None) -> None:
@@ -256,8 +319,9 @@ def _finite(value: float) -> float | None:
     return value if np.isfinite(value) else None
 
 
-def _print_results(console: Console, title: str, columns: Sequence[str],
-                   rows: Sequence[tuple[Sequence[str], bool]], fold: bool = False) -> bool:
+def _print_results(
+    console: Console, title: str, columns: Sequence[str], rows: Sequence[tuple[Sequence[str], bool]], fold: bool = False
+) -> bool:
     """One table row per compared value, ending in ok / DIFFERENT; True when all are ok."""
     from rich.markup import escape
     from rich.table import Table
@@ -294,8 +358,11 @@ def _print_diffs(diffs: Sequence[OutputDiff], console: Console, title: str) -> b
 def _load_feeds(args: argparse.Namespace, model: onnx.ModelProto) -> dict[str, np.ndarray]:
     from .checks.feeds import make_feeds, read_feeds
 
-    return read_feeds(args.feeds) if args.feeds else make_feeds(model, seq_len=args.seq_len, batch=args.batch,
-                                                                 dims=dict(args.dim))
+    return (
+        read_feeds(args.feeds)
+        if args.feeds
+        else make_feeds(model, seq_len=args.seq_len, batch=args.batch, dims=dict(args.dim))
+    )
 
 
 def _load_with_weights(path: str) -> onnx.ModelProto:
@@ -304,16 +371,31 @@ def _load_with_weights(path: str) -> onnx.ModelProto:
     return onnx.load(path) if external_locations(model) else model
 
 
-def _prove(original: str, optimized: str | onnx.ModelProto, policy: SoftmaxPolicy | None,
-           args: argparse.Namespace, console: Console, weights_dir: str | None = None) -> Verification:
+def _prove(
+    original: str,
+    optimized: str | onnx.ModelProto,
+    policy: SoftmaxPolicy | None,
+    args: argparse.Namespace,
+    console: Console,
+    weights_dir: str | None = None,
+) -> Verification:
     """Compare, each fused node in every softmax it runs deployed, and print what was run and found."""
     from .checks.feeds import read_feeds
     from .checks.verify import prove, run_summary
 
     feeds = read_feeds(args.feeds) if args.feeds else None
-    result = prove(original, optimized, feeds=feeds, seq_len=args.seq_len, batch=args.batch, dims=dict(args.dim),
-                   policy=policy,
-                   rtol=args.rtol, atol=args.atol, weights_dir=weights_dir)
+    result = prove(
+        original,
+        optimized,
+        feeds=feeds,
+        seq_len=args.seq_len,
+        batch=args.batch,
+        dims=dict(args.dim),
+        policy=policy,
+        rtol=args.rtol,
+        atol=args.atol,
+        weights_dir=weights_dir,
+    )
     for run in result.runs:
         console.print(run_summary(run), markup=False)
         _print_diffs(run.diffs, console, f"ONNX Runtime: original vs optimized, {run.why}")
@@ -366,20 +448,33 @@ def _optimize(args: argparse.Namespace, console: Console) -> int:
     if args.target != "ortflash":
         kept = [b for b in report.blocks if b.fused and b.target == "ortflash"]
         if kept:
-            console.print(f"[yellow]{len(kept)} block(s) stay FlashAttention[/]: the output still needs "
-                          "ortflash (ortflash.session_options()) to run")
+            console.print(
+                f"[yellow]{len(kept)} block(s) stay FlashAttention[/]: the output still needs "
+                "ortflash (ortflash.session_options()) to run"
+            )
     source_dir = os.path.dirname(os.path.abspath(args.model))
 
     def finish(code: int, output: str | None, verification: Verification | None = None) -> int:
-        _write_json(args, result_document("optimize", code, model=args.model, output=output, report=report,
-                                          verification=verification.to_dict() if verification else None))
+        _write_json(
+            args,
+            result_document(
+                "optimize",
+                code,
+                model=args.model,
+                output=output,
+                report=report,
+                verification=verification.to_dict() if verification else None,
+            ),
+        )
         return code
 
     # Nothing ONNX Runtime cannot load is ever written: the model is opened before it is saved
     problem = _unloadable(model, source_dir)
     if problem is not None:
-        print(f"ortflash: error: {problem} (at its default optimization level); nothing written to {out_path}",
-              file=sys.stderr)
+        print(
+            f"ortflash: error: {problem} (at its default optimization level); nothing written to {out_path}",
+            file=sys.stderr,
+        )
         return finish(EXIT_MISMATCH, None)
     verification = None
     if args.verify:  # each fused node as written, the policy just chosen
@@ -401,8 +496,11 @@ def _print_report(report: Report, original: onnx.ModelProto, optimized: onnx.Mod
     marked = mark_rounding_sensitive(original, optimized, report)
     report.print(console)
     if marked:
-        console.print(f"note: {len(marked)} fused block(s) feed a quantizer, where a float32 rounding difference can "
-                      "become a different integer: verify with real inputs (--verify --feeds F.npz)", markup=False)
+        console.print(
+            f"note: {len(marked)} fused block(s) feed a quantizer, where a float32 rounding difference can "
+            "become a different integer: verify with real inputs (--verify --feeds F.npz)",
+            markup=False,
+        )
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
@@ -418,8 +516,9 @@ def _verify_command(args: argparse.Namespace, console: Console) -> int:
     load(args.original), load(args.optimized)  # one-line errors for bad files, before any work
     result = _prove(args.original, args.optimized, _policy(args), args, console)
     code = EXIT_OK if result.ok else EXIT_MISMATCH
-    _write_json(args, result_document("verify", code, model=args.original, output=args.optimized,
-                                      verification=result.to_dict()))
+    _write_json(
+        args, result_document("verify", code, model=args.original, output=args.optimized, verification=result.to_dict())
+    )
     return code
 
 
@@ -447,17 +546,36 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
         console.print("no FlashAttention node to validate")
     else:
         rows = [((c.node, c.replaces, c.mode, c.shapes, *_error_cells(c)), c.ok) for c in checks]
-        ok = _print_results(console, f"each fused node, {_backend_label(backend)}, against the naive ONNX Runtime subgraph",
-                            ("node", "replaces", "softmax", "shapes", *ERROR_COLUMNS),
-                            rows, fold=True)
+        ok = _print_results(
+            console,
+            f"each fused node, {_backend_label(backend)}, against the naive ONNX Runtime subgraph",
+            ("node", "replaces", "softmax", "shapes", *ERROR_COLUMNS),
+            rows,
+            fold=True,
+        )
         console.print(f"tolerance: {tolerance_text(rtol, atol)}", markup=False)
         console.print(f"validated: {len(checks)} fused nodes agree" if ok else "[red]validation FAILED[/]")
     code = EXIT_OK if ok else EXIT_MISMATCH
-    nodes = [{**asdict(c), "max_abs": _finite(c.max_abs), "max_rel": _finite(c.max_rel),
-              "of_tolerance": _finite(c.of_tolerance), "problem": c.problem or None} for c in checks]
-    _write_json(args, result_document("validate", code, model=args.original, output=args.optimized,
-                                      validation={"backend": backend, "rtol": rtol, "atol": atol, "ok": ok,
-                                                  "nodes": nodes}))
+    nodes = [
+        {
+            **asdict(c),
+            "max_abs": _finite(c.max_abs),
+            "max_rel": _finite(c.max_rel),
+            "of_tolerance": _finite(c.of_tolerance),
+            "problem": c.problem or None,
+        }
+        for c in checks
+    ]
+    _write_json(
+        args,
+        result_document(
+            "validate",
+            code,
+            model=args.original,
+            output=args.optimized,
+            validation={"backend": backend, "rtol": rtol, "atol": atol, "ok": ok, "nodes": nodes},
+        ),
+    )
     return code
 
 
@@ -470,12 +588,27 @@ def _web_check(args: argparse.Namespace, console: Console) -> int:
     diffs = web_check(model, _load_feeds(args, model), runtime=args.runtime, rtol=rtol, atol=atol)
     ok = _print_diffs(diffs, console, f"ONNX Runtime (Python, CPU) vs {args.runtime}")
     console.print(f"tolerance: {tolerance_text(rtol, atol)}", markup=False)
-    console.print(f"web-check: outputs match in {args.runtime}" if ok
-                  else f"[red]web-check FAILED[/]: outputs differ in {args.runtime}")
+    console.print(
+        f"web-check: outputs match in {args.runtime}"
+        if ok
+        else f"[red]web-check FAILED[/]: outputs differ in {args.runtime}"
+    )
     code = EXIT_OK if ok else EXIT_MISMATCH
-    _write_json(args, result_document("web-check", code, model=args.model,
-                                      web_check={"runtime": args.runtime, "rtol": rtol, "atol": atol, "ok": ok,
-                                                 "outputs": [diff_dict(d) for d in diffs]}))
+    _write_json(
+        args,
+        result_document(
+            "web-check",
+            code,
+            model=args.model,
+            web_check={
+                "runtime": args.runtime,
+                "rtol": rtol,
+                "atol": atol,
+                "ok": ok,
+                "outputs": [diff_dict(d) for d in diffs],
+            },
+        ),
+    )
     return code
 
 
@@ -486,14 +619,16 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
 
 
 Command = Callable[[argparse.Namespace, "Console"], int]
-COMMANDS: Mapping[str, Command] = MappingProxyType({
-    "optimize": _optimize,
-    "inspect": _inspect,
-    "verify": _verify_command,
-    "validate": _validate,
-    "web-check": _web_check,
-    "bench": _bench,
-})
+COMMANDS: Mapping[str, Command] = MappingProxyType(
+    {
+        "optimize": _optimize,
+        "inspect": _inspect,
+        "verify": _verify_command,
+        "validate": _validate,
+        "web-check": _web_check,
+        "bench": _bench,
+    }
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

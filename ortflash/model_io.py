@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Union
 
 import onnx
+import onnx_ir as ir
 
 from .errors import OrtflashError
 
@@ -24,14 +26,24 @@ def external_locations(model: onnx.ModelProto) -> list[str]:
     return found
 
 
-def load(model_or_path: onnx.ModelProto | str | os.PathLike[str]) -> onnx.ModelProto:
-    """Read a model without loading its external data: weights stay on disk, referenced.
+ModelLike = Union[onnx.ModelProto, ir.Model, str, "os.PathLike[str]"]
+
+
+def load(model_or_path: ModelLike) -> onnx.ModelProto:
+    """Read a model (a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``) without loading its
+    external data: weights stay on disk, referenced.
 
     The rewrites never read weights (scales are small inline constants), so a model of
     any size is optimized in the memory its graph takes.
     """
     if isinstance(model_or_path, onnx.ModelProto):
         return model_or_path
+    if isinstance(model_or_path, ir.Model):
+        return ir.serde.serialize_model(model_or_path)
+    if not isinstance(model_or_path, (str, os.PathLike)):
+        raise OrtflashError(
+            f"expected a model path, an onnx.ModelProto or an onnx_ir.Model, got {type(model_or_path).__name__}"
+        )
     path = os.fspath(model_or_path)
     if not os.path.exists(path):
         raise OrtflashError(f"{path}: no such file")

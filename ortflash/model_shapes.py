@@ -61,7 +61,7 @@ def _onnx_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
 
 def _symbolic_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference  # type: ignore[import-untyped]
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
         inferred: onnx.ModelProto | None = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
     except Exception:  # noqa: BLE001 - it raises on ops and external weights it cannot read

@@ -3,7 +3,6 @@ target, with the native ops they lower to)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import onnx
@@ -18,7 +17,7 @@ from .fusion.walker import fuse_softmax_blocks
 from .graph import ir_utils as u
 from .lowering import TARGETS, LoweringNote, lower
 from .lowering.contrib import MIN_CONTRIB_OPSET
-from .model_io import load, save
+from .model_io import ModelLike, load, save
 from .model_shapes import graphs_of, with_shapes
 from .policy import SoftmaxPolicy
 from .report import Report
@@ -27,7 +26,7 @@ __all__ = ["OrtflashError", "load", "optimize", "save"]
 
 
 def optimize(
-    model_or_path: onnx.ModelProto | str | os.PathLike[str],
+    model_or_path: ModelLike,
     *,
     softmax: str | None = None,
     online_softmax: bool | None = None,
@@ -100,9 +99,14 @@ def _for_target(proto: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, s
         converted = onnx.version_converter.convert_version(proto, MIN_CONTRIB_OPSET)
     except Exception as exc:  # noqa: BLE001 - the converter raises several types
         first_line = (str(exc).splitlines() or [""])[0][:160]
-        return proto, (f"opset {opset} could not be converted to {MIN_CONTRIB_OPSET} for --target contrib "
-                       f"({type(exc).__name__}: {first_line}); blocks stay FlashAttention")
-    return converted, f"converted from opset {opset} to {MIN_CONTRIB_OPSET} for --target contrib (onnx.version_converter)"
+        return proto, (
+            f"opset {opset} could not be converted to {MIN_CONTRIB_OPSET} for --target contrib "
+            f"({type(exc).__name__}: {first_line}); blocks stay FlashAttention"
+        )
+    return (
+        converted,
+        f"converted from opset {opset} to {MIN_CONTRIB_OPSET} for --target contrib (onnx.version_converter)",
+    )
 
 
 def _scopes(graph: ir.Graph, scope: str) -> Iterator[tuple[ir.Graph, str]]:

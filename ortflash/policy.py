@@ -36,8 +36,13 @@ class SoftmaxPolicy:
         return cls(mode="auto" if online_softmax else "naive", **kw)
 
     @classmethod
-    def from_options(cls, softmax: str | None = None, online_softmax: bool | None = None,
-                     block_size: int | None = None, min_seq_len: int | None = None) -> SoftmaxPolicy | None:
+    def from_options(
+        cls,
+        softmax: str | None = None,
+        online_softmax: bool | None = None,
+        block_size: int | None = None,
+        min_seq_len: int | None = None,
+    ) -> SoftmaxPolicy | None:
         """The policy the CLI's and the API's options ask for; None when they ask for nothing.
 
         ``online_softmax`` is the proposal's switch (True: ``auto``, False: ``naive``) and
@@ -53,8 +58,11 @@ class SoftmaxPolicy:
             if block_size is None and min_seq_len is None:
                 return None
             return cls(None, block_size, min_seq_len)
-        return cls(mode, _DEFAULT_BLOCK_SIZE if block_size is None else block_size,
-                   _DEFAULT_MIN_SEQ_LEN if min_seq_len is None else min_seq_len)
+        return cls(
+            mode,
+            _DEFAULT_BLOCK_SIZE if block_size is None else block_size,
+            _DEFAULT_MIN_SEQ_LEN if min_seq_len is None else min_seq_len,
+        )
 
     @classmethod
     def from_attributes(cls, attrs: dict[str, Any]) -> SoftmaxPolicy:

@@ -51,8 +51,13 @@ class Report:
         return f"{self.model}: {self.fused} of {len(self.blocks)} attention blocks (Softmax or Attention nodes) fused"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "fused": self.fused, "blocks": [asdict(b) for b in self.blocks],
-                "shape_inference": self.shape_inference, "notes": list(self.notes)}
+        return {
+            "model": self.model,
+            "fused": self.fused,
+            "blocks": [asdict(b) for b in self.blocks],
+            "shape_inference": self.shape_inference,
+            "notes": list(self.notes),
+        }
 
     def print(self, console: Console | None = None) -> None:
         from rich.console import Console
@@ -92,10 +97,18 @@ class Report:
             console.print(f"note: {note}", markup=False)
 
 
-def result_document(command: str, exit_code: int, *, model: str, output: str | None = None,
-                    report: Report | None = None, verification: dict[str, Any] | None = None,
-                    validation: dict[str, Any] | None = None, web_check: dict[str, Any] | None = None,
-                    notes: list[str] | None = None) -> dict[str, Any]:
+def result_document(
+    command: str,
+    exit_code: int,
+    *,
+    model: str,
+    output: str | None = None,
+    report: Report | None = None,
+    verification: dict[str, Any] | None = None,
+    validation: dict[str, Any] | None = None,
+    web_check: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+) -> dict[str, Any]:
     """The JSON every command's ``--json`` writes: every key always present, null where it does not apply.
 
     ``fused``/``blocks``: optimize and inspect (the report rows); ``verification``: verify and

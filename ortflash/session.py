@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -12,7 +11,7 @@ import onnxruntime as ort
 
 from . import spec
 from .kernels.config import DEFAULT_BACKEND, KernelConfig, join_side_channel
-from .model_io import load
+from .model_io import ModelLike, load
 from .policy import SoftmaxPolicy
 
 
@@ -53,8 +52,9 @@ def _set_attribute(node: onnx.NodeProto, name: str, value: Any) -> Any:
     return old
 
 
-def configure_model(model: onnx.ModelProto, *, policy: SoftmaxPolicy | None = None,
-                    config: KernelConfig | None = None) -> onnx.ModelProto:
+def configure_model(
+    model: onnx.ModelProto, *, policy: SoftmaxPolicy | None = None, config: KernelConfig | None = None
+) -> onnx.ModelProto:
     """A copy of ``model`` whose FlashAttention nodes run with this policy and kernel configuration.
 
     The policy replaces each node's ``softmax``/``block_size``/``min_seq_len``; the kernel
@@ -83,22 +83,35 @@ class InferenceSession:
     or running in parallel threads, do not affect each other.
     """
 
-    def __init__(self, model_or_path: str | os.PathLike[str] | onnx.ModelProto, *,
-                 backend: str = DEFAULT_BACKEND, threads: int | None = None,
-                 providers: Sequence[str] | None = None, sess_options: ort.SessionOptions | None = None,
-                 softmax: str | None = None, online_softmax: bool | None = None,
-                 block_size: int | None = None, min_seq_len: int | None = None) -> None:
+    def __init__(
+        self,
+        model_or_path: ModelLike,
+        *,
+        backend: str = DEFAULT_BACKEND,
+        threads: int | None = None,
+        providers: Sequence[str] | None = None,
+        sess_options: ort.SessionOptions | None = None,
+        softmax: str | None = None,
+        online_softmax: bool | None = None,
+        block_size: int | None = None,
+        min_seq_len: int | None = None,
+    ) -> None:
         self.config = KernelConfig(backend=backend, threads=threads)
-        self.policy = SoftmaxPolicy.from_options(softmax=softmax, online_softmax=online_softmax,
-                                                 block_size=block_size, min_seq_len=min_seq_len)
+        self.policy = SoftmaxPolicy.from_options(
+            softmax=softmax, online_softmax=online_softmax, block_size=block_size, min_seq_len=min_seq_len
+        )
         model = configure_model(load(model_or_path), policy=self.policy, config=self.config)
         so = session_options(base=sess_options)
         self._session = ort.InferenceSession(
             model.SerializeToString(), so, providers=list(providers or ["CPUExecutionProvider"])
         )
 
-    def run(self, output_names: Sequence[str] | None, input_feed: dict[str, np.ndarray],
-            run_options: ort.RunOptions | None = None) -> list[np.ndarray]:
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: dict[str, np.ndarray],
+        run_options: ort.RunOptions | None = None,
+    ) -> list[np.ndarray]:
         return self._session.run(output_names, input_feed, run_options)
 
     def get_inputs(self) -> list[ort.NodeArg]:

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
 
 # onnxruntime-extensions registers Python custom ops in this domain only.
 DOMAIN = "ai.onnx.contrib"
@@ -34,7 +38,7 @@ OP_TYPE = "FlashAttention"
 INPUTS = ("Q", "K", "V", "bias", "mask")
 
 
-def absent_as_none(bias, mask):
+def absent_as_none(bias: np.ndarray | None, mask: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(bias, mask) with the neutral placeholder scalars turned back into None (numpy arrays)."""
     if bias is not None and bias.size == 1 and float(bias.reshape(())) == 0.0:
         bias = None
@@ -85,11 +89,11 @@ ATTRIBUTES: dict[str, Attribute] = {
 EXACT_FLOATS = ("scale", "mask_fill", "softcap")
 
 
-def exact_floats(attrs: dict) -> str:
+def exact_floats(attrs: dict[str, Any]) -> str:
     return ";".join(f"{name}={float(attrs[name])!r}" for name in EXACT_FLOATS)
 
 
-def resolve_exact_floats(attrs: dict) -> dict:
+def resolve_exact_floats(attrs: dict[str, Any]) -> dict[str, Any]:
     """attrs with float values replaced by their exact strings where those agree."""
     text = attrs.get("exact_floats") or ""
     out = dict(attrs)
@@ -111,12 +115,12 @@ class SpecError(ValueError):
     """An attribute value outside the op's contract."""
 
 
-def validate(attrs: dict) -> dict:
+def validate(attrs: dict[str, Any]) -> dict[str, Any]:
     """Return attrs completed with defaults, or raise SpecError naming the bad value."""
     unknown = set(attrs) - set(ATTRIBUTES)
     if unknown:
         raise SpecError(f"unknown FlashAttention attribute(s): {', '.join(sorted(unknown))}")
-    out = {name: a.default for name, a in ATTRIBUTES.items()}
+    out: dict[str, Any] = {name: a.default for name, a in ATTRIBUTES.items()}
     out.update(attrs)
     for name, a in ATTRIBUTES.items():
         value = out[name]
@@ -151,7 +155,7 @@ def validate(attrs: dict) -> dict:
     return out
 
 
-def node_attributes(node) -> dict:
+def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
     """Read a FlashAttention onnx.NodeProto's attributes, defaults filled in."""
     import onnx
 

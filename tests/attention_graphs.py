@@ -118,13 +118,13 @@ def feeds(model: onnx.ModelProto, dims: dict, rng: np.random.Generator, pad: boo
         if t.elem_type == BOOL:
             m = rng.random(shape) > 0.2
             if pad and len(shape) >= 1:
-                m[..., -max(1, shape[-1] // 3):] = False  # padded keys
+                m[..., -max(1, shape[-1] // 3) :] = False  # padded keys
             out[vi.name] = m
         else:
             np_dt = np.float16 if t.elem_type == F16 else np.float32
             x = rng.standard_normal(shape).astype(np_dt)
             if vi.name.startswith("bias") and pad:
-                x[..., -max(1, shape[-1] // 4):] = np.finfo(np_dt).min  # additive padding mask
+                x[..., -max(1, shape[-1] // 4) :] = np.finfo(np_dt).min  # additive padding mask
             out[vi.name] = x
     return out
 
@@ -186,8 +186,9 @@ def initializer(name: str, value, dtype=np.int64) -> onnx.TensorProto:
     return onnx.numpy_helper.from_array(np.asarray(value, dtype), name)
 
 
-def attention_nodes(q: str, k: str, v: str, out: str = "out", bias: str | None = None,
-                    scale: float = 0.125, k_transposed: bool = False) -> tuple[list, list]:
+def attention_nodes(
+    q: str, k: str, v: str, out: str = "out", bias: str | None = None, scale: float = 0.125, k_transposed: bool = False
+) -> tuple[list, list]:
     """softmax(q @ kᵀ · scale + bias) @ v on 4D tensors: (nodes, initializers)."""
     nodes = [] if k_transposed else [helper.make_node("Transpose", [k], ["att_kt"], perm=[0, 1, 3, 2])]
     nodes += [
@@ -218,8 +219,14 @@ def broadcast_block(q: list, k: list, v: list, bias: list | None = None) -> onnx
     return model_of(nodes, inputs, inits)
 
 
-def projected_block(upstream: str = "LayerNormalization", opset: int = 16, heads: int = 2, head_dim: int = 16,
-                    causal_where: float | None = None, padding_bias: str = "") -> onnx.ModelProto:
+def projected_block(
+    upstream: str = "LayerNormalization",
+    opset: int = 16,
+    heads: int = 2,
+    head_dim: int = 16,
+    causal_where: float | None = None,
+    padding_bias: str = "",
+) -> onnx.ModelProto:
     """x [B, S, H·D] → an op shape inference may not know → Q, K, V projections reshaped to
     [B, S, H, D] and transposed to [B, H, S, D] → attention. upstream: LayerNormalization (no
     schema below opset 17), SkipLayerNormalization or FastGelu (com.microsoft), or Identity.
@@ -229,8 +236,11 @@ def projected_block(upstream: str = "LayerNormalization", opset: int = 16, heads
     width = heads * head_dim
     rng = np.random.default_rng(7)
     inputs = [tensor("x", ["B", "S", width])]
-    inits = [initializer("gamma", np.ones(width), np.float32), initializer("beta", np.zeros(width), np.float32),
-             initializer("split", [0, 0, heads, head_dim])]
+    inits = [
+        initializer("gamma", np.ones(width), np.float32),
+        initializer("beta", np.zeros(width), np.float32),
+        initializer("split", [0, 0, heads, head_dim]),
+    ]
     domains: tuple = ()
     if upstream == "LayerNormalization":
         nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], axis=-1, epsilon=1e-5)]
@@ -244,49 +254,72 @@ def projected_block(upstream: str = "LayerNormalization", opset: int = 16, heads
         nodes = [helper.make_node(upstream, ["x"], ["h"])]
     for name in ("q", "k", "v"):
         inits.append(initializer(f"w_{name}", rng.standard_normal((width, width)) / 4, np.float32))
-        nodes += [helper.make_node("MatMul", ["h", f"w_{name}"], [f"{name}_p"]),
-                  helper.make_node("Reshape", [f"{name}_p", "split"], [f"{name}_4"]),
-                  helper.make_node("Transpose", [f"{name}_4"], [name], perm=[0, 2, 1, 3])]
-    nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-              helper.make_node("MatMul", ["q", "kt"], ["s0"]),
-              helper.make_node("Div", ["s0", "root_d"], ["s1"])]
+        nodes += [
+            helper.make_node("MatMul", ["h", f"w_{name}"], [f"{name}_p"]),
+            helper.make_node("Reshape", [f"{name}_p", "split"], [f"{name}_4"]),
+            helper.make_node("Transpose", [f"{name}_4"], [name], perm=[0, 2, 1, 3]),
+        ]
+    nodes += [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        helper.make_node("Div", ["s0", "root_d"], ["s1"]),
+    ]
     inits.append(initializer("root_d", np.sqrt(head_dim), np.float32))
     s = "s1"
     if causal_where is not None:
         inits.append(initializer("fill", causal_where, np.float32))
-        nodes += [helper.make_node("Shape", ["x"], ["x_s"], start=1, end=2),
-                  helper.make_node("Concat", ["x_s", "x_s"], ["ss"], axis=0),
-                  helper.make_node("ConstantOfShape", ["ss"], ["ones_ss"], value=helper.make_tensor("o", F32, [1], [1.0])),
-                  helper.make_node("Trilu", ["ones_ss"], ["tril"], upper=0),
-                  helper.make_node("Cast", ["tril"], ["causal"], to=BOOL),
-                  helper.make_node("Where", ["causal", s, "fill"], ["s2"])]
+        nodes += [
+            helper.make_node("Shape", ["x"], ["x_s"], start=1, end=2),
+            helper.make_node("Concat", ["x_s", "x_s"], ["ss"], axis=0),
+            helper.make_node("ConstantOfShape", ["ss"], ["ones_ss"], value=helper.make_tensor("o", F32, [1], [1.0])),
+            helper.make_node("Trilu", ["ones_ss"], ["tril"], upper=0),
+            helper.make_node("Cast", ["tril"], ["causal"], to=BOOL),
+            helper.make_node("Where", ["causal", s, "fill"], ["s2"]),
+        ]
         s = "s2"
     if padding_bias:
         # (1 - mask) · c as float: an int64 mask with c = lowest (unbounded: a mask value of 3
         # makes +inf), a bool mask with c = -10000 (bounded), or the bias itself as an input.
-        inits += [initializer("ax12", [1, 2]), initializer("one", 1.0, np.float32),
-                  initializer("c", -1e4 if padding_bias == "bool" else np.finfo(np.float32).min, np.float32)]
+        inits += [
+            initializer("ax12", [1, 2]),
+            initializer("one", 1.0, np.float32),
+            initializer("c", -1e4 if padding_bias == "bool" else np.finfo(np.float32).min, np.float32),
+        ]
         if padding_bias == "float":
             inputs.append(tensor("bias_pad", ["B", 1, 1, "S"]))
             nodes.append(helper.make_node("Identity", ["bias_pad"], ["pad_bias"]))
         else:
             elem = BOOL if padding_bias == "bool" else TensorProto.INT64
             inputs.append(tensor("attention_mask", ["B", "S"], elem))
-            nodes += [helper.make_node("Unsqueeze", ["attention_mask", "ax12"], ["m4"]),
-                      helper.make_node("Cast", ["m4"], ["m4f"], to=F32),
-                      helper.make_node("Sub", ["one", "m4f"], ["inv"]),
-                      helper.make_node("Mul", ["inv", "c"], ["pad_bias"])]
+            nodes += [
+                helper.make_node("Unsqueeze", ["attention_mask", "ax12"], ["m4"]),
+                helper.make_node("Cast", ["m4"], ["m4f"], to=F32),
+                helper.make_node("Sub", ["one", "m4f"], ["inv"]),
+                helper.make_node("Mul", ["inv", "c"], ["pad_bias"]),
+            ]
         nodes.append(helper.make_node("Add", [s, "pad_bias"], ["s3"]))
         s = "s3"
-    nodes += [helper.make_node("Softmax", [s], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o4"]),
-              helper.make_node("Transpose", ["o4"], ["o_t"], perm=[0, 2, 1, 3]),
-              helper.make_node("Reshape", ["o_t", "merge"], ["out"])]
+    nodes += [
+        helper.make_node("Softmax", [s], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o4"]),
+        helper.make_node("Transpose", ["o4"], ["o_t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["o_t", "merge"], ["out"]),
+    ]
     inits.append(initializer("merge", [0, 0, width]))
     return model_of(nodes, inputs, inits, opset=opset, extra_domains=domains)
 
 
-GQA_FORMS = ("expand_const", "expand_computed", "tile_5d", "concat_5d", "gather_interleave",
-             "mqa_expand", "mqa_tile", "mqa_concat", "tile_4d_kept")
+GQA_FORMS = (
+    "expand_const",
+    "expand_computed",
+    "tile_5d",
+    "concat_5d",
+    "gather_interleave",
+    "mqa_expand",
+    "mqa_tile",
+    "mqa_concat",
+    "tile_4d_kept",
+)
 
 
 def gqa_form_block(form: str, heads: int = 4, head_dim: int = 8) -> onnx.ModelProto:
@@ -295,36 +328,54 @@ def gqa_form_block(form: str, heads: int = 4, head_dim: int = 8) -> onnx.ModelPr
     grouping, so the repeat must stay."""
     kv_heads = 1 if form.startswith("mqa") else 2
     g = heads // kv_heads
-    inputs = [tensor("q", ["B", heads, "S", head_dim]), tensor("k", ["B", kv_heads, "T", head_dim]),
-              tensor("v", ["B", kv_heads, "T", head_dim])]
-    inits = [initializer("ax2", [2]), initializer("rep5", [1, 1, g, 1, 1]), initializer("rep4", [1, g, 1, 1]),
-             initializer("merged", [0, heads, -1, head_dim]), initializer("g", [g]), initializer("s01", [0, 2]),
-             initializer("idx", np.arange(heads) // g), initializer("wide", [1, heads, 1, 1])]
+    inputs = [
+        tensor("q", ["B", heads, "S", head_dim]),
+        tensor("k", ["B", kv_heads, "T", head_dim]),
+        tensor("v", ["B", kv_heads, "T", head_dim]),
+    ]
+    inits = [
+        initializer("ax2", [2]),
+        initializer("rep5", [1, 1, g, 1, 1]),
+        initializer("rep4", [1, g, 1, 1]),
+        initializer("merged", [0, heads, -1, head_dim]),
+        initializer("g", [g]),
+        initializer("s01", [0, 2]),
+        initializer("idx", np.arange(heads) // g),
+        initializer("wide", [1, heads, 1, 1]),
+    ]
     nodes = []
     for x in ("k", "v"):
         u5, out = f"{x}_u5", f"{x}_rep"
         if form in ("expand_const", "expand_computed", "tile_5d", "concat_5d"):
             nodes.append(helper.make_node("Unsqueeze", [x, "ax2"], [u5]))
         if form == "expand_const":
-            nodes += [helper.make_node("Expand", [u5, "rep5"], [f"{x}_e"]),
-                      helper.make_node("Reshape", [f"{x}_e", "merged"], [out])]
+            nodes += [
+                helper.make_node("Expand", [u5, "rep5"], [f"{x}_e"]),
+                helper.make_node("Reshape", [f"{x}_e", "merged"], [out]),
+            ]
         elif form == "expand_computed":
             # shapes from Shape(x) at run time: [B, Hkv, G, T, D] and [B, Hkv·G, T, D]
-            nodes += [helper.make_node("Shape", [x], [f"{x}_bh"], end=2),
-                      helper.make_node("Shape", [x], [f"{x}_td"], start=2),
-                      helper.make_node("Concat", [f"{x}_bh", "g", f"{x}_td"], [f"{x}_shape5"], axis=0),
-                      helper.make_node("Expand", [u5, f"{x}_shape5"], [f"{x}_e"]),
-                      helper.make_node("Shape", [x], [f"{x}_b"], end=1),
-                      helper.make_node("Shape", [x], [f"{x}_h"], start=1, end=2),
-                      helper.make_node("Mul", [f"{x}_h", "g"], [f"{x}_hg"]),
-                      helper.make_node("Concat", [f"{x}_b", f"{x}_hg", f"{x}_td"], [f"{x}_shape4"], axis=0),
-                      helper.make_node("Reshape", [f"{x}_e", f"{x}_shape4"], [out])]
+            nodes += [
+                helper.make_node("Shape", [x], [f"{x}_bh"], end=2),
+                helper.make_node("Shape", [x], [f"{x}_td"], start=2),
+                helper.make_node("Concat", [f"{x}_bh", "g", f"{x}_td"], [f"{x}_shape5"], axis=0),
+                helper.make_node("Expand", [u5, f"{x}_shape5"], [f"{x}_e"]),
+                helper.make_node("Shape", [x], [f"{x}_b"], end=1),
+                helper.make_node("Shape", [x], [f"{x}_h"], start=1, end=2),
+                helper.make_node("Mul", [f"{x}_h", "g"], [f"{x}_hg"]),
+                helper.make_node("Concat", [f"{x}_b", f"{x}_hg", f"{x}_td"], [f"{x}_shape4"], axis=0),
+                helper.make_node("Reshape", [f"{x}_e", f"{x}_shape4"], [out]),
+            ]
         elif form == "tile_5d":
-            nodes += [helper.make_node("Tile", [u5, "rep5"], [f"{x}_e"]),
-                      helper.make_node("Reshape", [f"{x}_e", "merged"], [out])]
+            nodes += [
+                helper.make_node("Tile", [u5, "rep5"], [f"{x}_e"]),
+                helper.make_node("Reshape", [f"{x}_e", "merged"], [out]),
+            ]
         elif form == "concat_5d":
-            nodes += [helper.make_node("Concat", [u5] * g, [f"{x}_e"], axis=2),
-                      helper.make_node("Reshape", [f"{x}_e", "merged"], [out])]
+            nodes += [
+                helper.make_node("Concat", [u5] * g, [f"{x}_e"], axis=2),
+                helper.make_node("Reshape", [f"{x}_e", "merged"], [out]),
+            ]
         elif form == "gather_interleave":
             nodes.append(helper.make_node("Gather", [x, "idx"], [out], axis=1))
         elif form == "mqa_expand":
@@ -351,30 +402,46 @@ def einsum_block(form: str) -> onnx.ModelProto:
     qk_eq, k_dims, pv_eq, v_dims = EINSUM_FORMS[form]
     q_dims = ["B", "S", 8] if len(k_dims) == 3 else ["B", 2, "S", 8]
     inputs = [tensor("q", q_dims), tensor("k", k_dims), tensor("v", v_dims)]
-    nodes = [helper.make_node("Einsum", ["q", "k"], ["s0"], equation=qk_eq),
-             helper.make_node("Mul", ["s0", "scale"], ["s1"]),
-             helper.make_node("Softmax", ["s1"], ["p"], axis=-1),
-             helper.make_node("Einsum", ["p", "v"], ["out"], equation=pv_eq)]
+    nodes = [
+        helper.make_node("Einsum", ["q", "k"], ["s0"], equation=qk_eq),
+        helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+        helper.make_node("Softmax", ["s1"], ["p"], axis=-1),
+        helper.make_node("Einsum", ["p", "v"], ["out"], equation=pv_eq),
+    ]
     return model_of(nodes, inputs, [initializer("scale", 0.35, np.float32)])
 
 
 def scale_from_shape_block(head_dim: int = 8, gather: bool = False) -> onnx.ModelProto:
     """SDPA as torch decomposes it: Q and Kᵀ each multiplied by sqrt(1/sqrt(D)), D read at run
     time from Shape(q) (by Slice, or by Gather with gather=True), B and S symbolic."""
-    inputs = [tensor("q", ["B", 2, "S", head_dim]), tensor("k", ["B", 2, "T", head_dim]), tensor("v", ["B", 2, "T", head_dim])]
-    inits = [initializer("last", [-1]), initializer("end", [np.iinfo(np.int64).max]), initializer("one", 1.0, np.float32),
-             initializer("idx", 3)]
-    pick = (helper.make_node("Gather", ["q_shape", "idx"], ["d"], axis=0) if gather
-            else helper.make_node("Slice", ["q_shape", "last", "end"], ["d"]))
-    nodes = [helper.make_node("Shape", ["q"], ["q_shape"]), pick,
-             helper.make_node("Cast", ["d"], ["d_f"], to=F32),
-             helper.make_node("Sqrt", ["d_f"], ["root"]),
-             helper.make_node("Div", ["one", "root"], ["inv"]),
-             helper.make_node("Sqrt", ["inv"], ["half_scale"]),
-             helper.make_node("Mul", ["q", "half_scale"], ["q_s"]),
-             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-             helper.make_node("Mul", ["kt", "half_scale"], ["kt_s"]),
-             helper.make_node("MatMul", ["q_s", "kt_s"], ["s0"]),
-             helper.make_node("Softmax", ["s0"], ["p"], axis=-1),
-             helper.make_node("MatMul", ["p", "v"], ["out"])]
+    inputs = [
+        tensor("q", ["B", 2, "S", head_dim]),
+        tensor("k", ["B", 2, "T", head_dim]),
+        tensor("v", ["B", 2, "T", head_dim]),
+    ]
+    inits = [
+        initializer("last", [-1]),
+        initializer("end", [np.iinfo(np.int64).max]),
+        initializer("one", 1.0, np.float32),
+        initializer("idx", 3),
+    ]
+    pick = (
+        helper.make_node("Gather", ["q_shape", "idx"], ["d"], axis=0)
+        if gather
+        else helper.make_node("Slice", ["q_shape", "last", "end"], ["d"])
+    )
+    nodes = [
+        helper.make_node("Shape", ["q"], ["q_shape"]),
+        pick,
+        helper.make_node("Cast", ["d"], ["d_f"], to=F32),
+        helper.make_node("Sqrt", ["d_f"], ["root"]),
+        helper.make_node("Div", ["one", "root"], ["inv"]),
+        helper.make_node("Sqrt", ["inv"], ["half_scale"]),
+        helper.make_node("Mul", ["q", "half_scale"], ["q_s"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["kt", "half_scale"], ["kt_s"]),
+        helper.make_node("MatMul", ["q_s", "kt_s"], ["s0"]),
+        helper.make_node("Softmax", ["s0"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["out"]),
+    ]
     return model_of(nodes, inputs, inits)

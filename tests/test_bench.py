@@ -25,7 +25,9 @@ def _zoo_model(*names):
 
 
 def _tiny_zoo_model():
-    return _zoo_model("bert_sdpa_dynamo.onnx", "bert_eager_torchscript.onnx", "bert_eager_dynamo.onnx", "bert_sdpa_torchscript.onnx")
+    return _zoo_model(
+        "bert_sdpa_dynamo.onnx", "bert_eager_torchscript.onnx", "bert_eager_dynamo.onnx", "bert_sdpa_torchscript.onnx"
+    )
 
 
 def _number(x):
@@ -34,10 +36,24 @@ def _number(x):
 
 def test_bench_runs_each_variant_and_writes_results(tmp_path):
     path = _tiny_zoo_model()
-    res = B.bench(path, seq_lens=(8, 16), variants=("original", "online"), batch=1, repeats=2, out_dir=tmp_path,
-                  profile=8, progress=False, name="tiny")
+    res = B.bench(
+        path,
+        seq_lens=(8, 16),
+        variants=("original", "online"),
+        batch=1,
+        repeats=2,
+        out_dir=tmp_path,
+        profile=8,
+        progress=False,
+        name="tiny",
+    )
     runs = res["runs"]
-    assert [(r["seq_len"], r["variant"]) for r in runs] == [(8, "original"), (8, "online"), (16, "original"), (16, "online")]
+    assert [(r["seq_len"], r["variant"]) for r in runs] == [
+        (8, "original"),
+        (8, "online"),
+        (16, "original"),
+        (16, "online"),
+    ]
     pids = set()
     for r in runs:
         assert r["status"] == "ok", r.get("error")
@@ -101,8 +117,18 @@ def _hook_objects():
 
 def test_worker_runs_the_production_bridge_untouched(tmp_path):
     before = _hook_objects()
-    cfg = {"model": _tiny_zoo_model(), "variant": "online", "seq_len": 8, "batch": 1, "repeats": 1, "warmup": 1,
-           "block_size": 64, "profile": True, "threads": None, "result_file": str(tmp_path / "r.json")}
+    cfg = {
+        "model": _tiny_zoo_model(),
+        "variant": "online",
+        "seq_len": 8,
+        "batch": 1,
+        "repeats": 1,
+        "warmup": 1,
+        "block_size": 64,
+        "profile": True,
+        "threads": None,
+        "result_file": str(tmp_path / "r.json"),
+    }
     res = worker.run_worker(cfg)  # in this process, so a patch would be visible here
     assert res["status"] == "ok" and res["kernel_ms"]["median"] > 0
     after = _hook_objects()
@@ -114,8 +140,15 @@ def test_failed_or_unknown_variants_are_recorded(tmp_path):
     path = _tiny_zoo_model()
     with pytest.raises(ValueError):
         B.bench(path, seq_lens=(8,), variants=("original", "fastest"), progress=False)
-    res = B.bench(path, seq_lens=(8, 16), variants=(f"broken={tmp_path / 'missing.onnx'}",), repeats=1,
-                  profile=False, progress=False, plot=False)
+    res = B.bench(
+        path,
+        seq_lens=(8, 16),
+        variants=(f"broken={tmp_path / 'missing.onnx'}",),
+        repeats=1,
+        profile=False,
+        progress=False,
+        plot=False,
+    )
     first, second = res["runs"]
     assert first["status"] == "error" and "missing.onnx" in first["error"]
     assert second["status"] == "skipped"  # not run again at a larger S
@@ -123,9 +156,13 @@ def test_failed_or_unknown_variants_are_recorded(tmp_path):
 
 def test_merge_rounds_pools_timed_runs():
     def run(times, mem):
-        return {"status": "ok", "variant": "v", "seq_len": 8,
-                "latency_ms": {"median": sorted(times)[len(times) // 2], "runs": times, "cpu_runs": times},
-                "memory_mb": {"inference_peak": mem, "process_peak": 100 + mem}}
+        return {
+            "status": "ok",
+            "variant": "v",
+            "seq_len": 8,
+            "latency_ms": {"median": sorted(times)[len(times) // 2], "runs": times, "cpu_runs": times},
+            "memory_mb": {"inference_peak": mem, "process_peak": 100 + mem},
+        }
 
     merged = B.merge_rounds([run([1.0, 2.0, 3.0], 5.0), run([10.0, 11.0, 12.0], 7.0)])
     assert merged["latency_ms"]["median"] == 6.5 and merged["latency_ms"]["repeats"] == 6
@@ -146,8 +183,23 @@ def test_variant_names_and_cli_arguments():
 
     p = argparse.ArgumentParser()
     B.add_arguments(p)
-    args = p.parse_args(["m.onnx", "--seq-lens", "512,1024", "--variants", "original,online@128", "--out", "d",
-                         "--isa", "avx2", "--baseline", "b.json", "--max-slowdown", "2.5"])
+    args = p.parse_args(
+        [
+            "m.onnx",
+            "--seq-lens",
+            "512,1024",
+            "--variants",
+            "original,online@128",
+            "--out",
+            "d",
+            "--isa",
+            "avx2",
+            "--baseline",
+            "b.json",
+            "--max-slowdown",
+            "2.5",
+        ]
+    )
     assert args.seq_lens == [512, 1024] and args.variants == ["original", "online@128"] and args.out == "d"
     assert args.isa == "avx2" and args.baseline == "b.json" and args.max_slowdown == 2.5
     assert p.parse_args(["m.onnx"]).block_size == 64  # spec's default
@@ -155,8 +207,12 @@ def test_variant_names_and_cli_arguments():
 
 @pytest.mark.parametrize("option", [["--block-size", "0"], ["--repeats", "0"], ["--max-slowdown", "0.5"]])
 def test_bad_numbers_exit_2_with_one_line(option):
-    proc = subprocess.run([sys.executable, "-m", "ortflash", "bench", _tiny_zoo_model(), *option],
-                          check=False, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ortflash", "bench", _tiny_zoo_model(), *option],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and option[0] in errors[0], proc.stderr
@@ -185,22 +241,38 @@ def test_feeds_follow_the_models_declared_dims():
 
 
 def test_bert_at_s256_is_refused_in_one_line():
-    proc = subprocess.run([sys.executable, "-m", "ortflash", "bench", _tiny_zoo_model(), "--seq-lens", "256"],
-                          check=False, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ortflash", "bench", _tiny_zoo_model(), "--seq-lens", "256"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "invalid expand shape" not in proc.stderr + proc.stdout
     assert proc.stderr.strip().count("\n") == 0 and "128 positions" in proc.stderr
 
 
 def test_baseline_guard_exit_codes(tmp_path):
     model = _tiny_zoo_model()
-    common = [model, "--seq-lens", "16", "--variants", "original,online", "--repeats", "2", "--no-profile",
-              "--out", str(tmp_path)]
+    common = [
+        model,
+        "--seq-lens",
+        "16",
+        "--variants",
+        "original,online",
+        "--repeats",
+        "2",
+        "--no-profile",
+        "--out",
+        str(tmp_path),
+    ]
     assert B.main(common + ["--name", "first"]) == 0
     first = json.loads((tmp_path / "first.json").read_text())
     own = B.compare_baseline(first, first, 1.0)  # the JSON bench writes is a valid baseline
     assert own.ok and any("online at S=16" in line for line in own.lines)
     # a generous margin: this run against the first one's JSON
-    assert B.main(common + ["--name", "second", "--baseline", str(tmp_path / "first.json"), "--max-slowdown", "20"]) == 0
+    assert (
+        B.main(common + ["--name", "second", "--baseline", str(tmp_path / "first.json"), "--max-slowdown", "20"]) == 0
+    )
     doctored = json.loads((tmp_path / "first.json").read_text())
     for r in doctored["runs"]:
         if r["variant"] == "online":  # pretend online once ran 1000x faster than it does
@@ -208,7 +280,9 @@ def test_baseline_guard_exit_codes(tmp_path):
     (tmp_path / "doctored.json").write_text(json.dumps(doctored))
     check = B.compare_baseline(first, doctored, 20)
     assert not check.ok and "online at S=16" in check.regressions[0]
-    assert B.main(common + ["--name", "third", "--baseline", str(tmp_path / "doctored.json"), "--max-slowdown", "20"]) == 1
+    assert (
+        B.main(common + ["--name", "third", "--baseline", str(tmp_path / "doctored.json"), "--max-slowdown", "20"]) == 1
+    )
     assert "REGRESSION" in (tmp_path / "third.md").read_text()
     with pytest.raises(OrtflashError):
         B.load_baseline(tmp_path / "third.md")

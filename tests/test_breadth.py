@@ -36,7 +36,9 @@ def run(model: onnx.ModelProto, f: dict) -> np.ndarray:
     return session.run(None, {n: f[n] for n in names})[0]
 
 
-def fused_and_checked(model: onnx.ModelProto, target: str, sizes: dict = SIZES) -> tuple[onnx.ModelProto, ortflash.Report]:
+def fused_and_checked(
+    model: onnx.ModelProto, target: str, sizes: dict = SIZES
+) -> tuple[onnx.ModelProto, ortflash.Report]:
     """optimize(model, target); asserts the result computes what the original computed."""
     out, report = ortflash.optimize(model, softmax="naive", target=target)
     f = feeds(model, sizes, np.random.default_rng(0), pad=False)
@@ -84,6 +86,7 @@ def test_value_heads_broadcast_against_key_heads_is_refused_or_exact(target):
 
 # ---------------------------------------------------------------- 4. ranks from structure, 7. dtypes
 
+
 @pytest.mark.parametrize("upstream", ["LayerNormalization", "SkipLayerNormalization", "FastGelu"])
 def test_ranks_hidden_by_ops_without_schemas_are_read_from_the_path(upstream):
     model = projected_block(upstream)
@@ -111,7 +114,9 @@ def test_unknown_dtype_is_named_as_unknown_not_as_different():
     model = _untyped(broadcast_block(["B", 2, "S", 8], ["B", 2, "T", 8], ["B", 2, "T", 8]), ("q", "k", "v"))
     _, report = ortflash.optimize(model)
     assert report.fused == 0
-    assert "different" not in report.blocks[0].reason and "not known" in report.blocks[0].reason, report.blocks[0].reason
+    assert "different" not in report.blocks[0].reason and "not known" in report.blocks[0].reason, report.blocks[
+        0
+    ].reason
 
 
 # ---------------------------------------------------------------- 2. grouped-query repeats
@@ -229,26 +234,37 @@ def test_scale_computed_from_a_static_head_dim_is_folded(gather):
 def _direct_node(k_heads: int, v_heads: int, bias_dims: list | None = None) -> onnx.ModelProto:
     """One FlashAttention node (as another tool may write it) over Q [B, 4, S, 8]."""
     h = onnx.helper
-    inputs = [h.make_tensor_value_info("q", onnx.TensorProto.FLOAT, ["B", 4, "S", 8]),
-              h.make_tensor_value_info("k", onnx.TensorProto.FLOAT, ["B", k_heads, "S", 8]),
-              h.make_tensor_value_info("v", onnx.TensorProto.FLOAT, ["B", v_heads, "S", 8])]
+    inputs = [
+        h.make_tensor_value_info("q", onnx.TensorProto.FLOAT, ["B", 4, "S", 8]),
+        h.make_tensor_value_info("k", onnx.TensorProto.FLOAT, ["B", k_heads, "S", 8]),
+        h.make_tensor_value_info("v", onnx.TensorProto.FLOAT, ["B", v_heads, "S", 8]),
+    ]
     inits = [onnx.numpy_helper.from_array(np.array(True), "no_mask")]
     if bias_dims is None:
         inits.append(onnx.numpy_helper.from_array(np.array(0.0, np.float32), "bias"))
     else:
         inputs.append(h.make_tensor_value_info("bias", onnx.TensorProto.FLOAT, bias_dims))
-    node = h.make_node(spec.OP_TYPE, ["q", "k", "v", "bias", "no_mask"], ["o"], domain=spec.DOMAIN, name="fa",
-                       **spec.validate({"scale": 0.3}))
+    node = h.make_node(
+        spec.OP_TYPE,
+        ["q", "k", "v", "bias", "no_mask"],
+        ["o"],
+        domain=spec.DOMAIN,
+        name="fa",
+        **spec.validate({"scale": 0.3}),
+    )
     graph = h.make_graph([node], "fa", inputs, [h.make_tensor_value_info("o", onnx.TensorProto.FLOAT, None)], inits)
     opsets = [h.make_opsetid("", 17), h.make_opsetid(spec.DOMAIN, spec.DOMAIN_VERSION)]
     return h.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
 @pytest.mark.parametrize("target", ("contrib", "onnx"))
-@pytest.mark.parametrize("k_heads,v_heads,bias_dims,reason", [
-    (2, 4, None, "one key/value head count"),
-    (2, 2, ["B", 3, "S", "S"], "neither 1 nor Q's head count"),
-])
+@pytest.mark.parametrize(
+    "k_heads,v_heads,bias_dims,reason",
+    [
+        (2, 4, None, "one key/value head count"),
+        (2, 2, ["B", 3, "S", "S"], "neither 1 nor Q's head count"),
+    ],
+)
 def test_lowering_refuses_operands_the_native_ops_cannot_take(k_heads, v_heads, bias_dims, reason, target):
     model = _direct_node(k_heads, v_heads, bias_dims)
     lowered, (note,) = lower(model, target)

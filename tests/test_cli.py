@@ -76,8 +76,13 @@ def test_bad_input_is_one_line_and_exit_2(argv_tail, model_path, tmp_path):
     text.write_text("this is not a model\n")
     rnd = tmp_path / "random.onnx"
     rnd.write_bytes(np.random.default_rng(0).bytes(4096))
-    names = {"missing": str(tmp_path / "missing.onnx"), "text": str(text), "model": model_path,
-             "nofolder": str(tmp_path / "no" / "such" / "out.onnx"), "random": str(rnd)}
+    names = {
+        "missing": str(tmp_path / "missing.onnx"),
+        "text": str(text),
+        "model": model_path,
+        "nofolder": str(tmp_path / "no" / "such" / "out.onnx"),
+        "random": str(rnd),
+    }
     argv = [a.format(**names) for a in argv_tail]
     before = _digest(model_path)
     proc = subprocess.run([sys.executable, "-m", "ortflash", *argv], capture_output=True, text=True, check=False)
@@ -105,10 +110,12 @@ def _fused_attributes_run(monkeypatch) -> list[dict]:
     return seen
 
 
-@pytest.mark.parametrize(("options", "block_size", "min_seq_len"),
-                         [(["--block-size", "7"], 7, 1024), (["--min-seq-len", "0"], 64, 0)])
-def test_verify_block_size_alone_retiles_every_node_and_keeps_its_softmax(model_path, tmp_path, monkeypatch,
-                                                                         options, block_size, min_seq_len):
+@pytest.mark.parametrize(
+    ("options", "block_size", "min_seq_len"), [(["--block-size", "7"], 7, 1024), (["--min-seq-len", "0"], 64, 0)]
+)
+def test_verify_block_size_alone_retiles_every_node_and_keeps_its_softmax(
+    model_path, tmp_path, monkeypatch, options, block_size, min_seq_len
+):
     out = str(tmp_path / "auto.onnx")
     assert main(["optimize", model_path, "-o", out, "--online-softmax"]) == 0
     seen = _fused_attributes_run(monkeypatch)
@@ -157,8 +164,10 @@ def test_interrupt_exits_130(model_path, monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "ortflash: interrupted"
 
 
-@pytest.mark.parametrize(("path", "default"), [("m.onnx", "m.flash.onnx"), ("m.model", "m.model.flash.onnx"),
-                                               ("dir.onnx/m.onnx", "dir.onnx/m.flash.onnx")])
+@pytest.mark.parametrize(
+    ("path", "default"),
+    [("m.onnx", "m.flash.onnx"), ("m.model", "m.model.flash.onnx"), ("dir.onnx/m.onnx", "dir.onnx/m.flash.onnx")],
+)
 def test_default_output_name(path, default, tmp_path, monkeypatch):
     from ortflash import cli
 

@@ -42,9 +42,20 @@ def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     return request.param
 
 
-def truth(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None, mask: np.ndarray | None = None,
-          *, scale: float = 1.0, is_causal: int = 0, mask_fill: float = -np.inf, masked_rows: str = "nan",
-          softcap: float = 0.0, **_: object) -> np.ndarray:
+def truth(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    bias: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    *,
+    scale: float = 1.0,
+    is_causal: int = 0,
+    mask_fill: float = -np.inf,
+    masked_rows: str = "nan",
+    softcap: float = 0.0,
+    **_: object,
+) -> np.ndarray:
     """The spec in float64 with the naive softmax, K/V heads repeated (deliberately simple)."""
     q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
@@ -66,8 +77,17 @@ def truth(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None =
     return p @ v
 
 
-def inputs(b: int = 1, hq: int = 2, hkv: int = 2, sq: int = 8, sk: int = 8, d: int = 16, dv: int | None = None,
-           dtype: type = np.float32, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def inputs(
+    b: int = 1,
+    hq: int = 2,
+    hkv: int = 2,
+    sq: int = 8,
+    sk: int = 8,
+    d: int = 16,
+    dv: int | None = None,
+    dtype: type = np.float32,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((b, hq, sq, d)).astype(dtype)
     k = rng.standard_normal((b, hkv, sk, d)).astype(dtype)
@@ -75,8 +95,14 @@ def inputs(b: int = 1, hq: int = 2, hkv: int = 2, sq: int = 8, sk: int = 8, d: i
     return q, k, v
 
 
-def check(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None,
-          mask: np.ndarray | None = None, **attrs: object) -> np.ndarray:
+def check(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    bias: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    **attrs: object,
+) -> np.ndarray:
     """Run the compiled kernel and assert it against the reference and the float64 truth."""
     got = cpu.flash_attention(q, k, v, bias, mask, **attrs)
     ref = reference.flash_attention(q, k, v, bias, mask, **attrs)
@@ -111,11 +137,12 @@ SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, Dv)
 def test_matches_reference(isa: str, mode: str, dtype: type, shape: tuple[int, ...]) -> None:
     b, hq, hkv, sq, sk, d, dv = shape
     q, k, v = inputs(b, hq, hkv, sq, sk, d, dv, dtype)
-    check(q, k, v, softmax=mode, scale=d ** -0.5)
+    check(q, k, v, softmax=mode, scale=d**-0.5)
 
 
-def bias_and_mask(shape_name: str, b: int, hq: int, sq: int, sk: int,
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def bias_and_mask(
+    shape_name: str, b: int, hq: int, sq: int, sk: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     shape = {"sk": (sk,), "b11k": (b, 1, 1, sk), "b1qk": (b, 1, sq, sk), "1hqk": (1, hq, sq, sk)}[shape_name]
     return rng.standard_normal(shape).astype(np.float32), rng.random(shape) > 0.3
 
@@ -145,8 +172,7 @@ def test_causal(isa: str, mode: str, sq: int, sk: int, fill: float) -> None:
     for block in (1, 16, 64, 1000):
         check(q, k, v, softmax=mode, is_causal=1, mask_fill=fill, block_size=block)
         for rows in ("nan", "zero"):
-            check(q, k, v, None, padding, softmax=mode, is_causal=1, mask_fill=fill, masked_rows=rows,
-                  block_size=block)
+            check(q, k, v, None, padding, softmax=mode, is_causal=1, mask_fill=fill, masked_rows=rows, block_size=block)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -159,7 +185,7 @@ def test_fully_masked_rows(isa: str, mode: str, rows: str, fill: float) -> None:
     mask[1] = False  # batch 1 sees nothing at all
     got = check(q, k, v, None, mask, softmax=mode, masked_rows=rows, mask_fill=fill, block_size=16)
     if fill == -np.inf:
-        assert (np.isnan(got[1]).all() if rows == "nan" else (got[1] == 0).all())
+        assert np.isnan(got[1]).all() if rows == "nan" else (got[1] == 0).all()
     else:  # a finite fill: the fully masked row is a uniform softmax over all keys
         np.testing.assert_allclose(got[1, 0, 0], v[1, 0].mean(axis=0), rtol=1e-5, atol=1e-6)
 
@@ -187,6 +213,42 @@ def test_nan_inputs_propagate(isa: str, mode: str) -> None:
     for rows in ("nan", "zero"):
         got = check(q, k, v, bias, softmax=mode, masked_rows=rows, block_size=16)
         assert np.isnan(got).any()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fill", [-np.inf, -1e4, LOWEST])
+def test_padded_key_tiles(isa: str, mode: str, fill: float) -> None:
+    """Key tiles that a padding bias or mask removes (the online kernel skips them once it has
+    proved they weigh exactly 0) give the reference's result, NaN and inf in them included."""
+    q, k, v = inputs(2, 4, 2, 40, 200, 16)
+    bias = np.zeros((2, 1, 1, 200), np.float32)
+    bias[0, ..., 120:] = fill  # item 0 padded at the end, item 1 at the start
+    bias[1, ..., :130] = fill
+    mask = bias == 0
+    for block in (16, 20, 64):
+        check(q, k, v, bias, softmax=mode, block_size=block)
+        check(q, k, v, None, mask, softmax=mode, block_size=block, mask_fill=fill)
+        check(q, k, v, bias, mask, softmax=mode, block_size=block, mask_fill=-np.inf, masked_rows="zero")
+        check(q, k, v, bias[..., :1, :], softmax=mode, block_size=block, is_causal=1, mask_fill=fill)
+    rows = np.zeros((2, 1, 40, 200), np.float32) + bias
+    rows[0, 0, 7] = fill  # a query row that sees no key keeps a uniform (or NaN) softmax
+    check(q, k, v, rows, softmax=mode, block_size=16)
+    for tensor, value in ((v, np.inf), (v, np.nan), (k, np.nan), (k, np.inf)):
+        poisoned = tensor.copy()
+        poisoned[0, 1, 190, 3] = value  # in a padded tile: must still reach the output as in the reference
+        args = (q, poisoned, v) if tensor is k else (q, k, poisoned)
+        check(*args, bias, softmax=mode, block_size=16)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_padded_tail_is_exactly_the_shorter_sequence(isa: str, mode: str) -> None:
+    """A padded tail of whole key tiles weighs exactly nothing: the output is bit-identical."""
+    q, k, v = inputs(1, 4, 2, 50, 200, 32)
+    bias = np.zeros((1, 1, 1, 200), np.float32)
+    bias[..., 64:] = LOWEST
+    padded = cpu.flash_attention(q, k, v, bias, softmax=mode, block_size=32)
+    short = cpu.flash_attention(q, k[:, :, :64], v[:, :, :64], softmax=mode, block_size=32)
+    np.testing.assert_array_equal(padded, short)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -40,13 +40,17 @@ def _shape_from_x(p: str, tail: str) -> tuple[list[onnx.NodeProto], str]:
     """Concat(Slice(Shape(x), 0, 2), tail): the reshape target as Paddle2ONNX writes it, which ONNX's
     shape inference (opset 12) does not follow, so every rank after it is unknown."""
     n = helper.make_node
-    nodes = [n("Shape", ["x"], [f"{p}{tail}_x_shape"]), n("Slice", [f"{p}{tail}_x_shape", "zero", "two"], [f"{p}{tail}_lead"]),
-             n("Concat", [f"{p}{tail}_lead", tail], [f"{p}{tail}_target"], axis=0)]
+    nodes = [
+        n("Shape", ["x"], [f"{p}{tail}_x_shape"]),
+        n("Slice", [f"{p}{tail}_x_shape", "zero", "two"], [f"{p}{tail}_lead"]),
+        n("Concat", [f"{p}{tail}_lead", tail], [f"{p}{tail}_target"], axis=0),
+    ]
     return nodes, f"{p}{tail}_target"
 
 
-def _layer(p: str, cached: bool, opset: int = OPSET, shapes_from_x: bool = False
-           ) -> tuple[list[onnx.NodeProto], str, str, str]:
+def _layer(
+    p: str, cached: bool, opset: int = OPSET, shapes_from_x: bool = False
+) -> tuple[list[onnx.NodeProto], str, str, str]:
     """One attention layer reading x, attention_mask (and past_key/past_value when cached); its nodes,
     the output and the present key and value (Concat(past, new) on the sequence axis)."""
     n = helper.make_node
@@ -58,14 +62,18 @@ def _layer(p: str, cached: bool, opset: int = OPSET, shapes_from_x: bool = False
         merge, hidden_shape = _shape_from_x(p, "hidden_tail")
         nodes += split + merge
     for x in "qkv":
-        nodes += [n("MatMul", ["x", f"W{x}"], [f"{p}{x}_proj"]),
-                  n("Reshape", [f"{p}{x}_proj", heads_shape], [f"{p}{x}_split"]),
-                  n("Transpose", [f"{p}{x}_split"], [f"{p}{x}_bhsd"], perm=[0, 2, 1, 3])]
+        nodes += [
+            n("MatMul", ["x", f"W{x}"], [f"{p}{x}_proj"]),
+            n("Reshape", [f"{p}{x}_proj", heads_shape], [f"{p}{x}_split"]),
+            n("Transpose", [f"{p}{x}_split"], [f"{p}{x}_bhsd"], perm=[0, 2, 1, 3]),
+        ]
         heads[x] = f"{p}{x}_bhsd"
     k, v = heads["k"], heads["v"]
     if cached:
-        nodes += [n("Concat", ["past_key", k], [f"{p}present_key"], axis=2),
-                  n("Concat", ["past_value", v], [f"{p}present_value"], axis=2)]
+        nodes += [
+            n("Concat", ["past_key", k], [f"{p}present_key"], axis=2),
+            n("Concat", ["past_value", v], [f"{p}present_value"], axis=2),
+        ]
     else:
         nodes += [n("Identity", [k], [f"{p}present_key"]), n("Identity", [v], [f"{p}present_value"])]
     k, v = f"{p}present_key", f"{p}present_value"
@@ -73,7 +81,8 @@ def _layer(p: str, cached: bool, opset: int = OPSET, shapes_from_x: bool = False
         n("Cast", ["attention_mask"], [f"{p}mask_f"], to=F32),
         n("Sub", ["one", f"{p}mask_f"], [f"{p}masked"]),
         n("Mul", [f"{p}masked", "neg"], [f"{p}bias_2d"]),
-        n("Unsqueeze", [f"{p}bias_2d", "axes_12"], [f"{p}bias"]) if opset >= 13
+        n("Unsqueeze", [f"{p}bias_2d", "axes_12"], [f"{p}bias"])
+        if opset >= 13
         else n("Unsqueeze", [f"{p}bias_2d"], [f"{p}bias"], axes=[1, 2]),
         n("Transpose", [k], [f"{p}kt"], perm=[0, 1, 3, 2]),
         n("MatMul", [heads["q"], f"{p}kt"], [f"{p}scores"]),
@@ -90,21 +99,29 @@ def _layer(p: str, cached: bool, opset: int = OPSET, shapes_from_x: bool = False
 
 def _io(cached: bool) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
     total = "total_sequence_length" if cached else "sequence_length"
-    inputs = [helper.make_tensor_value_info("x", F32, ["batch_size", "sequence_length", HIDDEN]),
-              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", total])]
+    inputs = [
+        helper.make_tensor_value_info("x", F32, ["batch_size", "sequence_length", HIDDEN]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", total]),
+    ]
     if cached:
-        inputs += [helper.make_tensor_value_info(f"past_{kv}", F32, ["batch_size", HEADS, "past_sequence_length", HEAD_DIM])
-                   for kv in ("key", "value")]
-    outputs = [helper.make_tensor_value_info("logits", F32, ["batch_size", "sequence_length", HIDDEN]),
-               helper.make_tensor_value_info("present_key", F32, ["batch_size", HEADS, total, HEAD_DIM]),
-               helper.make_tensor_value_info("present_value", F32, ["batch_size", HEADS, total, HEAD_DIM])]
+        inputs += [
+            helper.make_tensor_value_info(f"past_{kv}", F32, ["batch_size", HEADS, "past_sequence_length", HEAD_DIM])
+            for kv in ("key", "value")
+        ]
+    outputs = [
+        helper.make_tensor_value_info("logits", F32, ["batch_size", "sequence_length", HIDDEN]),
+        helper.make_tensor_value_info("present_key", F32, ["batch_size", HEADS, total, HEAD_DIM]),
+        helper.make_tensor_value_info("present_value", F32, ["batch_size", HEADS, total, HEAD_DIM]),
+    ]
     return inputs, outputs
 
 
 def cached_decoder(seed: int = 0) -> onnx.ModelProto:
     """One layer with past_key/past_value inputs and present outputs, as exporters write a decoder."""
     nodes, out, k, v = _layer("l0/", cached=True)
-    nodes += [helper.make_node("Identity", [x], [y]) for x, y in ((out, "logits"), (k, "present_key"), (v, "present_value"))]
+    nodes += [
+        helper.make_node("Identity", [x], [y]) for x, y in ((out, "logits"), (k, "present_key"), (v, "present_value"))
+    ]
     inputs, outputs = _io(cached=True)
     graph = helper.make_graph(nodes, "cached_decoder", inputs, outputs, _weights(np.random.default_rng(seed)))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
@@ -118,11 +135,19 @@ def merged_decoder(seed: int = 0) -> onnx.ModelProto:
         nodes, out, k, v = _layer(f"{label}/", cached=cached)
         outs = [f"{label}/logits", f"{label}/present_key_out", f"{label}/present_value_out"]
         nodes += [helper.make_node("Identity", [x], [y]) for x, y in zip((out, k, v), outs)]
-        branches[label] = helper.make_graph(nodes, label, [], [helper.make_tensor_value_info(o, F32, None) for o in outs])
+        branches[label] = helper.make_graph(
+            nodes, label, [], [helper.make_tensor_value_info(o, F32, None) for o in outs]
+        )
     inputs, outputs = _io(cached=True)
     inputs.append(helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]))
-    choose = helper.make_node("If", ["use_cache_branch"], ["logits", "present_key", "present_value"], name="optimum::if",
-                              then_branch=branches["with_past"], else_branch=branches["no_past"])
+    choose = helper.make_node(
+        "If",
+        ["use_cache_branch"],
+        ["logits", "present_key", "present_value"],
+        name="optimum::if",
+        then_branch=branches["with_past"],
+        else_branch=branches["no_past"],
+    )
     graph = helper.make_graph([choose], "merged_decoder", inputs, outputs, _weights(np.random.default_rng(seed)))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
@@ -132,8 +157,13 @@ def shapeless_encoder_layer(seed: int = 0) -> onnx.ModelProto:
     nodes, out, _, _ = _layer("l0/", cached=False, opset=12, shapes_from_x=True)
     nodes.append(helper.make_node("Identity", [out], ["logits"]))
     inputs, _ = _io(cached=False)
-    graph = helper.make_graph(nodes, "shapeless", inputs, [helper.make_tensor_value_info("logits", F32, None)],
-                              _weights(np.random.default_rng(seed)))
+    graph = helper.make_graph(
+        nodes,
+        "shapeless",
+        inputs,
+        [helper.make_tensor_value_info("logits", F32, None)],
+        _weights(np.random.default_rng(seed)),
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)], ir_version=7)
 
 
@@ -141,16 +171,19 @@ def _decoder_feeds(rng: np.random.Generator, batch: int, new: int, past: int, us
     total = past + new
     mask = np.ones((batch, total), np.int64)
     mask[0, : total // 3] = 0
-    return {"x": rng.standard_normal((batch, new, HIDDEN)).astype(np.float32),
-            "attention_mask": mask,
-            "past_key": rng.standard_normal((batch, HEADS, past, HEAD_DIM)).astype(np.float32),
-            "past_value": rng.standard_normal((batch, HEADS, past, HEAD_DIM)).astype(np.float32),
-            "use_cache_branch": np.array([use_cache])}
+    return {
+        "x": rng.standard_normal((batch, new, HIDDEN)).astype(np.float32),
+        "attention_mask": mask,
+        "past_key": rng.standard_normal((batch, HEADS, past, HEAD_DIM)).astype(np.float32),
+        "past_value": rng.standard_normal((batch, HEADS, past, HEAD_DIM)).astype(np.float32),
+        "use_cache_branch": np.array([use_cache]),
+    }
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), ortflash.session_options(),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(), ortflash.session_options(), providers=["CPUExecutionProvider"]
+    )
     names = {i.name for i in session.get_inputs()}
     return session.run(None, {k: v for k, v in feeds.items() if k in names})
 
@@ -163,8 +196,11 @@ def test_merged_decoder_fuses_both_branches_and_names_them() -> None:
     assert report.fused == 2, report.blocks
     names = sorted(b.name for b in report.blocks)
     assert names == ["optimum::if.else_branch/no_past/softmax", "optimum::if.then_branch/with_past/softmax"]
-    choose = fused.graph.node[-1] if fused.graph.node[-1].op_type == "If" else next(
-        n for n in fused.graph.node if n.op_type == "If")
+    choose = (
+        fused.graph.node[-1]
+        if fused.graph.node[-1].op_type == "If"
+        else next(n for n in fused.graph.node if n.op_type == "If")
+    )
     for attr in choose.attribute:
         ops = [n.op_type for n in attr.g.node]
         assert "FlashAttention" in ops and "Softmax" not in ops, (attr.name, ops)
@@ -191,15 +227,23 @@ def test_merged_decoder_lowers_in_both_branches(target: str) -> None:
 
 def _no_attention_model() -> onnx.ModelProto:
     """A model with an If whose branches ORT's optimizer treats differently once shapes are annotated."""
-    then = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["t"]), helper.make_node("Relu", ["t"], ["t_out"])],
-                             "then", [], [helper.make_tensor_value_info("t_out", F32, None)])
-    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e_out"])], "else", [],
-                              [helper.make_tensor_value_info("e_out", F32, None)])
+    then = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["t"]), helper.make_node("Relu", ["t"], ["t_out"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t_out", F32, None)],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e_out"])], "else", [], [helper.make_tensor_value_info("e_out", F32, None)]
+    )
     weight = onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32), "W")
     graph = helper.make_graph(
-        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "plain",
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+        "plain",
         [helper.make_tensor_value_info("x", F32, ["b", 8]), helper.make_tensor_value_info("c", TensorProto.BOOL, [1])],
-        [helper.make_tensor_value_info("y", F32, None)], [weight])
+        [helper.make_tensor_value_info("y", F32, None)],
+        [weight],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 
@@ -276,13 +320,20 @@ def test_dims_override_a_length_and_the_total_follows() -> None:
 
 def _position_model() -> onnx.ModelProto:
     """A decoder's inputs as dynamo names them: the batch is s10, positions and ids int64."""
-    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["s10", "s7"]),
-              helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["s10", "s7"]),
-              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["s10", "s7 + s3"]),
-              helper.make_tensor_value_info("past_key_values.0.key", F32, ["s10", 2, "s3", 8])]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["s10", "s7"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["s10", "s7"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["s10", "s7 + s3"]),
+        helper.make_tensor_value_info("past_key_values.0.key", F32, ["s10", 2, "s3", 8]),
+    ]
     table = onnx.numpy_helper.from_array(np.zeros((50, 4), np.float32), "embed")
-    graph = helper.make_graph([helper.make_node("Gather", ["embed", "input_ids"], ["h"])], "ids", inputs,
-                              [helper.make_tensor_value_info("h", F32, None)], [table])
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["embed", "input_ids"], ["h"])],
+        "ids",
+        inputs,
+        [helper.make_tensor_value_info("h", F32, None)],
+        [table],
+    )
     return helper.make_model(graph)
 
 
@@ -295,8 +346,9 @@ def test_positions_follow_the_past_and_ids_stay_in_the_vocabulary() -> None:
 
 @pytest.mark.parametrize("build", [cached_decoder, merged_decoder])
 @pytest.mark.parametrize("dims", [[], ["--dim", "sequence_length=1"]], ids=["prefill", "decode"])
-def test_optimize_verify_passes_on_a_decoder_with_no_feeds(build: Callable[[], onnx.ModelProto], dims: list[str],
-                                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_optimize_verify_passes_on_a_decoder_with_no_feeds(
+    build: Callable[[], onnx.ModelProto], dims: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = tmp_path / "decoder.onnx"
     onnx.save(build(), src)
     out = tmp_path / "decoder.flash.onnx"
@@ -318,17 +370,32 @@ def loop_encoder(seed: int = 0) -> onnx.ModelProto:
     nodes, out, _, _ = _layer("body/", cached=False)
     nodes += [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Identity", [out], ["x_next"])]
     body = helper.make_graph(
-        nodes, "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("x", F32, None)],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("x_next", F32, None)])
+        nodes,
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", F32, None),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_next", F32, None),
+        ],
+    )
     weights = _weights(np.random.default_rng(seed))
-    weights += [onnx.numpy_helper.from_array(np.array(2, np.int64), "trips"),
-                onnx.numpy_helper.from_array(np.array(True), "keep_going")]
+    weights += [
+        onnx.numpy_helper.from_array(np.array(2, np.int64), "trips"),
+        onnx.numpy_helper.from_array(np.array(True), "keep_going"),
+    ]
     inputs, _ = _io(cached=False)
     inputs[0].name = "x0"
-    graph = helper.make_graph([helper.make_node("Loop", ["trips", "keep_going", "x0"], ["logits"], body=body, name="layers")],
-                              "looped", inputs, [helper.make_tensor_value_info("logits", F32, None)], weights)
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "keep_going", "x0"], ["logits"], body=body, name="layers")],
+        "looped",
+        inputs,
+        [helper.make_tensor_value_info("logits", F32, None)],
+        weights,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 

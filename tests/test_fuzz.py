@@ -30,7 +30,7 @@ def bias_shapes(draw, rank, most=2):
         else:
             full = ["BH", "S", "T"]
         dims = [d if draw(st.booleans()) else 1 for d in full]
-        dims = dims[draw(st.integers(0, len(dims) - 1)):]  # lower ranks broadcast too
+        dims = dims[draw(st.integers(0, len(dims) - 1)) :]  # lower ranks broadcast too
         out.append(tuple(dims))
     return tuple(out)
 
@@ -83,11 +83,17 @@ def _run(model, f, **policy):
 
 @seed(20261129)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(v=variants(), extra=st.sampled_from([0, 0, 0, 1, 2]), sizes=st.tuples(st.integers(1, 2), st.integers(1, 9), st.integers(1, 40)))
+@given(
+    v=variants(),
+    extra=st.sampled_from([0, 0, 0, 1, 2]),
+    sizes=st.tuples(st.integers(1, 2), st.integers(1, 9), st.integers(1, 40)),
+)
 def test_fused_or_untouched(v, extra, sizes):
     model = _near_miss(build(v), extra)
     if extra == 2:
-        model.graph.output[-1].CopyFrom(onnx.helper.make_tensor_value_info("p", F32 if v.softmax_cast or v.dtype == F32 else F16, None))
+        model.graph.output[-1].CopyFrom(
+            onnx.helper.make_tensor_value_info("p", F32 if v.softmax_cast or v.dtype == F32 else F16, None)
+        )
     b, s, t = sizes
     dims = {"B": b, "S": s, "T": t, "BH": b * v.heads}
     f = feeds(model, dims, np.random.default_rng(s * 100 + t))

@@ -8,7 +8,6 @@ process, so exit codes and stderr are the real ones.
 import hashlib
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,8 +59,9 @@ def _locations(path):
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "ortflash", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ortflash", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 def _run_ort(path, seq=8):
@@ -70,8 +70,10 @@ def _run_ort(path, seq=8):
     import ortflash
 
     rng = np.random.default_rng(0)
-    feeds = {"input_ids": rng.integers(0, SMALL["vocab"], (2, seq), dtype=np.int64),
-             "attention_mask": np.ones((2, seq), np.int64)}
+    feeds = {
+        "input_ids": rng.integers(0, SMALL["vocab"], (2, seq), dtype=np.int64),
+        "attention_mask": np.ones((2, seq), np.int64),
+    }
     feeds["attention_mask"][1, -3:] = 0
     sess = ort.InferenceSession(str(path), ortflash.session_options(), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)[0]

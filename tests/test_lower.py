@@ -18,6 +18,10 @@ from onnx import helper as h
 
 import ortflash
 from ortflash import spec
+from ortflash.checks.compare import compare, default_tolerance
+from ortflash.checks.feeds import make_feeds
+from ortflash.checks.run import run_model
+from ortflash.checks.verify import verify
 from ortflash.lowering import (
     CONTRIB_DOMAIN,
     OP_ATTENTION,
@@ -27,10 +31,6 @@ from ortflash.lowering import (
     LoweringNote,
     lower,
 )
-from ortflash.checks.compare import compare, default_tolerance
-from ortflash.checks.feeds import make_feeds
-from ortflash.checks.run import run_model
-from ortflash.checks.verify import verify
 
 ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
 _MANIFEST_PATH = os.path.join(ZOO, "manifest.json")
@@ -155,9 +155,14 @@ BUILT = {
     "rank3_plain": (Variant(rank=3, scale_site="mul_scores", scale=0.3), LOWERED),
     "bshd_k": (Variant(k_form="bshd"), LOWERED),
     "float16": (Variant(dtype=F16, softmax_cast=True, bias_shapes=(("B", 1, 1, "T"),)), LOWERED),
-    "float16_mask_guard": (Variant(dtype=F16, softmax_cast=True, where_mask="keep", nan_guard=True,
-                                   mask_shape=("B", 1, "S", "T")), LOWERED),
-    "opset12": (Variant(opset=12, softmax_axis=3, where_mask="keep"), {"contrib": "kept: opset 12", "onnx": OP_ATTENTION}),
+    "float16_mask_guard": (
+        Variant(dtype=F16, softmax_cast=True, where_mask="keep", nan_guard=True, mask_shape=("B", 1, "S", "T")),
+        LOWERED,
+    ),
+    "opset12": (
+        Variant(opset=12, softmax_axis=3, where_mask="keep"),
+        {"contrib": "kept: opset 12", "onnx": OP_ATTENTION},
+    ),
 }
 
 
@@ -188,15 +193,16 @@ def test_built_block_lowers_exactly_or_stays(name, target):
     lowered, (note,) = lower(fused, target)
     if expect[target].startswith("kept: "):
         assert not note.lowered and note.op == spec.OP_TYPE
-        assert expect[target][len("kept: "):] in note.reason and "needs ortflash" in note.reason
+        assert expect[target][len("kept: ") :] in note.reason and "needs ortflash" in note.reason
         assert lowered is fused
         return
     assert note.lowered and note.op == expect[target], note
     check_lowered_model(lowered, target)
     if variant.rank == 3:  # [B·H, S, D] blocks need no Unsqueeze/Squeeze around the native op
         producers = {o: n.op_type for n in lowered.graph.node for o in n.output}
-        (native,) = [n for n in lowered.graph.node if n.domain in ("", CONTRIB_DOMAIN) and n.op_type in
-                     TARGET_OPS[target]]
+        (native,) = [
+            n for n in lowered.graph.node if n.domain in ("", CONTRIB_DOMAIN) and n.op_type in TARGET_OPS[target]
+        ]
         assert [producers.get(x) for x in native.input[:3]] == [None, None, None]  # the graph inputs
         assert not [n for n in lowered.graph.node if native.output[0] in n.input and n.op_type == "Squeeze"]
     tol = (2e-2, 2e-3) if variant.dtype == F16 else (1e-4, 1e-5)
@@ -218,12 +224,17 @@ def test_built_block_lowers_exactly_or_stays(name, target):
 def fa_model(hq=4, hkv=2, d=8, dv=None, k_len="S", bias=None, mask=None, opset=17, **attrs):
     """One FlashAttention node over inputs q, k, v (+ bias, mask); dims B, S and k_len symbolic."""
     dv = d if dv is None else dv
-    inputs = [h.make_tensor_value_info("q", TP.FLOAT, ["B", hq, "S", d]),
-              h.make_tensor_value_info("k", TP.FLOAT, ["B", hkv, k_len, d]),
-              h.make_tensor_value_info("v", TP.FLOAT, ["B", hkv, k_len, dv])]
+    inputs = [
+        h.make_tensor_value_info("q", TP.FLOAT, ["B", hq, "S", d]),
+        h.make_tensor_value_info("k", TP.FLOAT, ["B", hkv, k_len, d]),
+        h.make_tensor_value_info("v", TP.FLOAT, ["B", hkv, k_len, dv]),
+    ]
     inits = []
     names = ["q", "k", "v"]
-    for name, shape, elem, neutral in (("bias", bias, TP.FLOAT, np.float32(0)), ("mask", mask, TP.BOOL, np.bool_(True))):
+    for name, shape, elem, neutral in (
+        ("bias", bias, TP.FLOAT, np.float32(0)),
+        ("mask", mask, TP.BOOL, np.bool_(True)),
+    ):
         if shape is None:
             inits.append(onnx.numpy_helper.from_array(np.array(neutral), f"no_{name}"))
             names.append(f"no_{name}")
@@ -262,23 +273,56 @@ CROSS = [{"B": 2, "S": 5, "T": 9}, {"B": 3, "S": 9, "T": 5}]
 # name -> (fa_model arguments, {target: op, or "kept: <reason fragment>"}, sizes)
 DIRECT = {
     "gqa_causal": (dict(is_causal=1), {"contrib": OP_GQA, "onnx": OP_ATTENTION}, SQ_EQ_SK),
-    "gqa_causal_padding_bias": (dict(is_causal=1, bias=("B", 1, 1, "T")), {"contrib": OP_GQA, "onnx": OP_ATTENTION}, SQ_EQ_SK),
-    "gqa_causal_bias_guard": (dict(is_causal=1, bias=("B", 1, 1, "T"), masked_rows="zero"),
-                              {"contrib": OP_GQA, "onnx": OP_ATTENTION}, SQ_EQ_SK),
+    "gqa_causal_padding_bias": (
+        dict(is_causal=1, bias=("B", 1, 1, "T")),
+        {"contrib": OP_GQA, "onnx": OP_ATTENTION},
+        SQ_EQ_SK,
+    ),
+    "gqa_causal_bias_guard": (
+        dict(is_causal=1, bias=("B", 1, 1, "T"), masked_rows="zero"),
+        {"contrib": OP_GQA, "onnx": OP_ATTENTION},
+        SQ_EQ_SK,
+    ),
     "gqa_bidirectional_mask": (dict(mask=("B", 1, "S", "T")), {"contrib": OP_MHA, "onnx": OP_ATTENTION}, SQ_EQ_SK),
     "gqa_causal_cross_lengths": (dict(is_causal=1, k_len="T"), {"contrib": OP_MHA, "onnx": OP_ATTENTION}, CROSS),
     "gqa_causal_head_size_12": (dict(is_causal=1, d=12), {"contrib": OP_MHA, "onnx": OP_ATTENTION}, SQ_EQ_SK),
-    "mqa_mask_guard": (dict(hkv=1, mask=("B", 1, 1, "T"), masked_rows="zero"), {"contrib": OP_MHA, "onnx": OP_ATTENTION}, SQ_EQ_SK),
+    "mqa_mask_guard": (
+        dict(hkv=1, mask=("B", 1, 1, "T"), masked_rows="zero"),
+        {"contrib": OP_MHA, "onnx": OP_ATTENTION},
+        SQ_EQ_SK,
+    ),
     "causal_cross_lengths": (dict(hkv=4, is_causal=1, k_len="T"), {"contrib": OP_MHA, "onnx": OP_ATTENTION}, CROSS),
-    "causal_mask_cross_lengths": (dict(hkv=4, is_causal=1, k_len="T", mask=("B", 1, "S", "T")),
-                                  {"contrib": OP_MHA, "onnx": OP_ATTENTION}, CROSS),
-    "causal_mask_lowest_fill": (dict(hkv=4, is_causal=1, k_len="T", mask=("B", 1, 1, "T"), mask_fill=LOWEST),
-                                {"contrib": OP_MHA, "onnx": OP_ATTENTION}, CROSS),
-    "causal_finite_fill": (dict(hkv=4, is_causal=1, mask_fill=-1e9), {"contrib": "kept: mask_fill", "onnx": "kept: mask_fill"}, SQ_EQ_SK),
+    "causal_mask_cross_lengths": (
+        dict(hkv=4, is_causal=1, k_len="T", mask=("B", 1, "S", "T")),
+        {"contrib": OP_MHA, "onnx": OP_ATTENTION},
+        CROSS,
+    ),
+    "causal_mask_lowest_fill": (
+        dict(hkv=4, is_causal=1, k_len="T", mask=("B", 1, 1, "T"), mask_fill=LOWEST),
+        {"contrib": OP_MHA, "onnx": OP_ATTENTION},
+        CROSS,
+    ),
+    "causal_finite_fill": (
+        dict(hkv=4, is_causal=1, mask_fill=-1e9),
+        {"contrib": "kept: mask_fill", "onnx": "kept: mask_fill"},
+        SQ_EQ_SK,
+    ),
     "softcap_causal": (dict(hkv=4, is_causal=1, softcap=2.0), {"contrib": OP_GQA, "onnx": OP_ATTENTION}, SQ_EQ_SK),
-    "softcap_causal_gqa_bias": (dict(is_causal=1, softcap=2.0, bias=("B", 1, 1, "T")), {"contrib": OP_GQA, "onnx": OP_ATTENTION}, SQ_EQ_SK),
-    "softcap_bidirectional": (dict(hkv=4, softcap=2.0, mask=("B", 1, 1, "T")), {"contrib": "kept: softcap", "onnx": OP_ATTENTION}, SQ_EQ_SK),
-    "value_head_size_differs": (dict(hkv=4, dv=6, k_len="T", bias=("B", 1, "S", "T")), {"contrib": OP_MHA, "onnx": OP_ATTENTION}, CROSS),
+    "softcap_causal_gqa_bias": (
+        dict(is_causal=1, softcap=2.0, bias=("B", 1, 1, "T")),
+        {"contrib": OP_GQA, "onnx": OP_ATTENTION},
+        SQ_EQ_SK,
+    ),
+    "softcap_bidirectional": (
+        dict(hkv=4, softcap=2.0, mask=("B", 1, 1, "T")),
+        {"contrib": "kept: softcap", "onnx": OP_ATTENTION},
+        SQ_EQ_SK,
+    ),
+    "value_head_size_differs": (
+        dict(hkv=4, dv=6, k_len="T", bias=("B", 1, "S", "T")),
+        {"contrib": OP_MHA, "onnx": OP_ATTENTION},
+        CROSS,
+    ),
     "negative_scale": (dict(hkv=4, scale=-0.5), {"contrib": "kept: scale", "onnx": "kept: scale"}, SQ_EQ_SK),
 }
 
@@ -293,7 +337,7 @@ def test_direct_block_lowers_exactly_or_stays(name, target):
     lowered, (note,) = lower(model, target)
     if expect[target].startswith("kept: "):
         assert not note.lowered and note.op == spec.OP_TYPE
-        assert expect[target][len("kept: "):] in note.reason and "needs ortflash" in note.reason
+        assert expect[target][len("kept: ") :] in note.reason and "needs ortflash" in note.reason
         assert lowered is model
         return
     assert note.lowered and note.op == expect[target], note
@@ -446,8 +490,12 @@ def test_ort_attention_masked_rows_sentinel_and_causal_alignment():
 
 def test_ort_group_query_attention_limits():
     rng = np.random.default_rng(2)
-    gqa = _single("GroupQueryAttention", ["q", "k", "v", "", "", "i_seqlens", "i_total"],
-                  {"num_heads": 2, "kv_num_heads": 1}, CONTRIB_DOMAIN)
+    gqa = _single(
+        "GroupQueryAttention",
+        ["q", "k", "v", "", "", "i_seqlens", "i_total"],
+        {"num_heads": 2, "kv_num_heads": 1},
+        CONTRIB_DOMAIN,
+    )
 
     def run(n_q, n_k, d):
         q = rng.standard_normal((1, n_q, 2 * d)).astype(np.float32)

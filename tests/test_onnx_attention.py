@@ -21,8 +21,8 @@ from onnx import TensorProto, helper
 
 import ortflash
 from ortflash import spec
-from ortflash.policy import SoftmaxPolicy
 from ortflash.fusion.onnx_attention import fuse_attention_ops
+from ortflash.policy import SoftmaxPolicy
 
 F32, F16, BOOL, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BOOL, TensorProto.INT64
 LOWEST = float(np.finfo(np.float32).min)
@@ -159,8 +159,9 @@ def _real(dims, c: Case):
     return [size[d] if isinstance(d, str) else d for d in dims]
 
 
-def fuse(model: onnx.ModelProto, policy=SoftmaxPolicy("naive")):
+def fuse(model: onnx.ModelProto, policy: SoftmaxPolicy | None = None):
     """What optimize() does around fuse_attention_ops."""
+    policy = policy or SoftmaxPolicy("naive")
     opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
     ir_model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(model, data_prop=True))
     blocks = fuse_attention_ops(ir_model.graph, opset, policy)
@@ -226,7 +227,13 @@ for rank in (3, 4):
                 for sq, sk in ((5, 5), (3, 7), (7, 3), (1, 6)):
                     _add(
                         f"r{rank}_h{heads[0]}x{heads[1]}_s{scale}_c{causal}_{sq}x{sk}",
-                        rank=rank, q_heads=heads[0], kv_heads=heads[1], scale=scale, causal=causal, sq=sq, sk=sk,
+                        rank=rank,
+                        q_heads=heads[0],
+                        kv_heads=heads[1],
+                        scale=scale,
+                        causal=causal,
+                        sq=sq,
+                        sk=sk,
                     )
 
 # masks: kind x shape x causal x layout (fully masked rows in every mask)
@@ -243,7 +250,13 @@ for kind in ("bool", "float"):
             for rank in (3, 4):
                 _add(
                     f"mask_{kind}_{dims_name}_c{causal}_r{rank}",
-                    rank=rank, mask=kind, mask_dims=dims, causal=causal, sq=6, sk=9, kv_heads=2,
+                    rank=rank,
+                    mask=kind,
+                    mask_dims=dims,
+                    causal=causal,
+                    sq=6,
+                    sk=9,
+                    kv_heads=2,
                 )
 
 # softcap, alone and with masks / causal / scale
@@ -252,7 +265,12 @@ for softcap in (2.0, 30.0):
         for causal in (0, 1):
             _add(
                 f"softcap{softcap:g}_{mask}_c{causal}",
-                softcap=softcap, mask=mask, causal=causal, scale=0.7, sq=5, sk=8,
+                softcap=softcap,
+                mask=mask,
+                causal=causal,
+                scale=0.7,
+                sq=5,
+                sk=8,
             )
 
 # past key/value: causal alignment with the past, Sq == 1 decoding, empty past, masks, 3D, GQA
@@ -261,7 +279,12 @@ for rank in (3, 4):
         for sq, sk, past in ((3, 3, 4), (1, 1, 6), (1, 3, 4), (4, 2, 3), (2, 5, 0), (6, 2, 1)):
             _add(
                 f"past_r{rank}_c{causal}_{sq}x{sk}_p{past}",
-                rank=rank, causal=causal, sq=sq, sk=sk, past=past, kv_heads=2,
+                rank=rank,
+                causal=causal,
+                sq=sq,
+                sk=sk,
+                past=past,
+                kv_heads=2,
             )
         for mask in ("bool", "float"):
             _add(f"past_{mask}_r{rank}_c{causal}", rank=rank, causal=causal, sq=4, sk=2, past=5, mask=mask)
@@ -277,7 +300,13 @@ for causal in (0, 1):
         for rank in (3, 4):
             _add(
                 f"nonpad_{nonpad[0]}_{nonpad[1]}_c{causal}_r{rank}",
-                opset=24, rank=rank, causal=causal, nonpad=nonpad, sq=3, sk=7, kv_heads=2,
+                opset=24,
+                rank=rank,
+                causal=causal,
+                nonpad=nonpad,
+                sq=3,
+                sk=7,
+                kv_heads=2,
             )
     for mask in ("bool", "float"):
         _add(f"nonpad_{mask}_c{causal}", opset=24, causal=causal, nonpad=(5, 2), sq=4, sk=7, mask=mask)

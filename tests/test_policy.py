@@ -40,8 +40,16 @@ def test_option_off_means_naive_everywhere():
 
 @pytest.mark.parametrize(
     "attrs",
-    [{"softmax": "fast"}, {"block_size": 0}, {"block_size": -3}, {"min_seq_len": -1}, {"scale": 0.0},
-     {"masked_rows": "inf"}, {"is_causal": 2}, {"nope": 1}],
+    [
+        {"softmax": "fast"},
+        {"block_size": 0},
+        {"block_size": -3},
+        {"min_seq_len": -1},
+        {"scale": 0.0},
+        {"masked_rows": "inf"},
+        {"is_causal": 2},
+        {"nope": 1},
+    ],
 )
 def test_schema_rejects_bad_attribute_values(attrs):
     with pytest.raises(spec.SpecError):

@@ -181,8 +181,16 @@ def test_grouped_query_repeat_is_read_without_materialising(static):
 def test_lowest_fill_and_bias_survive_the_bridge_exactly():
     """Found by the fuzz run: the ORT bridge passed mask_fill as -3.40282e+38 (6 digits), which
     is above float32's lowest, so masked keys outranked keys padded with the real lowest."""
-    variant = Variant(scale=1.0, bias_shapes=((1, 1, 1),), where_mask="keep", mask_shape=("BH", "S", "T"),
-                      fill=float(np.finfo(np.float32).min), rank=3, heads=1, head_dim=8)
+    variant = Variant(
+        scale=1.0,
+        bias_shapes=((1, 1, 1),),
+        where_mask="keep",
+        mask_shape=("BH", "S", "T"),
+        fill=float(np.finfo(np.float32).min),
+        rank=3,
+        heads=1,
+        head_dim=8,
+    )
     model = build(variant)
     fused, report = ortflash.optimize(model)
     assert report.fused == 1

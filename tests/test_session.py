@@ -33,8 +33,9 @@ def fused_and_feeds() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 
 def _plain(model: onnx.ModelProto) -> ort.InferenceSession:
-    return ort.InferenceSession(model.SerializeToString(), ortflash.session_options(),
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model.SerializeToString(), ortflash.session_options(), providers=["CPUExecutionProvider"]
+    )
 
 
 def test_a_later_session_does_not_change_an_earlier_one(fused_and_feeds):
@@ -82,7 +83,8 @@ def test_configure_model_writes_policy_and_runtime_on_a_copy(fused_and_feeds):
     assert config == KernelConfig("reference", threads=3)
     original = next(n for n in fused.graph.node if n.op_type == spec.OP_TYPE)
     original_floats = onnx.helper.get_attribute_value(
-        next(a for a in original.attribute if a.name == "exact_floats")).decode()
+        next(a for a in original.attribute if a.name == "exact_floats")
+    ).decode()
     assert floats == original_floats and "backend" not in original_floats
 
 

@@ -40,8 +40,9 @@ def _digest(path: str) -> str:
 
 
 def _cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ortflash", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "ortflash", *args], capture_output=True, text=True, cwd=cwd, timeout=600, check=False
+    )
 
 
 @pytest.fixture()
@@ -117,25 +118,43 @@ def _pair(tmp_path, change: onnx.NodeProto, out_type: int, out_shape: list[int])
     """An identity model and a version of it whose output changed shape or type."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
     version = {"opset_imports": [helper.make_opsetid("", 17)], "ir_version": 8}
-    original = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x],
-                                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]),
-                                 **version)
+    original = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["y"])],
+            "g",
+            [x],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        ),
+        **version,
+    )
     inits = [onnx.numpy_helper.from_array(np.array([3, 2], np.int64), "shape")]
-    changed = helper.make_model(helper.make_graph([change], "g", [x],
-                                                  [helper.make_tensor_value_info("y", out_type, out_shape)], inits),
-                                **version)
+    changed = helper.make_model(
+        helper.make_graph([change], "g", [x], [helper.make_tensor_value_info("y", out_type, out_shape)], inits),
+        **version,
+    )
     paths = str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx")
     onnx.save(original, paths[0])
     onnx.save(changed, paths[1])
     return paths
 
 
-@pytest.mark.parametrize(("change", "out_type", "out_shape", "words"), [
-    (helper.make_node("Reshape", ["x", "shape"], ["y"]), TensorProto.FLOAT, [3, 2],
-     "shape changed from [2, 3] to [3, 2]"),
-    (helper.make_node("Cast", ["x"], ["y"], to=TensorProto.DOUBLE), TensorProto.DOUBLE, [2, 3],
-     "dtype changed from float32 to float64"),
-])
+@pytest.mark.parametrize(
+    ("change", "out_type", "out_shape", "words"),
+    [
+        (
+            helper.make_node("Reshape", ["x", "shape"], ["y"]),
+            TensorProto.FLOAT,
+            [3, 2],
+            "shape changed from [2, 3] to [3, 2]",
+        ),
+        (
+            helper.make_node("Cast", ["x"], ["y"], to=TensorProto.DOUBLE),
+            TensorProto.DOUBLE,
+            [2, 3],
+            "dtype changed from float32 to float64",
+        ),
+    ],
+)
 def test_a_changed_output_is_said_in_words(tmp_path, capsys, change, out_type, out_shape, words):
     a, b = _pair(tmp_path, change, out_type, out_shape)
     assert main(["verify", a, b, "--json", str(tmp_path / "r.json")]) == 1
@@ -179,8 +198,7 @@ def test_version():
     assert r.returncode == 0 and r.stdout.strip() == f"ortflash {ortflash.__version__}"
 
 
-@pytest.mark.parametrize(("argv", "see"), [([], "see ortflash --help"),
-                                          (["optimize"], "see ortflash optimize --help")])
+@pytest.mark.parametrize(("argv", "see"), [([], "see ortflash --help"), (["optimize"], "see ortflash optimize --help")])
 def test_usage_errors_name_the_right_help(argv, see):
     r = _cli(*argv)
     assert r.returncode == 2 and see in r.stderr and "ortflash ortflash" not in r.stderr
@@ -254,8 +272,13 @@ def test_every_command_writes_one_versioned_json_schema(model_path, tmp_path):
     keys = {tuple(sorted(d)) for d in docs.values()}
     assert len(keys) == 1, keys
     for command, doc in docs.items():
-        assert (doc["schema"], doc["schema_version"], doc["command"], doc["exit_code"], doc["ok"]) == \
-            ("ortflash.result", 1, command, 0, True)
+        assert (doc["schema"], doc["schema_version"], doc["command"], doc["exit_code"], doc["ok"]) == (
+            "ortflash.result",
+            1,
+            command,
+            0,
+            True,
+        )
     assert docs["validate"]["validation"]["nodes"][0]["ok"] is True
     assert docs["verify"]["verification"]["ok"] is True and docs["inspect"]["blocks"][0]["fused"] is True
 
@@ -278,10 +301,13 @@ def _feeding_a_quantizer(tmp_path, quantizer: onnx.NodeProto) -> str:
     return path
 
 
-@pytest.mark.parametrize(("quantizer", "words"), [
-    (helper.make_node("DynamicQuantizeLinear", ["out"], ["y", "y_scale", "y_zero"]), "DynamicQuantizeLinear"),
-    (helper.make_node("Cast", ["out"], ["y"], to=TensorProto.INT32), "Cast to an integer type"),
-])
+@pytest.mark.parametrize(
+    ("quantizer", "words"),
+    [
+        (helper.make_node("DynamicQuantizeLinear", ["out"], ["y", "y_scale", "y_zero"]), "DynamicQuantizeLinear"),
+        (helper.make_node("Cast", ["out"], ["y"], to=TensorProto.INT32), "Cast to an integer type"),
+    ],
+)
 def test_blocks_feeding_a_quantizer_are_marked(tmp_path, capsys, quantizer, words):
     path = _feeding_a_quantizer(tmp_path, quantizer)
     assert main(["inspect", path, "--json", "-"]) == 0
@@ -300,8 +326,11 @@ def test_num_heads_is_a_positive_integer(model_path):
     assert r.returncode == 2 and "--num-heads" in r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="the CLI passes --num-heads to optimize(num_heads=N); the pipeline owner "
-                                       "adds the parameter (heads of blocks not provable from shapes)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the CLI passes --num-heads to optimize(num_heads=N); the pipeline owner "
+    "adds the parameter (heads of blocks not provable from shapes)",
+)
 def test_num_heads_reaches_the_pipeline(model_path):
     assert main(["inspect", model_path, "--num-heads", "2"]) == 0
 
@@ -355,8 +384,6 @@ def test_web_check_installs_into_a_user_cache_when_the_package_has_no_node_modul
     assert not (shipped / "node_modules").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="model_io.load takes paths and ModelProtos only: the pipeline owner adds "
-                                       "onnx_ir.Model (ir.serde.serialize_model) there")
 def test_the_api_takes_an_onnx_ir_model():
     import onnx_ir as ir
 

@@ -81,13 +81,16 @@ def test_equal_infinities_agree_in_validate_as_in_verify():
     assert [(c.ok, c.nan_mismatch) for c in checks] == [(True, 0)], checks
 
 
-@pytest.mark.parametrize(("expected", "actual", "ok"), [
-    ([np.inf, -np.inf, 1.0], [np.inf, -np.inf, 1.0], True),
-    ([np.inf, 1.0], [-np.inf, 1.0], False),
-    ([np.inf, 1.0], [1e30, 1.0], False),
-    ([np.nan, 1.0], [np.nan, 1.0], True),
-    ([np.nan, 1.0], [0.0, 1.0], False),
-])
+@pytest.mark.parametrize(
+    ("expected", "actual", "ok"),
+    [
+        ([np.inf, -np.inf, 1.0], [np.inf, -np.inf, 1.0], True),
+        ([np.inf, 1.0], [-np.inf, 1.0], False),
+        ([np.inf, 1.0], [1e30, 1.0], False),
+        ([np.nan, 1.0], [np.nan, 1.0], True),
+        ([np.nan, 1.0], [0.0, 1.0], False),
+    ],
+)
 def test_the_one_comparison(expected, actual, ok):
     diff = compare(np.array(expected, np.float32), np.array(actual, np.float32), "o", 1e-4, 1e-5)
     assert diff.ok is ok

@@ -63,7 +63,9 @@ def _zoo_feeds(model, entry):
     cases = [(1, 7), (2, 21)] if dynamic.get("seq", True) else [(1, 16), (2, 16)]
     if not dynamic.get("batch", True):
         cases = [(1, s) for _, s in cases]
-    return [make_feeds(model, seq_len=s, batch=b, dims=entry.get("feed_dims"), seed=i) for i, (b, s) in enumerate(cases)]
+    return [
+        make_feeds(model, seq_len=s, batch=b, dims=entry.get("feed_dims"), seed=i) for i, (b, s) in enumerate(cases)
+    ]
 
 
 @pytest.mark.parametrize("runtime", ["web-wasm", "node-cpu"])
@@ -103,7 +105,9 @@ def _mha_model(dtype, with_bias):
         ins += ["", "", "ab"]
     node = helper.make_node("MultiHeadAttention", ins, ["o"], domain="com.microsoft", num_heads=n, scale=0.3)
     graph = helper.make_graph([node], "mha", inputs, [vi("o", dtype, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
     model.ir_version = 10
     return model
 
@@ -123,12 +127,25 @@ def _attention23_model(dtype, causal=False, mask=None):
 
 def _gqa_model(dtype):
     """Causal grouped-query attention without a past (the form lower.py may emit for causal GQA)."""
-    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "", "", "seqlens_k", "total_len"], ["o", "pk", "pv"],
-                            domain="com.microsoft", num_heads=4, kv_num_heads=2)
-    inputs = [vi("q", dtype, ["B", "S", 32]), vi("k", dtype, ["B", "S", 16]), vi("v", dtype, ["B", "S", 16]),
-              vi("seqlens_k", TensorProto.INT32, ["B"]), vi("total_len", TensorProto.INT32, [])]
+    node = helper.make_node(
+        "GroupQueryAttention",
+        ["q", "k", "v", "", "", "seqlens_k", "total_len"],
+        ["o", "pk", "pv"],
+        domain="com.microsoft",
+        num_heads=4,
+        kv_num_heads=2,
+    )
+    inputs = [
+        vi("q", dtype, ["B", "S", 32]),
+        vi("k", dtype, ["B", "S", 16]),
+        vi("v", dtype, ["B", "S", 16]),
+        vi("seqlens_k", TensorProto.INT32, ["B"]),
+        vi("total_len", TensorProto.INT32, []),
+    ]
     graph = helper.make_graph([node], "gqa", inputs, [vi("o", dtype, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
     model.ir_version = 10
     return model
 
@@ -153,9 +170,13 @@ def _random_feeds(model, dims, seed=0):
 def test_attention_ops_run_in_js_runtimes(runtime):
     """MultiHeadAttention, GroupQueryAttention and Attention-23, float32 and float16, one Node start per model."""
     models = [
-        _mha_model(TensorProto.FLOAT, True), _mha_model(TensorProto.FLOAT16, True), _mha_model(TensorProto.FLOAT, False),
-        _gqa_model(TensorProto.FLOAT), _gqa_model(TensorProto.FLOAT16),
-        _attention23_model(TensorProto.FLOAT, mask=TensorProto.BOOL), _attention23_model(TensorProto.FLOAT16, causal=True),
+        _mha_model(TensorProto.FLOAT, True),
+        _mha_model(TensorProto.FLOAT16, True),
+        _mha_model(TensorProto.FLOAT, False),
+        _gqa_model(TensorProto.FLOAT),
+        _gqa_model(TensorProto.FLOAT16),
+        _attention23_model(TensorProto.FLOAT, mask=TensorProto.BOOL),
+        _attention23_model(TensorProto.FLOAT16, causal=True),
         _attention23_model(TensorProto.FLOAT, mask=TensorProto.FLOAT),
     ]
     for model in models:
@@ -167,11 +188,17 @@ def test_attention_ops_run_in_js_runtimes(runtime):
 @pytest.mark.parametrize("runtime", ["web-wasm", "node-cpu"])
 def test_tensor_types_round_trip_exactly(runtime):
     """float32, float16, int64, int32 and bool go to Node and come back bit for bit."""
-    types = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "i64": TensorProto.INT64,
-             "i32": TensorProto.INT32, "b": TensorProto.BOOL}
+    types = {
+        "f32": TensorProto.FLOAT,
+        "f16": TensorProto.FLOAT16,
+        "i64": TensorProto.INT64,
+        "i32": TensorProto.INT32,
+        "b": TensorProto.BOOL,
+    }
     nodes = [helper.make_node("Identity", [k], [f"{k}_out"]) for k in types]
-    graph = helper.make_graph(nodes, "id", [vi(k, t, None) for k, t in types.items()],
-                              [vi(f"{k}_out", t, None) for k, t in types.items()])
+    graph = helper.make_graph(
+        nodes, "id", [vi(k, t, None) for k, t in types.items()], [vi(f"{k}_out", t, None) for k, t in types.items()]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     rng = np.random.default_rng(3)
@@ -194,13 +221,17 @@ def test_tensor_types_round_trip_exactly(runtime):
 
 
 def test_safetensors_files_round_trip(tmp_path):
-    tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "scalar": np.array(7, np.int64),
-               "empty": np.zeros((0, 4), np.float16), "mask": np.array([True, False])}
+    tensors = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "scalar": np.array(7, np.int64),
+        "empty": np.zeros((0, 4), np.float16),
+        "mask": np.array([True, False]),
+    }
     path = str(tmp_path / "t.safetensors")
     wc.write_tensors(path, tensors)
     raw = open(path, "rb").read()
     n = int.from_bytes(raw[:8], "little")
-    assert (8 + n) % 8 == 0 and json.loads(raw[8:8 + n])["a"]["dtype"] == "F32"
+    assert (8 + n) % 8 == 0 and json.loads(raw[8 : 8 + n])["a"]["dtype"] == "F32"
     back = wc.read_tensors(path)
     assert list(back) == list(tensors)
     for k in tensors:
@@ -233,8 +264,12 @@ def test_bad_model_path(path):
 
 
 def _relu(ir_version=10, opsets=(("", 21),), domain="", op="Relu"):
-    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], domain=domain)], "g",
-                              [vi("x", TensorProto.FLOAT, [2, 3])], [vi("y", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], domain=domain)],
+        "g",
+        [vi("x", TensorProto.FLOAT, [2, 3])],
+        [vi("y", TensorProto.FLOAT, None)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
     model.ir_version = ir_version
     return model
@@ -321,7 +356,7 @@ def test_first_use_installs_the_node_packages(monkeypatch, capsys):
     monkeypatch.setattr(wc, "_installed", lambda: state["installed"])
     monkeypatch.setattr(wc.subprocess, "run", fake_run)
     wc.ensure_node_packages()
-    (args, kw), = calls
+    ((args, kw),) = calls
     assert args[1:3] == ["ci", "--no-audit"] and kw["cwd"] == wc.web_dir()
     assert kw["env"]["ONNXRUNTIME_NODE_INSTALL"] == "skip"
     err = capsys.readouterr().err
@@ -332,7 +367,12 @@ def test_first_use_installs_the_node_packages(monkeypatch, capsys):
 
 def test_failed_install_is_a_clean_error(monkeypatch):
     monkeypatch.setattr(wc, "_installed", lambda: False)
-    monkeypatch.setattr(wc.subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(
-        args, 1, stdout="npm error code E404\nnpm error 404 Not Found - GET https://registry/x\n"))
+    monkeypatch.setattr(
+        wc.subprocess,
+        "run",
+        lambda args, **kw: subprocess.CompletedProcess(
+            args, 1, stdout="npm error code E404\nnpm error 404 Not Found - GET https://registry/x\n"
+        ),
+    )
     with pytest.raises(OrtflashError, match="npm ci in .* failed: npm error code E404"):
         wc.ensure_node_packages()

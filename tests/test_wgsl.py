@@ -252,7 +252,9 @@ TILES = [
 
 
 @pytest.mark.parametrize(
-    "tile", TILES, ids=lambda t: "br{br}-bc{bc}-c{c}-rv{rv}-vpt{vpt}".format(**t) + ("-kvs" if t.get("kv_split") else "")
+    "tile",
+    TILES,
+    ids=lambda t: "br{br}-bc{bc}-c{c}-rv{rv}-vpt{vpt}".format(**t) + ("-kvs" if t.get("kv_split") else ""),
 )
 @pytest.mark.parametrize("sq,sk", [(64, 64), (256, 256), (300, 301)])
 def test_flash_tiles(runner, tile, sq, sk):

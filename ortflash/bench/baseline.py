@@ -75,14 +75,18 @@ def compare(results: dict[str, Any], baseline: dict[str, Any], max_slowdown: flo
                 check.regressions.append(f"{where}: {status} here, measured in the baseline ({new.get('error', '')})")
             continue
         limit = base_ratio * max_slowdown
-        text = (f"{where}: {ratio:.3f}x the original's time (baseline {base_ratio:.3f}x, "
-                f"limit {limit:.3f}x = baseline x {max_slowdown:g})")
+        text = (
+            f"{where}: {ratio:.3f}x the original's time (baseline {base_ratio:.3f}x, "
+            f"limit {limit:.3f}x = baseline x {max_slowdown:g})"
+        )
         if ratio > limit:
             check.regressions.append("REGRESSION " + text)
         else:
             check.lines.append("ok " + text)
     if not check.lines and not check.regressions:
-        raise OrtflashError("the baseline shares no measured (variant, S) with this run: nothing to compare"
-                            + (f" ({'; '.join(notes)})" if notes else ""))
+        raise OrtflashError(
+            "the baseline shares no measured (variant, S) with this run: nothing to compare"
+            + (f" ({'; '.join(notes)})" if notes else "")
+        )
     check.lines = check.regressions + check.lines + notes
     return check

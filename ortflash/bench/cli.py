@@ -59,29 +59,59 @@ def _variant_list(text: str) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `ortflash bench`."""
     p.add_argument("model", help="the .onnx model to measure")
-    p.add_argument("--seq-lens", type=_int_list, default=None,
-                   help=f"comma-separated sequence lengths (default {','.join(map(str, DEFAULT_SEQ_LENS))}; "
-                        "a model without a sequence dim runs at its one size)")
-    p.add_argument("--variants", type=_variant_list, default=list(DEFAULT_VARIANTS),
-                   help=f"comma-separated: {','.join(VARIANTS)} (naive/online/reference@BLOCK for another tile, "
-                        "e.g. online@512) or LABEL=PATH.onnx (default %(default)s)")
+    p.add_argument(
+        "--seq-lens",
+        type=_int_list,
+        default=None,
+        help=f"comma-separated sequence lengths (default {','.join(map(str, DEFAULT_SEQ_LENS))}; "
+        "a model without a sequence dim runs at its one size)",
+    )
+    p.add_argument(
+        "--variants",
+        type=_variant_list,
+        default=list(DEFAULT_VARIANTS),
+        help=f"comma-separated: {','.join(VARIANTS)} (naive/online/reference@BLOCK for another tile, "
+        "e.g. online@512) or LABEL=PATH.onnx (default %(default)s)",
+    )
     p.add_argument("--batch", type=_positive_int, default=1, help="batch size (default %(default)s)")
     p.add_argument("--repeats", type=_positive_int, default=5, help="timed runs per measurement (default %(default)s)")
     p.add_argument("--warmup", type=_positive_int, default=1, help="untimed runs first (default %(default)s)")
-    p.add_argument("--block-size", type=_positive_int, default=DEFAULT_BLOCK_SIZE,
-                   help="online softmax tile (default %(default)s)")
-    p.add_argument("--threads", type=_positive_int, default=None,
-                   help="ONNX Runtime intra-op, kernel and BLAS threads per worker (default: the libraries' own)")
-    p.add_argument("--isa", choices=ISAS, default=None,
-                   help="force this build of the compiled CPU kernel in the workers (ORTFLASH_CPU_ISA)")
-    p.add_argument("--rounds", type=_positive_int, default=1,
-                   help="measure each (variant, S) this many times, alternating the order (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per worker before it is killed (default %(default)s)")
+    p.add_argument(
+        "--block-size", type=_positive_int, default=DEFAULT_BLOCK_SIZE, help="online softmax tile (default %(default)s)"
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="ONNX Runtime intra-op, kernel and BLAS threads per worker (default: the libraries' own)",
+    )
+    p.add_argument(
+        "--isa",
+        choices=ISAS,
+        default=None,
+        help="force this build of the compiled CPU kernel in the workers (ORTFLASH_CPU_ISA)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=1,
+        help="measure each (variant, S) this many times, alternating the order (default %(default)s)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds per worker before it is killed (default %(default)s)"
+    )
     p.add_argument("--no-profile", action="store_true", help="skip the extra ORT-profiled run")
-    p.add_argument("--baseline", metavar="OLD.json",
-                   help="a results JSON of an earlier run: exit 1 when a variant's time ratio to original got worse")
-    p.add_argument("--max-slowdown", type=_slowdown, default=1.15,
-                   help="with --baseline: the largest allowed (ratio / baseline ratio) (default %(default)s)")
+    p.add_argument(
+        "--baseline",
+        metavar="OLD.json",
+        help="a results JSON of an earlier run: exit 1 when a variant's time ratio to original got worse",
+    )
+    p.add_argument(
+        "--max-slowdown",
+        type=_slowdown,
+        default=1.15,
+        help="with --baseline: the largest allowed (ratio / baseline ratio) (default %(default)s)",
+    )
     p.add_argument("--out", default="bench-results", help="folder for NAME.json/.md/.png (default %(default)s)")
     p.add_argument("--name", default="bench", help="file stem of the results (default %(default)s)")
 
@@ -92,14 +122,32 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     old = baseline_check.load_baseline(args.baseline) if args.baseline else None
-    res = bench(args.model, seq_lens=args.seq_lens, variants=args.variants, batch=args.batch, repeats=args.repeats,
-                warmup=args.warmup, rounds=args.rounds, threads=args.threads, isa=args.isa, block_size=args.block_size,
-                timeout_s=args.timeout, profile=not args.no_profile, out_dir=None, name=args.name, console=console)
+    res = bench(
+        args.model,
+        seq_lens=args.seq_lens,
+        variants=args.variants,
+        batch=args.batch,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        threads=args.threads,
+        isa=args.isa,
+        block_size=args.block_size,
+        timeout_s=args.timeout,
+        profile=not args.no_profile,
+        out_dir=None,
+        name=args.name,
+        console=console,
+    )
     code = EXIT_OK if all(r.get("status") in ("ok", "skipped", "unavailable") for r in res["runs"]) else EXIT_FAILED
     if old is not None:
         check = baseline_check.compare(res, old, args.max_slowdown)
-        res["baseline_check"] = {"baseline": args.baseline, "max_slowdown": args.max_slowdown, "ok": check.ok,
-                                 "lines": check.lines}
+        res["baseline_check"] = {
+            "baseline": args.baseline,
+            "max_slowdown": args.max_slowdown,
+            "ok": check.ok,
+            "lines": check.lines,
+        }
         for line in check.lines:
             console.print(line, markup=False, highlight=False)
         if check.ok:
@@ -112,8 +160,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ortflash.bench",
-                                description="latency and peak memory of a model's variants against sequence length")
+    p = argparse.ArgumentParser(
+        prog="python -m ortflash.bench",
+        description="latency and peak memory of a model's variants against sequence length",
+    )
     add_arguments(p)
     args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
     try:

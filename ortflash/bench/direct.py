@@ -103,17 +103,20 @@ def time_calls(fn: Callable[[NodeCall], object], calls: list[NodeCall], repeats:
         for c in calls:
             fn(c)
         runs.append(time.perf_counter() - t0)
-    return {"median": round(statistics.median(runs) * 1000, 3), "runs": [round(t * 1000, 3) for t in runs],
-            "nodes": len(calls)}
+    return {
+        "median": round(statistics.median(runs) * 1000, 3),
+        "runs": [round(t * 1000, 3) for t in runs],
+        "nodes": len(calls),
+    }
 
 
-def time_kernel(calls: list[NodeCall], backend: str, policy: SoftmaxPolicy, threads: int | None,
-                repeats: int) -> dict[str, Any]:
+def time_kernel(
+    calls: list[NodeCall], backend: str, policy: SoftmaxPolicy, threads: int | None, repeats: int
+) -> dict[str, Any]:
     """The kernel the session's nodes run, called directly with the session's policy."""
     fn, info = kernel(backend)
     extra = {"threads": threads} if threads and info["kernel"] == "cpu" else {}
-    timing = time_calls(lambda c: fn(c.q, c.k, c.v, c.bias, c.mask, policy=policy, **extra, **c.attrs),
-                        calls, repeats)
+    timing = time_calls(lambda c: fn(c.q, c.k, c.v, c.bias, c.mask, policy=policy, **extra, **c.attrs), calls, repeats)
     return {**timing, **info}
 
 
@@ -143,6 +146,6 @@ def torch_sdpa_runner(threads: int | None) -> Callable[[NodeCall], object]:
         if groups > 1:  # grouped KV heads
             k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         with torch.no_grad():
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                                  scale=c.attrs["scale"])
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=c.attrs["scale"])
+
     return run

@@ -120,8 +120,11 @@ class PeakProbe:
         hwm = _hwm() if _reset_hwm() else None
         # a kernel that ignores clear_refs leaves the old, higher mark: then sample instead
         self.exact = hwm is not None and hwm <= rss() + 4 * MIB
-        self.method = ("VmHWM reset through /proc/self/clear_refs (exact)" if self.exact
-                       else f"RSS sampled every {interval * 1000:g} ms (estimate)")
+        self.method = (
+            "VmHWM reset through /proc/self/clear_refs (exact)"
+            if self.exact
+            else f"RSS sampled every {interval * 1000:g} ms (estimate)"
+        )
         self.interval = interval
         self._peak = 0
         self._stop = threading.Event()

@@ -26,9 +26,15 @@ def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(ok[0])
     times = [t for r in ok for t in r["latency_ms"]["runs"]]
     cpu = [t for r in ok for t in r["latency_ms"].get("cpu_runs", [])]
-    out["latency_ms"] = {**ok[0]["latency_ms"], "median": round(statistics.median(times), 3), "min": min(times),
-                         "max": max(times), "runs": times, "repeats": len(times),
-                         "round_medians": [r["latency_ms"]["median"] for r in ok]}
+    out["latency_ms"] = {
+        **ok[0]["latency_ms"],
+        "median": round(statistics.median(times), 3),
+        "min": min(times),
+        "max": max(times),
+        "runs": times,
+        "repeats": len(times),
+        "round_medians": [r["latency_ms"]["median"] for r in ok],
+    }
     if cpu:
         out["latency_ms"].update(cpu_median=round(statistics.median(cpu), 3), cpu_runs=cpu)
     out["memory_mb"] = {k: max(r["memory_mb"][k] for r in ok) for k in ok[0]["memory_mb"]}
@@ -41,7 +47,9 @@ def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["wall_s"] = round(sum(r.get("wall_s", 0) for r in runs), 1)
     failed = [r for r in runs if r.get("status") != "ok"]
     if failed:
-        out["failed_rounds"] = [{"round": r.get("round"), "status": r.get("status"), "error": r.get("error")} for r in failed]
+        out["failed_rounds"] = [
+            {"round": r.get("round"), "status": r.get("status"), "error": r.get("error")} for r in failed
+        ]
     return out
 
 
@@ -73,7 +81,9 @@ def ratios(results: Results, baseline: str = "original") -> dict[str, dict[str, 
             row[v] = {
                 "speedup": round(base["latency_ms"]["median"] / r["latency_ms"]["median"], 3),
                 "cpu_speedup": round(bc / rc, 3) if bc and rc else None,
-                "inference_memory": round(rm["inference_peak"] / bm["inference_peak"], 3) if bm["inference_peak"] > 0 else None,
+                "inference_memory": round(rm["inference_peak"] / bm["inference_peak"], 3)
+                if bm["inference_peak"] > 0
+                else None,
                 "process_memory": round(rm["process_peak"] / bm["process_peak"], 3),
             }
         out[str(s)] = row
@@ -109,8 +119,10 @@ def print_table(results: Results, console: Any = None) -> None:
 
     console = console or Console()
     variants = variant_labels(results)
-    for key, title in (("latency", "median latency (speedup vs original)"),
-                       ("memory", "inference peak memory above the loaded session (ratio vs original)")):
+    for key, title in (
+        ("latency", "median latency (speedup vs original)"),
+        ("memory", "inference peak memory above the loaded session (ratio vs original)"),
+    ):
         table = Table(title=f"{results['title']}: {title}", title_justify="left")
         table.add_column("S", justify="right")
         for v in variants:
@@ -135,21 +147,31 @@ def _header(results: Results) -> list[str]:
         f"# {results['title']}",
         "",
         f"- date: {results['date']}",
-        (f"- machine: {m['cpu']}, {m['usable_cores']} usable cores ({m['logical_cores']} logical), "
-        f"{m['memory_gib']} GiB, {m['os']}, Python {m['python']}"),
-        (f"- load average at start / end: {results.get('loadavg_start')} / {results.get('loadavg_end')} "
-        "(other jobs share this machine: compare the ratios, measured side by side)"),
+        (
+            f"- machine: {m['cpu']}, {m['usable_cores']} usable cores ({m['logical_cores']} logical), "
+            f"{m['memory_gib']} GiB, {m['os']}, Python {m['python']}"
+        ),
+        (
+            f"- load average at start / end: {results.get('loadavg_start')} / {results.get('loadavg_end')} "
+            "(other jobs share this machine: compare the ratios, measured side by side)"
+        ),
         "- versions: " + ", ".join(f"{k} {x}" for k, x in v.items()),
         f"- CPU kernel ISA: {c.get('isa') or 'chosen at import by CPU feature'}"
         + (f"; used: {', '.join(sorted(results['isa_used']))}" if results.get("isa_used") else ""),
         f"- threads per worker: {c.get('threads') or 'the libraries default'}; rounds: {c.get('rounds', 1)}",
-        (f"- model: `{results['model']}`; batch {c['batch']}; block size {c['block_size']}; "
-        f"{c['warmup']} untimed run(s) then up to {c['repeats']} timed runs"),
-        ("- each (variant, S) ran in its own process; latency is the median of the timed runs of "
-        "`session.run` of the session users open (`ortflash.InferenceSession` for fused models), inputs "
-        "from the model's declared dims (seed 0, padding attention mask)"),
-        ("- memory: peak resident set size during the runs minus the RSS just before the first run "
-        "(Linux VmHWM reset through /proc/self/clear_refs: exact, not sampled)"),
+        (
+            f"- model: `{results['model']}`; batch {c['batch']}; block size {c['block_size']}; "
+            f"{c['warmup']} untimed run(s) then up to {c['repeats']} timed runs"
+        ),
+        (
+            "- each (variant, S) ran in its own process; latency is the median of the timed runs of "
+            "`session.run` of the session users open (`ortflash.InferenceSession` for fused models), inputs "
+            "from the model's declared dims (seed 0, padding attention mask)"
+        ),
+        (
+            "- memory: peak resident set size during the runs minus the RSS just before the first run "
+            "(Linux VmHWM reset through /proc/self/clear_refs: exact, not sampled)"
+        ),
     ] + [f"- {note}" for note in results.get("notes", [])]
 
 
@@ -157,24 +179,39 @@ def _kernel_table(results: Results) -> list[str]:
     rows = [r for r in results["runs"] if r.get("status") == "ok" and ("kernel_ms" in r or "attention_nodes" in r)]
     if not rows:
         return []
-    lines = ["", "## Session vs the kernel called directly (the ONNX Runtime bridge's cost), per run", "",
-             ("kernel: the FlashAttention kernel the session's nodes run, called on the same Q/K/V/bias/mask "
-             "the fused nodes received, summed over the nodes of one run. session / kernel includes the rest of "
-             "the graph; ORT node: the FlashAttention nodes' time in ORT's profile (a separate warm run), so "
-             "node / kernel is the bridge's own cost. The torch-sdpa peer times that attention alone (no "
-             "projections): compare it with the kernel column, not with the sessions."), "",
-             "| S | variant | session | kernel | session / kernel | ORT node | node / kernel | kernel used |",
-             "|---:|---|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "",
+        "## Session vs the kernel called directly (the ONNX Runtime bridge's cost), per run",
+        "",
+        (
+            "kernel: the FlashAttention kernel the session's nodes run, called on the same Q/K/V/bias/mask "
+            "the fused nodes received, summed over the nodes of one run. session / kernel includes the rest of "
+            "the graph; ORT node: the FlashAttention nodes' time in ORT's profile (a separate warm run), so "
+            "node / kernel is the bridge's own cost. The torch-sdpa peer times that attention alone (no "
+            "projections): compare it with the kernel column, not with the sessions."
+        ),
+        "",
+        "| S | variant | session | kernel | session / kernel | ORT node | node / kernel | kernel used |",
+        "|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         if "kernel_ms" not in r:  # the peer: attention only, no session
-            lines.append(f"| {seq_label(r['seq_len'])} | {r['variant']} | | {_ms(r['latency_ms']['median'])} | | | | "
-                         f"PyTorch scaled_dot_product_attention ({r.get('torch_threads')} threads) |")
+            lines.append(
+                f"| {seq_label(r['seq_len'])} | {r['variant']} | | {_ms(r['latency_ms']['median'])} | | | | "
+                f"PyTorch scaled_dot_product_attention ({r.get('torch_threads')} threads) |"
+            )
             continue
         k = r["kernel_ms"]
-        used = k["kernel"] + (f" ({k['isa']})" if k.get("isa") else "") + (f"; {k['fallback']}" if k.get("fallback") else "")
-        lines.append(f"| {seq_label(r['seq_len'])} | {r['variant']} | {_ms(r['latency_ms']['median'])} | "
-                     f"{_ms(k['median'])} | {r.get('session_over_kernel')} | "
-                     f"{_ms(r['ort_node_ms']) if r.get('ort_node_ms') else ''} | {r.get('node_over_kernel') or ''} | {used} |")
+        used = (
+            k["kernel"]
+            + (f" ({k['isa']})" if k.get("isa") else "")
+            + (f"; {k['fallback']}" if k.get("fallback") else "")
+        )
+        lines.append(
+            f"| {seq_label(r['seq_len'])} | {r['variant']} | {_ms(r['latency_ms']['median'])} | "
+            f"{_ms(k['median'])} | {r.get('session_over_kernel')} | "
+            f"{_ms(r['ort_node_ms']) if r.get('ort_node_ms') else ''} | {r.get('node_over_kernel') or ''} | {used} |"
+        )
     return lines
 
 
@@ -191,14 +228,18 @@ def markdown(results: Results) -> str:
             ops.setdefault(r["variant"], r["ort_graph_ops"])
     if ops:
         lines += ["", "## Attention ops in ORT's optimized graph (first sequence length run)", ""]
-        lines += [f"- {var}: " + (", ".join(f"{k} {n}" for k, n in (counts or {}).items()) or "none")
-                  for var, counts in ops.items()]
+        lines += [
+            f"- {var}: " + (", ".join(f"{k} {n}" for k, n in (counts or {}).items()) or "none")
+            for var, counts in ops.items()
+        ]
     bad = [r for r in results["runs"] if r.get("status") != "ok"]
     if bad:
         lines += ["", "## Not measured", ""]
         lines += [f"- S={seq_label(r['seq_len'])} {r['variant']}: {r['status']}: {r.get('error', '')}" for r in bad]
     if results.get("baseline_check"):
-        lines += ["", "## Regression check against a baseline", ""] + [f"- {x}" for x in results["baseline_check"]["lines"]]
+        lines += ["", "## Regression check against a baseline", ""] + [
+            f"- {x}" for x in results["baseline_check"]["lines"]
+        ]
     return "\n".join(lines + [""])
 
 
@@ -239,8 +280,9 @@ def plot_results(results: Results, path: Path) -> str | None:
     return str(path)
 
 
-def write_results(results: Results, out_dir: str | Path, name: str = "bench", *, plot: bool = True,
-                  console: Any = None) -> dict[str, str]:
+def write_results(
+    results: Results, out_dir: str | Path, name: str = "bench", *, plot: bool = True, console: Any = None
+) -> dict[str, str]:
     """NAME.json (also a valid --baseline), NAME.md and, with matplotlib, NAME.png in out_dir."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -254,8 +296,10 @@ def write_results(results: Results, out_dir: str | Path, name: str = "bench", *,
         if png:
             paths["png"] = png
         elif console is not None:
-            console.print("[yellow]matplotlib is not installed: no plot written[/] "
-                          "(pip install matplotlib; the JSON and markdown have every number)")
+            console.print(
+                "[yellow]matplotlib is not installed: no plot written[/] "
+                "(pip install matplotlib; the JSON and markdown have every number)"
+            )
     if console is not None:
         console.print("wrote " + ", ".join(paths.values()))
     return paths

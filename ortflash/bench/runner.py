@@ -54,8 +54,12 @@ def run_one(cfg: dict[str, Any], timeout: float, tick: Callable[[str], None] | N
         base = {"variant": cfg["variant"], "seq_len": cfg["seq_len"], "batch": cfg["batch"]}
         t0 = time.monotonic()
         with open(os.path.join(tmp, "log"), "w+") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "ortflash.bench.worker", cfg_path],
-                                    stdout=log, stderr=subprocess.STDOUT, env=_worker_env(cfg))
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ortflash.bench.worker", cfg_path],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_worker_env(cfg),
+            )
             timed_out = False
             while proc.poll() is None:
                 if time.monotonic() - t0 > timeout:
@@ -81,15 +85,21 @@ def run_one(cfg: dict[str, Any], timeout: float, tick: Callable[[str], None] | N
                 return {**base, "status": "error", "error": f"worker {why}: {' | '.join(tail)[-300:]}"}
 
 
-def plan_lengths(model_path: str, seq_lens: Sequence[int] | None, dims: dict[str, int] | None) -> tuple[list[int], list[str]]:
+def plan_lengths(
+    model_path: str, seq_lens: Sequence[int] | None, dims: dict[str, int] | None
+) -> tuple[list[int], list[str]]:
     """(the sequence lengths to run, notes on the ones left out) from what the model declares."""
     model = onnx.load(model_path, load_external_data=False)
     if not inputs.has_sequence_dim(model, dims):
-        shapes = ", ".join(f"{vi.name} {[d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]}"
-                           for vi in model.graph.input)
+        shapes = ", ".join(
+            f"{vi.name} {[d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]}"
+            for vi in model.graph.input
+        )
         if seq_lens is not None:
-            raise OrtflashError(f"{model_path} has no sequence dimension (its inputs are fixed: {shapes}): "
-                                "it runs at its one size; leave out --seq-lens")
+            raise OrtflashError(
+                f"{model_path} has no sequence dimension (its inputs are fixed: {shapes}): "
+                "it runs at its one size; leave out --seq-lens"
+            )
         return [inputs.FIXED_SIZE], [f"the model has no sequence dimension ({shapes}): measured at its one fixed size"]
     wanted = list(seq_lens if seq_lens is not None else DEFAULT_SEQ_LENS)
     keep = [s for s in wanted if inputs.unsupported_length(model, s) is None]
@@ -166,10 +176,22 @@ def bench(
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_info(),
         "versions": versions(),
-        "config": {"seq_lens": seq_lens, "variants": variants, "batch": batch, "repeats": repeats, "warmup": warmup,
-                   "block_size": block_size, "time_budget_s": time_budget_s, "timeout_s": timeout_s,
-                   "max_seq_len": max_seq_len, "profile": profile, "rounds": rounds,
-                   "rounds_max_seq": rounds_max_seq, "threads": threads, "isa": isa},
+        "config": {
+            "seq_lens": seq_lens,
+            "variants": variants,
+            "batch": batch,
+            "repeats": repeats,
+            "warmup": warmup,
+            "block_size": block_size,
+            "time_budget_s": time_budget_s,
+            "timeout_s": timeout_s,
+            "max_seq_len": max_seq_len,
+            "profile": profile,
+            "rounds": rounds,
+            "rounds_max_seq": rounds_max_seq,
+            "threads": threads,
+            "isa": isa,
+        },
         "notes": list(notes or []) + length_notes,
         "loadavg_start": loadavg(),
         "runs": [],
@@ -191,26 +213,52 @@ def bench(
     shutil.copyfile(model_path, model_copy)
     for extra in Path(model_path).parent.glob(Path(model_path).name + ".data"):
         shutil.copyfile(extra, os.path.join(snapshot.name, extra.name))
-    with snapshot, Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=console, disable=not progress, transient=False) as bar:
+    with (
+        snapshot,
+        Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not progress,
+            transient=False,
+        ) as bar,
+    ):
         task = bar.add_task("bench", total=len(todo))
         for s, v, rnd in todo:
             label = parse_variant(v).label
             base = {"variant": label, "seq_len": s, "batch": batch, "round": rnd}
             runs = raw.setdefault((s, v), [])
-            skip = stopped.get(v) or (f"above the chosen limit S <= {max_seq_len[label]}"
-                                      if label in max_seq_len and s > max_seq_len[label] else None)
+            skip = stopped.get(v) or (
+                f"above the chosen limit S <= {max_seq_len[label]}"
+                if label in max_seq_len and s > max_seq_len[label]
+                else None
+            )
             if skip:
                 status = "unavailable" if v == "torch-sdpa" and v in stopped else "skipped"
                 runs.append({**base, "status": status, "error": skip})
                 bar.advance(task)
                 continue
             prof = (profile if isinstance(profile, bool) else s <= int(profile)) and rnd == 0
-            cfg = {"model": model_copy, "variant": v, "seq_len": s, "batch": batch, "repeats": repeats,
-                   "warmup": max(1, warmup), "block_size": block_size, "time_budget_s": time_budget_s,
-                   "profile": prof, "dims": dims, "threads": threads, "isa": isa}
+            cfg = {
+                "model": model_copy,
+                "variant": v,
+                "seq_len": s,
+                "batch": batch,
+                "repeats": repeats,
+                "warmup": max(1, warmup),
+                "block_size": block_size,
+                "time_budget_s": time_budget_s,
+                "profile": prof,
+                "dims": dims,
+                "threads": threads,
+                "isa": isa,
+            }
             desc = f"S={report.seq_label(s):<5s} {label:<9s}" + (f" round {rnd + 1}" if rounds > 1 else "")
             bar.update(task, description=desc)
+
             def tick(text: str, d: str = desc) -> None:
                 bar.update(task, description=f"{d} {text}")
 
@@ -219,13 +267,18 @@ def bench(
             runs.append(res)
             if res["status"] == "ok":
                 kernel = f"  kernel {res['kernel_ms']['median']:.1f} ms" if "kernel_ms" in res else ""
-                bar.console.print(f"  {desc} {res['latency_ms']['median']:10.1f} ms  "
-                                  f"{res['memory_mb']['inference_peak']:8.1f} MiB{kernel}  ({res['wall_s']} s)")
+                bar.console.print(
+                    f"  {desc} {res['latency_ms']['median']:10.1f} ms  "
+                    f"{res['memory_mb']['inference_peak']:8.1f} MiB{kernel}  ({res['wall_s']} s)"
+                )
             else:
                 bar.console.print(f"  {desc} {res['status']}: {res.get('error', '')}")
                 if res["status"] in ("timeout", "error", "unavailable"):
-                    stopped[v] = (f"not run: {res['status']} at S={s}" if res["status"] != "unavailable"
-                                  else res.get("error", "unavailable"))
+                    stopped[v] = (
+                        f"not run: {res['status']} at S={s}"
+                        if res["status"] != "unavailable"
+                        else res.get("error", "unavailable")
+                    )
             bar.advance(task)
     results["runs"] = [report.merge_rounds(raw[(s, v)]) for s in seq_lens for v in variants if (s, v) in raw]
     results["isa_used"] = sorted({r["isa"] for r in results["runs"] if r.get("isa")})

@@ -1,15 +1,15 @@
 """The variants bench compares, how each is built from the model file, and how its session opens.
 
-  ``original``     the model as given;
-  ``naive`` / ``online``  ``ortflash.optimize`` with that softmax (online from key length 0,
-                   ``block_size`` keys per tile; ``online@128`` picks the tile), run by
-                   ``ortflash.InferenceSession`` on the compiled CPU kernel (backend ``cpu``);
-  ``reference``    the online fusion run by the numpy kernels (backend ``reference``);
-  ``contrib`` / ``onnx``  the naive fusion lowered by ``ortflash.lower`` to com.microsoft
-                   MultiHeadAttention or to ONNX Attention-23;
-  ``torch-sdpa``   a peer, not an ONNX model: PyTorch's CPU ``scaled_dot_product_attention`` on the
-                   Q/K/V/bias/mask the fused nodes receive (only where torch imports);
-  ``LABEL=PATH.onnx``  any other model file, run as it is on the same inputs.
+``original``     the model as given;
+``naive`` / ``online``  ``ortflash.optimize`` with that softmax (online from key length 0,
+                 ``block_size`` keys per tile; ``online@128`` picks the tile), run by
+                 ``ortflash.InferenceSession`` on the compiled CPU kernel (backend ``cpu``);
+``reference``    the online fusion run by the numpy kernels (backend ``reference``);
+``contrib`` / ``onnx``  the naive fusion lowered by ``ortflash.lower`` to com.microsoft
+                 MultiHeadAttention or to ONNX Attention-23;
+``torch-sdpa``   a peer, not an ONNX model: PyTorch's CPU ``scaled_dot_product_attention`` on the
+                 Q/K/V/bias/mask the fused nodes receive (only where torch imports);
+``LABEL=PATH.onnx``  any other model file, run as it is on the same inputs.
 """
 
 from __future__ import annotations
@@ -32,8 +32,15 @@ LOWERED = ("contrib", "onnx")
 TILED = ("naive", "online", "reference")  # the kinds that take @BLOCK_SIZE
 DEFAULT_BLOCK_SIZE = int(spec.ATTRIBUTES["block_size"].default)  # type: ignore[call-overload]
 ATTENTION_OPS = (
-    "FlashAttention", "Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
-    "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention", "DecoderAttention", "SparseAttention",
+    "FlashAttention",
+    "Attention",
+    "MultiHeadAttention",
+    "GroupQueryAttention",
+    "PackedAttention",
+    "PackedMultiHeadAttention",
+    "DecoderMaskedMultiHeadAttention",
+    "DecoderAttention",
+    "SparseAttention",
     "Softmax",
 )
 
@@ -58,8 +65,10 @@ def parse_variant(variant: str) -> VariantName:
         return VariantName(label, "file", None, path)
     kind, at, bs = variant.partition("@")
     if kind not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)} "
-                         f"({'/'.join(TILED)} optionally @BLOCK_SIZE) or LABEL=PATH.onnx")
+        raise ValueError(
+            f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)} "
+            f"({'/'.join(TILED)} optionally @BLOCK_SIZE) or LABEL=PATH.onnx"
+        )
     if at and kind not in TILED:
         raise ValueError(f"{variant!r}: only {', '.join(TILED)} take a block size after @")
     if at and (not bs.isdigit() or int(bs) < 1):
@@ -132,8 +141,9 @@ def _uses_flash_attention(model: onnx.ModelProto) -> bool:
     return any(n.domain == spec.DOMAIN for n in model.graph.node)
 
 
-def open_session(built: BuiltVariant, model: onnx.ModelProto, so: ort.SessionOptions,
-                 threads: int | None) -> tuple[Any, str | None]:
+def open_session(
+    built: BuiltVariant, model: onnx.ModelProto, so: ort.SessionOptions, threads: int | None
+) -> tuple[Any, str | None]:
     """(session, kernel backend or None) for ``model``, a form of ``built``'s model.
 
     Fused variants open through ``ortflash.InferenceSession``, the path users run; the rest
@@ -142,14 +152,22 @@ def open_session(built: BuiltVariant, model: onnx.ModelProto, so: ort.SessionOpt
     import ortflash
 
     if built.fused_kind and built.backend and built.softmax:
-        session = ortflash.InferenceSession(model, backend=built.backend, threads=threads, sess_options=so,
-                                            softmax=built.softmax, block_size=built.block_size, min_seq_len=0)
+        session = ortflash.InferenceSession(
+            model,
+            backend=built.backend,
+            threads=threads,
+            sess_options=so,
+            softmax=built.softmax,
+            block_size=built.block_size,
+            min_seq_len=0,
+        )
         return session, built.backend
     return open_plain_session(built, model, so, threads), None
 
 
-def open_plain_session(built: BuiltVariant, model: onnx.ModelProto, so: ort.SessionOptions,
-                       threads: int | None) -> ort.InferenceSession:
+def open_plain_session(
+    built: BuiltVariant, model: onnx.ModelProto, so: ort.SessionOptions, threads: int | None
+) -> ort.InferenceSession:
     """An onnxruntime.InferenceSession of the variant: fused nodes configured as
     ``ortflash.InferenceSession`` configures them (for profiling, which its wrapper cannot end)."""
     import ortflash
@@ -178,5 +196,6 @@ def count_ops(model: onnx.ModelProto) -> dict[str, int]:
                     walk(a.g)
                 for g in a.graphs:
                     walk(g)
+
     walk(model.graph)
     return counts

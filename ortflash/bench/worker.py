@@ -119,8 +119,11 @@ def _profile(built: BuiltVariant, feeds: dict, tmp: str, threads: int | None) ->
     for p in Path(tmp).glob("profile*"):
         p.unlink()
     top = dict(sorted(per_op.items(), key=lambda kv: -kv[1])[:8])
-    return {"run_ms": runs[-1]["dur"] / 1000 if runs else None, "nodes_ms": round(sum(per_op.values()), 3),
-            "per_op_ms": {k: round(v, 3) for k, v in top.items()}}
+    return {
+        "run_ms": runs[-1]["dur"] / 1000 if runs else None,
+        "nodes_ms": round(sum(per_op.values()), 3),
+        "per_op_ms": {k: round(v, 3) for k, v in top.items()},
+    }
 
 
 def _capture(built: BuiltVariant, feeds: dict, threads: int | None) -> list[direct.NodeCall]:
@@ -205,8 +208,13 @@ def _measure_torch_peer(built: BuiltVariant, feeds: dict, cfg: dict[str, Any]) -
 def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     """Build one variant, run it at one sequence length, measure. Runs inside the worker process."""
     status = cfg.get("status_file")
-    out: dict[str, Any] = {"variant": cfg["variant"], "seq_len": cfg["seq_len"], "batch": cfg["batch"],
-                           "pid": os.getpid(), "isa_env": os.environ.get(ISA_ENV)}
+    out: dict[str, Any] = {
+        "variant": cfg["variant"],
+        "seq_len": cfg["seq_len"],
+        "batch": cfg["batch"],
+        "pid": os.getpid(),
+        "isa_env": os.environ.get(ISA_ENV),
+    }
     _status(status, "building")
     t0 = time.perf_counter()
     built = build_variant(cfg["model"], parse_variant(cfg["variant"]), cfg["block_size"])
@@ -219,7 +227,9 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="ortflash-bench-") as tmp:
             out.update(_measure_session(built, feeds, cfg, tmp))
     out["status"] = "ok"
-    out["numpy_threads_env"] = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ}
+    out["numpy_threads_env"] = {
+        k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ
+    }
     return out
 
 

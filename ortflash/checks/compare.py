@@ -71,14 +71,22 @@ def compare(expected: np.ndarray, actual: np.ndarray, name: str, rtol: float, at
     return OutputDiff(name, max_abs, max_rel, nan_mismatch, nan_mismatch == 0 and within, "", of_tolerance)
 
 
-def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray], rtol: float, atol: float,
-                    label: str = "{name}") -> list[OutputDiff]:
+def compare_outputs(
+    expected: Mapping[str, np.ndarray],
+    actual: Mapping[str, np.ndarray],
+    rtol: float,
+    atol: float,
+    label: str = "{name}",
+) -> list[OutputDiff]:
     """One diff per expected output, in order; ``label`` formats its name (``{name}#1``)."""
     diffs = []
     for name, want in expected.items():
         shown = label.format(name=name)
-        diffs.append(compare(want, actual[name], shown, rtol, atol) if name in actual
-                     else _incomparable(shown, "missing from the outputs"))
+        diffs.append(
+            compare(want, actual[name], shown, rtol, atol)
+            if name in actual
+            else _incomparable(shown, "missing from the outputs")
+        )
     return diffs
 
 
@@ -90,8 +98,10 @@ def default_tolerance(model: onnx.ModelProto) -> tuple[float, float]:
 
 def tolerance_text(rtol: float, atol: float) -> str:
     """The tolerance in force, as every check prints it."""
-    return (f"|actual - expected| <= atol + rtol * |expected| everywhere (err / tolerance <= 1), "
-            f"rtol {rtol:g}, atol {atol:g}")
+    return (
+        f"|actual - expected| <= atol + rtol * |expected| everywhere (err / tolerance <= 1), "
+        f"rtol {rtol:g}, atol {atol:g}"
+    )
 
 
 def tolerance(model: onnx.ModelProto, rtol: float | None, atol: float | None) -> tuple[float, float]:

@@ -51,8 +51,15 @@ def _shape(shape_proto: onnx.TensorShapeProto, seq_len: int, batch: int, named: 
     return shape
 
 
-def _integer_input(model: onnx.ModelProto, name: str, shape: list[int], np_type: np.dtype,
-                   seq_len: int, rng: np.random.Generator, total_len: int | None = None) -> np.ndarray:
+def _integer_input(
+    model: onnx.ModelProto,
+    name: str,
+    shape: list[int],
+    np_type: np.dtype,
+    seq_len: int,
+    rng: np.random.Generator,
+    total_len: int | None = None,
+) -> np.ndarray:
     """An integer input, read by its name: a mask, key counts, positions, token types, or token ids.
 
     ``total_len``: past + new tokens of a decoder with a cache (None without one): keys count up
@@ -84,8 +91,9 @@ def _symbolic_axes(model: onnx.ModelProto) -> list[tuple[str, int, int, str]]:
     return found
 
 
-def decoder_dims(model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2,
-                 dims: dict[str, int] | None = None) -> dict[str, int]:
+def decoder_dims(
+    model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2, dims: dict[str, int] | None = None
+) -> dict[str, int]:
     """Values for the named dims of a decoder's inputs that keep their relations; {} otherwise.
 
     A decoder with a cache takes ``past_*`` inputs [B, H, past, D] and an attention mask over
@@ -99,7 +107,9 @@ def decoder_dims(model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2,
     if not past:
         return given
     leading = {d for _, axis, _, d in axes if axis == 0}
-    batch_names = leading if len(leading) == 1 else {d for d in leading if d.lower() in _BATCH_NAMES or "batch" in d.lower()}
+    batch_names = (
+        leading if len(leading) == 1 else {d for d in leading if d.lower() in _BATCH_NAMES or "batch" in d.lower()}
+    )
     mask_lengths = {d for name, axis, rank, d in axes if "mask" in name.lower() and axis == rank - 1}
     other = {d for name, axis, _, d in axes if "mask" not in name.lower() and "past" not in name.lower()}
     totals = mask_lengths - past - other - batch_names
@@ -134,8 +144,9 @@ def _total_length(model: onnx.ModelProto, named: dict[str, int]) -> int | None:
     return max(lengths, default=None)
 
 
-def make_feeds(model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2, seed: int = 0,
-               dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+def make_feeds(
+    model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2, seed: int = 0, dims: dict[str, int] | None = None
+) -> dict[str, np.ndarray]:
     """Random inputs for every graph input, from its type and shape; attention masks pad.
 
     Named dims take their value from ``dims``, else (a decoder with a cache) from

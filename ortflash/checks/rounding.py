@@ -23,11 +23,20 @@ from ..report import Report
 # the next layer's quantizers are ten or more.
 MAX_NODES_ON = 6
 QUANTIZERS = ("DynamicQuantizeLinear", "QuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
-_INTEGER_TYPES = frozenset({
-    onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
-    onnx.TensorProto.INT32, onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64,
-    onnx.TensorProto.INT4, onnx.TensorProto.UINT4,
-})
+_INTEGER_TYPES = frozenset(
+    {
+        onnx.TensorProto.INT8,
+        onnx.TensorProto.UINT8,
+        onnx.TensorProto.INT16,
+        onnx.TensorProto.UINT16,
+        onnx.TensorProto.INT32,
+        onnx.TensorProto.UINT32,
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.UINT64,
+        onnx.TensorProto.INT4,
+        onnx.TensorProto.UINT4,
+    }
+)
 
 
 def _quantizes(node: onnx.NodeProto) -> bool:
@@ -48,7 +57,9 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     return readers
 
 
-def _downstream(start: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]]) -> Iterator[tuple[onnx.NodeProto, int]]:
+def _downstream(
+    start: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]]
+) -> Iterator[tuple[onnx.NodeProto, int]]:
     """Nodes reachable from ``start``'s outputs, nearest first, with how many nodes on they are."""
     seen = {id(start)}
     queue = deque([(start, 0)])

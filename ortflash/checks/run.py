@@ -29,9 +29,16 @@ MESSAGE_CHARS = 300
 # ONNX Runtime's errors for a model or inputs it cannot take (separate classes, no common base);
 # its Python wrapper raises ValueError for missing or unknown input names.
 _ORT_ERRORS: tuple[type[Exception], ...] = (
-    ort_state.Fail, ort_state.InvalidArgument, ort_state.InvalidGraph, ort_state.InvalidProtobuf,
-    ort_state.NoSuchFile, ort_state.NoModel, ort_state.NotFound, ort_state.NotImplemented,
-    ort_state.RuntimeException, ort_state.EPFail,
+    ort_state.Fail,
+    ort_state.InvalidArgument,
+    ort_state.InvalidGraph,
+    ort_state.InvalidProtobuf,
+    ort_state.NoSuchFile,
+    ort_state.NoModel,
+    ort_state.NotFound,
+    ort_state.NotImplemented,
+    ort_state.RuntimeException,
+    ort_state.EPFail,
 )
 _RUN_ERRORS: tuple[type[Exception], ...] = (*_ORT_ERRORS, ValueError)
 # ONNX Runtime's log severities: 0 verbose .. 3 error, 4 fatal
@@ -39,8 +46,10 @@ _FATAL_ONLY = 4
 # Where ONNX Runtime reads external weights of a model handed over as bytes.
 _EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 
-_ORT_PREFIX = re.compile(r"^(?:\[ONNXRuntimeError\] : \d+ : \w+ : )?(?:Can't create a session\. )?"
-                         r"(?:ERROR_CODE: \d+, ERROR_MESSAGE: )?")
+_ORT_PREFIX = re.compile(
+    r"^(?:\[ONNXRuntimeError\] : \d+ : \w+ : )?(?:Can't create a session\. )?"
+    r"(?:ERROR_CODE: \d+, ERROR_MESSAGE: )?"
+)
 _SOURCE_LOCATION = re.compile(r"^\S+\.(?:cc|cpp|h|hpp):\d+ ")
 
 
@@ -53,7 +62,7 @@ def clean_ort_message(text: str) -> str:
         for i in range(max(start, 0), len(rest) if start >= 0 else 0):  # skip the signature's balanced (...)
             depth += {"(": 1, ")": -1}.get(rest[i], 0)
             if depth == 0:
-                rest = rest[i + 1:]
+                rest = rest[i + 1 :]
                 rest = rest.removeprefix("::<lambda()>")
                 break
         text = rest.strip() or text
@@ -70,8 +79,9 @@ def _ort_error(exc: Exception) -> str:
     return one_line(clean_ort_message(str(exc)), type(exc).__name__)
 
 
-def open_session(model: ModelSource, policy: SoftmaxPolicy | None = None, *,
-                 what: str = "the model", weights_dir: str | None = None) -> InferenceSession:
+def open_session(
+    model: ModelSource, policy: SoftmaxPolicy | None = None, *, what: str = "the model", weights_dir: str | None = None
+) -> InferenceSession:
     """A CPU session for ``model`` at ONNX Runtime's default optimization level.
 
     A path keeps its external weights on disk, read from its folder; a proto whose weights
@@ -86,20 +96,28 @@ def open_session(model: ModelSource, policy: SoftmaxPolicy | None = None, *,
     # InferenceSession turns these back into the same policy (SoftmaxPolicy.from_options)
     mode, block_size, min_seq_len = (policy.mode, policy.block_size, policy.min_seq_len) if policy else (None,) * 3
     try:
-        return InferenceSession(model, sess_options=options, softmax=mode, block_size=block_size,
-                                min_seq_len=min_seq_len)
+        return InferenceSession(
+            model, sess_options=options, softmax=mode, block_size=block_size, min_seq_len=min_seq_len
+        )
     except _ORT_ERRORS as exc:
         raise OrtflashError(f"ONNX Runtime could not load {what}: {_ort_error(exc)}") from None
 
 
-def run_model(model: ModelSource, feeds: dict[str, np.ndarray], policy: SoftmaxPolicy | None = None, *,
-              what: str = "the model", weights_dir: str | None = None) -> dict[str, np.ndarray]:
+def run_model(
+    model: ModelSource,
+    feeds: dict[str, np.ndarray],
+    policy: SoftmaxPolicy | None = None,
+    *,
+    what: str = "the model",
+    weights_dir: str | None = None,
+) -> dict[str, np.ndarray]:
     """Every output of ``model`` on ``feeds``, by name (``what`` names the model in errors)."""
     return run_session(open_session(model, policy, what=what, weights_dir=weights_dir), feeds, what=what)
 
 
-def run_session(session: InferenceSession, feeds: dict[str, np.ndarray], *,
-                what: str = "the model") -> dict[str, np.ndarray]:
+def run_session(
+    session: InferenceSession, feeds: dict[str, np.ndarray], *, what: str = "the model"
+) -> dict[str, np.ndarray]:
     """Every output of an open session on ``feeds``, by name."""
     names = [o.name for o in session.get_outputs()]
     # the error raised below is the message; ONNX Runtime's own log line of it would be a second one

@@ -46,8 +46,9 @@ def _replaced_name(node: onnx.NodeProto) -> str:
     raise OrtflashError(f"FlashAttention node {node.name} does not say which original value it replaces")
 
 
-def capture_model(original: onnx.ModelProto,
-                  optimized: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
+def capture_model(
+    original: onnx.ModelProto, optimized: onnx.ModelProto
+) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
     """The original graph plus the rewrite's input preparation, exposing what validate needs."""
     fused = [n for n in optimized.graph.node if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN]
     model = onnx.ModelProto()
@@ -94,9 +95,16 @@ def _kernel(backend: str) -> Kernel:
     return kernel_for(KernelConfig(backend=backend))
 
 
-def validate(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: dict[str, np.ndarray], *,
-             backend: str = DEFAULT_BACKEND, policy: SoftmaxPolicy | None = None,
-             rtol: float | None = None, atol: float | None = None) -> list[NodeCheck]:
+def validate(
+    original: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    *,
+    backend: str = DEFAULT_BACKEND,
+    policy: SoftmaxPolicy | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> list[NodeCheck]:
     """Each fused node of ``optimized``, run by ``backend``'s kernel, against what it replaced.
 
     ``policy`` overrides each node's own softmax (a field it leaves as None stays the node's).
@@ -112,8 +120,8 @@ def validate(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: dict[
         own = SoftmaxPolicy.from_attributes(attrs)
         node_policy = policy.applied_to(own) if policy else own
         attrs.update(node_policy.attributes())
-        q, k, v, bias, mask = (values[i] for i in node.input)
-        bias, mask = spec.absent_as_none(bias, mask)
+        q, k, v, bias_in, mask_in = (values[i] for i in node.input)
+        bias, mask = spec.absent_as_none(bias_in, mask_in)
         got = kernel(q, k, v, bias, mask, **attrs)
         replaced = _replaced_name(node)
         want = values[replaced]
@@ -122,7 +130,18 @@ def validate(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: dict[
         got = got.astype(want.dtype, copy=False) if np.issubdtype(want.dtype, np.floating) else got
         diff = compare(want, got, node.name, rtol, atol)
         shapes = f"Q{list(q.shape)} K{list(k.shape)} V{list(v.shape)}"
-        checks.append(NodeCheck(node.name, replaced, node_policy.choose(k.shape[2]), shapes,
-                                diff.max_abs, diff.max_rel, diff.nan_mismatch, diff.ok, diff.problem,
-                                diff.of_tolerance))
+        checks.append(
+            NodeCheck(
+                node.name,
+                replaced,
+                node_policy.choose(k.shape[2]),
+                shapes,
+                diff.max_abs,
+                diff.max_rel,
+                diff.nan_mismatch,
+                diff.ok,
+                diff.problem,
+                diff.of_tolerance,
+            )
+        )
     return checks

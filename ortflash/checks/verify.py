@@ -29,9 +29,15 @@ from .run import ModelSource, open_session, run_model, run_session
 SOFTMAXES = ("naive", "online")
 
 
-def verify(original: ModelSource, optimized: ModelSource, feeds: dict[str, np.ndarray], *,
-           policy: SoftmaxPolicy | None = None, rtol: float | None = None,
-           atol: float | None = None) -> list[OutputDiff]:
+def verify(
+    original: ModelSource,
+    optimized: ModelSource,
+    feeds: dict[str, np.ndarray],
+    *,
+    policy: SoftmaxPolicy | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> list[OutputDiff]:
     """Worst error per output of optimized against original on the same feeds (protos or paths).
 
     ``policy`` overrides the fused nodes' own softmax for this run (a field it leaves as
@@ -46,6 +52,7 @@ def verify(original: ModelSource, optimized: ModelSource, feeds: dict[str, np.nd
 @dataclass
 class VerifyRun:
     """One comparison: on which inputs, which softmax each fused node ran, and the result."""
+
     why: str  # e.g. "as configured", "at 1024 keys, where auto runs online", "online forced"
     inputs: dict[str, list[int]]  # input name -> shape
     modes: dict[str, str]  # fused node -> the softmax it ran
@@ -60,6 +67,7 @@ class VerifyRun:
 @dataclass
 class Verification:
     """Every run ``prove`` made, the tolerance in force, and what it had to force."""
+
     rtol: float
     atol: float
     runs: list[VerifyRun] = field(default_factory=list)
@@ -72,21 +80,40 @@ class Verification:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "rtol": self.rtol, "atol": self.atol, "ok": self.ok, "notes": list(self.notes),
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "ok": self.ok,
+            "notes": list(self.notes),
             "deployed_softmax": {k: list(v) for k, v in self.deployed.items()},
-            "runs": [{"why": r.why, "inputs": r.inputs, "softmax": r.modes, "key_lengths": r.key_lengths,
-                      "ok": r.ok, "outputs": [diff_dict(d) for d in r.diffs]} for r in self.runs],
+            "runs": [
+                {
+                    "why": r.why,
+                    "inputs": r.inputs,
+                    "softmax": r.modes,
+                    "key_lengths": r.key_lengths,
+                    "ok": r.ok,
+                    "outputs": [diff_dict(d) for d in r.diffs],
+                }
+                for r in self.runs
+            ],
         }
 
 
 def diff_dict(diff: OutputDiff) -> dict[str, Any]:
     """An OutputDiff for JSON: infinite errors (incomparable outputs) as null, the problem in words."""
+
     def finite(x: float) -> float | None:
         return x if np.isfinite(x) else None
 
-    return {"name": diff.name, "max_abs": finite(diff.max_abs), "max_rel": finite(diff.max_rel),
-            "of_tolerance": finite(diff.of_tolerance), "nan_mismatch": diff.nan_mismatch,
-            "problem": diff.problem or None, "ok": diff.ok}
+    return {
+        "name": diff.name,
+        "max_abs": finite(diff.max_abs),
+        "max_rel": finite(diff.max_rel),
+        "of_tolerance": finite(diff.of_tolerance),
+        "nan_mismatch": diff.nan_mismatch,
+        "problem": diff.problem or None,
+        "ok": diff.ok,
+    }
 
 
 def _fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -123,8 +150,15 @@ def _exposing_keys(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> tuple
 class _Prover:
     """The models, compiled once, and one comparison per call of :meth:`run`."""
 
-    def __init__(self, original: ModelSource, optimized: ModelSource, policy: SoftmaxPolicy | None,
-                 rtol: float, atol: float, weights_dir: str | None) -> None:
+    def __init__(
+        self,
+        original: ModelSource,
+        optimized: ModelSource,
+        policy: SoftmaxPolicy | None,
+        rtol: float,
+        atol: float,
+        weights_dir: str | None,
+    ) -> None:
         self.original = original
         self.policy = policy
         self.rtol, self.atol = rtol, atol
@@ -136,22 +170,28 @@ class _Prover:
         self.optimized, self.keys = _exposing_keys(load(optimized), self.nodes)
         self.sessions: dict[SoftmaxPolicy | None, InferenceSession] = {}
 
-    def run(self, why: str, feeds: Mapping[str, np.ndarray], override: SoftmaxPolicy | None,
-            expected: dict[str, np.ndarray] | None = None) -> VerifyRun:
+    def run(
+        self,
+        why: str,
+        feeds: Mapping[str, np.ndarray],
+        override: SoftmaxPolicy | None,
+        expected: dict[str, np.ndarray] | None = None,
+    ) -> VerifyRun:
         """Compare on ``feeds``; ``expected``: the original's outputs on them, where already run."""
         feeds = dict(feeds)
         if expected is None:
             expected = run_model(self.original, feeds, what="the original model")
         if override not in self.sessions:  # one session per softmax override: compiled once, run at every length
-            self.sessions[override] = open_session(self.optimized, override, what="the optimized model",
-                                                   weights_dir=self.weights_dir)
+            self.sessions[override] = open_session(
+                self.optimized, override, what="the optimized model", weights_dir=self.weights_dir
+            )
         actual = run_session(self.sessions[override], feeds, what="the optimized model")
         key_lengths = {name: int(actual[k].shape[2]) for name, k in self.keys.items() if actual[k].ndim == 4}
-        modes = {n.name: _node_policy(n, override).choose(key_lengths[n.name])
-                 for n in self.nodes if n.name in key_lengths}
+        modes = {
+            n.name: _node_policy(n, override).choose(key_lengths[n.name]) for n in self.nodes if n.name in key_lengths
+        }
         inputs = {name: list(value.shape) for name, value in feeds.items()}
-        return VerifyRun(why, inputs, modes, key_lengths,
-                         compare_outputs(expected, actual, self.rtol, self.atol))
+        return VerifyRun(why, inputs, modes, key_lengths, compare_outputs(expected, actual, self.rtol, self.atol))
 
 
 def _missing(deployed: Mapping[str, list[str]], runs: list[VerifyRun]) -> dict[str, list[str]]:
@@ -160,18 +200,30 @@ def _missing(deployed: Mapping[str, list[str]], runs: list[VerifyRun]) -> dict[s
     for run in runs:
         for node, mode in run.modes.items():
             ran.setdefault(node, set()).add(mode)
-    return {node: [m for m in modes if m not in ran.get(node, set())]
-            for node, modes in deployed.items() if any(m not in ran.get(node, set()) for m in modes)}
+    return {
+        node: [m for m in modes if m not in ran.get(node, set())]
+        for node, modes in deployed.items()
+        if any(m not in ran.get(node, set()) for m in modes)
+    }
 
 
 def _nodes_text(nodes: list[str]) -> str:
     return f"{len(nodes)} fused node{'s' if len(nodes) != 1 else ''}"
 
 
-def prove(original: ModelSource, optimized: ModelSource, *, feeds: Mapping[str, np.ndarray] | None = None,
-          seq_len: int = 16, batch: int = 2, policy: SoftmaxPolicy | None = None,
-          rtol: float | None = None, atol: float | None = None,
-          weights_dir: str | None = None, dims: Mapping[str, int] | None = None) -> Verification:
+def prove(
+    original: ModelSource,
+    optimized: ModelSource,
+    *,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    seq_len: int = 16,
+    batch: int = 2,
+    policy: SoftmaxPolicy | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    weights_dir: str | None = None,
+    dims: Mapping[str, int] | None = None,
+) -> Verification:
     """Compare optimized with original until every fused node has run in each softmax it runs deployed.
 
     ``feeds``: the user's inputs (never resized); None: random ones of ``seq_len`` and
@@ -184,16 +236,18 @@ def prove(original: ModelSource, optimized: ModelSource, *, feeds: Mapping[str, 
     result = Verification(rtol, atol)
     result.deployed = {n.name: deployed_softmaxes(_node_policy(n, policy)) for n in prover.nodes}
     given = feeds is not None
-    first = dict(feeds) if feeds is not None else make_feeds(original_proto, seq_len=seq_len, batch=batch,
-                                                                    dims=dict(dims or {}))
+    first = (
+        dict(feeds)
+        if feeds is not None
+        else make_feeds(original_proto, seq_len=seq_len, batch=batch, dims=dict(dims or {}))
+    )
     result.runs.append(prover.run("as configured", first, policy))
     missing = _missing(result.deployed, result.runs)
     if not missing:
         return result
 
     # auto nodes that have not run online: run at their min_seq_len when the model takes that length
-    short = [n for n in prover.nodes if "online" in missing.get(n.name, [])
-             and _node_policy(n, policy).mode == "auto"]
+    short = [n for n in prover.nodes if "online" in missing.get(n.name, []) and _node_policy(n, policy).mode == "auto"]
     why_forced = ""
     if short and given:
         why_forced = "the inputs given (--feeds) are shorter than min_seq_len"
@@ -205,8 +259,7 @@ def prove(original: ModelSource, optimized: ModelSource, *, feeds: Mapping[str, 
         except OrtflashError as exc:
             why_forced = f"the original model does not run at length {length} ({exc})"
         else:
-            result.runs.append(prover.run(f"at length {length}, where auto runs online", long_feeds, policy,
-                                          expected))
+            result.runs.append(prover.run(f"at length {length}, where auto runs online", long_feeds, policy, expected))
             missing = _missing(result.deployed, result.runs)
             if any("online" in m for m in missing.values()):
                 why_forced = f"some key lengths stay under min_seq_len at length {length}"
@@ -217,10 +270,15 @@ def prove(original: ModelSource, optimized: ModelSource, *, feeds: Mapping[str, 
         if not nodes:
             continue
         forced = SoftmaxPolicy(mode, policy.block_size if policy else None, policy.min_seq_len if policy else None)
-        reason = (why_forced or "the inputs are shorter than min_seq_len") if mode == "online" \
+        reason = (
+            (why_forced or "the inputs are shorter than min_seq_len")
+            if mode == "online"
             else "the inputs are at least min_seq_len long"
-        result.notes.append(f"{mode} softmax forced on every fused node at the first inputs' length, for "
-                            f"{_nodes_text(nodes)} that run{'s' if len(nodes) == 1 else ''} it deployed: {reason}")
+        )
+        result.notes.append(
+            f"{mode} softmax forced on every fused node at the first inputs' length, for "
+            f"{_nodes_text(nodes)} that run{'s' if len(nodes) == 1 else ''} it deployed: {reason}"
+        )
         result.runs.append(prover.run(f"{mode} forced", first, forced))
     return result
 

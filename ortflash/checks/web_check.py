@@ -75,7 +75,11 @@ def write_tensors(path: str, tensors: Mapping[str, np.ndarray]) -> None:
         if arr.dtype not in _TO_ST:
             raise OrtflashError(f"input {name!r} has dtype {arr.dtype}, which the web runtimes cannot take")
         data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": _TO_ST[arr.dtype], "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": _TO_ST[arr.dtype],
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         chunks.append(data)
         offset += len(data)
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -91,7 +95,7 @@ def read_tensors(path: str) -> dict[str, np.ndarray]:
     with open(path, "rb") as f:
         raw = f.read()
     (n,) = struct.unpack_from("<Q", raw, 0)
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     meta = header.pop("__metadata__", {}) or {}
     order = json.loads(meta["order"]) if "order" in meta else list(header)
     base = 8 + n
@@ -100,7 +104,7 @@ def read_tensors(path: str) -> dict[str, np.ndarray]:
         info = header[name]
         dtype = _FROM_ST[info["dtype"]].newbyteorder("<")
         begin, end = info["data_offsets"]
-        arr = np.frombuffer(raw[base + begin:base + end], dtype=dtype).reshape(info["shape"])
+        arr = np.frombuffer(raw[base + begin : base + end], dtype=dtype).reshape(info["shape"])
         out[name] = arr.astype(arr.dtype.newbyteorder("="))
     return out
 
@@ -114,8 +118,10 @@ def _node_tools(need_npm: bool) -> tuple[str, str | None]:
     node, npm = shutil.which("node"), shutil.which("npm")
     if not node or (need_npm and not npm):
         missing = " and ".join(n for n, p in (("node", node), ("npm", npm if need_npm else "-")) if not p)
-        raise OrtflashError(f"web-check needs Node.js: {missing} not found on PATH "
-                            "(install Node.js 18 or newer with npm, e.g. apt-get install nodejs npm)")
+        raise OrtflashError(
+            f"web-check needs Node.js: {missing} not found on PATH "
+            "(install Node.js 18 or newer with npm, e.g. apt-get install nodejs npm)"
+        )
     return node, npm
 
 
@@ -144,8 +150,10 @@ def web_dir() -> str:
     """The folder Node runs in: the shipped web/ where its packages are installed, else the cache copy."""
     missing = [n for n in WEB_FILES if not os.path.exists(os.path.join(PACKAGED_WEB_DIR, n))]
     if missing:
-        raise OrtflashError(f"web-check's Node runner is incomplete: {', '.join(missing)} missing from "
-                            f"{PACKAGED_WEB_DIR} (reinstall ortflash)")
+        raise OrtflashError(
+            f"web-check's Node runner is incomplete: {', '.join(missing)} missing from "
+            f"{PACKAGED_WEB_DIR} (reinstall ortflash)"
+        )
     return PACKAGED_WEB_DIR if _has_packages(PACKAGED_WEB_DIR) else _cache_dir()
 
 
@@ -164,8 +172,10 @@ def _copy_runner(folder: str) -> None:
             if not os.path.exists(dst) or not filecmp.cmp(src, dst, shallow=False):
                 shutil.copyfile(src, dst)
     except OSError as exc:
-        raise OrtflashError(f"web-check could not prepare its Node folder {folder}: {exc.strerror or exc} "
-                            "(set ORTFLASH_CACHE_DIR to a writable folder)") from None
+        raise OrtflashError(
+            f"web-check could not prepare its Node folder {folder}: {exc.strerror or exc} "
+            "(set ORTFLASH_CACHE_DIR to a writable folder)"
+        ) from None
 
 
 def ensure_node_packages() -> str:
@@ -176,19 +186,32 @@ def ensure_node_packages() -> str:
         return _node_tools(need_npm=False)[0]
     node, npm = _node_tools(need_npm=True)
     assert npm is not None  # _node_tools raised otherwise
-    print(f"ortflash: installing onnxruntime-web and onnxruntime-node into {os.path.join(folder, 'node_modules')} "
-          "(npm ci, first use only)", file=sys.stderr, flush=True)
+    print(
+        f"ortflash: installing onnxruntime-web and onnxruntime-node into {os.path.join(folder, 'node_modules')} "
+        "(npm ci, first use only)",
+        file=sys.stderr,
+        flush=True,
+    )
     env = dict(os.environ, ONNXRUNTIME_NODE_INSTALL="skip")  # the Linux/macOS/Windows CPU bindings are bundled
     try:
-        proc = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=folder, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=_NODE_TIMEOUT_S,
-                              check=False)
+        proc = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=folder,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=_NODE_TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise OrtflashError(f"npm ci in {folder} did not finish in {_NODE_TIMEOUT_S} s") from None
     if proc.returncode != 0 or not _installed():
         lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
-        err = next((ln for ln in lines if ln.lower().startswith(("npm err", "npm error"))),
-                   lines[-1] if lines else f"exit status {proc.returncode}")
+        err = next(
+            (ln for ln in lines if ln.lower().startswith(("npm err", "npm error"))),
+            lines[-1] if lines else f"exit status {proc.returncode}",
+        )
         raise OrtflashError(f"npm ci in {folder} failed: {err[:MESSAGE_CHARS]}")
     return node
 
@@ -199,6 +222,7 @@ def ensure_node_packages() -> str:
 
 def check_web_compatible(model: onnx.ModelProto) -> None:
     """Raise OrtflashError when the JavaScript runtimes cannot run this model as it is."""
+
     def nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
         for n in graph.node:
             yield n
@@ -223,29 +247,38 @@ def check_web_compatible(model: onnx.ModelProto) -> None:
             f"ONNX Runtime with ortflash's custom op: optimize the model from before fusion with "
             f"`ortflash optimize ORIGINAL.onnx --target contrib` (com.microsoft MultiHeadAttention) "
             f"or `--target onnx` (ONNX Attention, opset 23), or lower this one in Python with "
-            f"ortflash.lower(model, 'contrib')")
+            f"ortflash.lower(model, 'contrib')"
+        )
     if custom is not None:
         raise OrtflashError(
             f"node {custom.name or custom.op_type} is {custom.op_type} in the custom domain {custom.domain!r}, "
-            f"which onnxruntime-web/onnxruntime-node cannot run (they implement {', '.join(repr(d) for d in WEB_DOMAINS[1:])})")
+            f"which onnxruntime-web/onnxruntime-node cannot run (they implement {', '.join(repr(d) for d in WEB_DOMAINS[1:])})"
+        )
     if model.ir_version > MAX_IR_VERSION:
         raise OrtflashError(
             f"the model has IR version {model.ir_version}; onnxruntime-web 1.30 loads IR version {MAX_IR_VERSION} "
-            f"at most (save it with an older onnx or set model.ir_version = {MAX_IR_VERSION})")
+            f"at most (save it with an older onnx or set model.ir_version = {MAX_IR_VERSION})"
+        )
     for imp in model.opset_import:
         limit = MAX_OPSET.get(imp.domain)
         if limit is not None and imp.version > limit:
             raise OrtflashError(
                 f"the model imports opset {imp.version} of {imp.domain or 'ai.onnx'}; onnxruntime-web 1.30 "
-                f"supports {limit} at most")
+                f"supports {limit} at most"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
 # Running
 
 
-def run_node(model: onnx.ModelProto, feed_sets: Sequence[Mapping[str, np.ndarray]], runtime: str = "web-wasm", *,
-             threads: int = 1) -> list[dict[str, np.ndarray]]:
+def run_node(
+    model: onnx.ModelProto,
+    feed_sets: Sequence[Mapping[str, np.ndarray]],
+    runtime: str = "web-wasm",
+    *,
+    threads: int = 1,
+) -> list[dict[str, np.ndarray]]:
     """Run the model in one Node process on every set of feeds; outputs per set."""
     if runtime not in RUNTIMES:
         raise OrtflashError(f"unknown runtime {runtime!r} (one of {', '.join(RUNTIMES)})")
@@ -257,7 +290,16 @@ def run_node(model: onnx.ModelProto, feed_sets: Sequence[Mapping[str, np.ndarray
             onnx.save_model(model, model_path)  # one file: external data (if any) was loaded inline
         except ValueError as exc:  # over 2 GiB
             raise OrtflashError(f"cannot pass the model to Node: {one_line(str(exc), type(exc).__name__)}") from None
-        args = [node, os.path.join(folder, RUNNER_NAME), "--runtime", runtime, "--model", model_path, "--threads", str(threads)]
+        args = [
+            node,
+            os.path.join(folder, RUNNER_NAME),
+            "--runtime",
+            runtime,
+            "--model",
+            model_path,
+            "--threads",
+            str(threads),
+        ]
         outs = []
         for i, feeds in enumerate(feed_sets):
             inp, out = os.path.join(tmp, f"in{i}.safetensors"), os.path.join(tmp, f"out{i}.safetensors")
@@ -265,8 +307,9 @@ def run_node(model: onnx.ModelProto, feed_sets: Sequence[Mapping[str, np.ndarray
             args += [inp, out]
             outs.append(out)
         try:
-            proc = subprocess.run(args, cwd=folder, capture_output=True, text=True, timeout=_NODE_TIMEOUT_S,
-                                  check=False)
+            proc = subprocess.run(
+                args, cwd=folder, capture_output=True, text=True, timeout=_NODE_TIMEOUT_S, check=False
+            )
         except subprocess.TimeoutExpired:
             raise OrtflashError(f"{runtime}: Node did not finish in {_NODE_TIMEOUT_S} s") from None
         lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
@@ -281,15 +324,18 @@ def run_node(model: onnx.ModelProto, feed_sets: Sequence[Mapping[str, np.ndarray
             if runtime == "node-webgpu" and "adapter" in msg.lower():
                 at = msg.find("Failed to get a WebGPU adapter")
                 msg = msg[at:] if at >= 0 else msg
-                raise OrtflashError(f"node-webgpu: no usable WebGPU adapter on this machine ({msg[:200]}); "
-                                    "use --runtime node-cpu or web-wasm here")
+                raise OrtflashError(
+                    f"node-webgpu: no usable WebGPU adapter on this machine ({msg[:200]}); "
+                    "use --runtime node-cpu or web-wasm here"
+                )
             what = {"load": "could not load the model", "run": "could not run the model"}.get(stage, "failed")
             raise OrtflashError(f"{runtime} {what}: {msg[:400]}")
         return [read_tensors(o) for o in outs]
 
 
-def _feed_sets(model: onnx.ModelProto,
-               feeds: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None) -> list[dict[str, np.ndarray]]:
+def _feed_sets(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None
+) -> list[dict[str, np.ndarray]]:
     if feeds is None:
         return [make_feeds(model)]
     if isinstance(feeds, Mapping):
@@ -300,9 +346,13 @@ def _feed_sets(model: onnx.ModelProto,
     return feed_sets
 
 
-def web_check(model_path_or_proto: ModelSource,
-              feeds: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None = None,
-              runtime: str = "web-wasm", rtol: float | None = None, atol: float | None = None) -> list[OutputDiff]:
+def web_check(
+    model_path_or_proto: ModelSource,
+    feeds: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None = None,
+    runtime: str = "web-wasm",
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> list[OutputDiff]:
     """Run the model in Python's ONNX Runtime (CPU) and in `runtime` on the same inputs; compare outputs.
 
     `feeds`: one dict of inputs, a list of dicts (all run in one Node process; the output names

@@ -18,9 +18,7 @@ BLOCK_ID = "ortflash.block"  # the report row (index in Report.blocks) the node 
 _ACCUMULATOR = ir.DataType.FLOAT
 
 
-def write_call(
-    e: Emitter, call: FlashAttentionCall, policy: SoftmaxPolicy, block_id: str, replaces: str
-) -> ir.Value:
+def write_call(e: Emitter, call: FlashAttentionCall, policy: SoftmaxPolicy, block_id: str, replaces: str) -> ir.Value:
     """Insert the FlashAttention node computing call; its output in Q's dtype, [B, Hq, Sq, Dv]."""
     # The bridge cannot take missing inputs: an absent bias or mask is a neutral scalar (spec.INPUTS).
     bias = e.f32(0.0) if call.bias is None else call.bias

@@ -216,7 +216,15 @@ def _read(node: ir.Node, opset: int) -> AttentionOpReading:
     used = tuple((i, outputs[i]) for i in range(min(3, len(outputs))) if _used(outputs[i]))
     dropped = len(outputs) > 3 and _present(outputs[3])
     return AttentionOpReading(
-        q, k, v, dtype, rank, q_heads, kv_heads, head_dim, scale,
+        q,
+        k,
+        v,
+        dtype,
+        rank,
+        q_heads,
+        kv_heads,
+        head_dim,
+        scale,
         softcap=softcap,
         is_causal=bool(_attr(node, "is_causal") or 0),
         mask=mask,
@@ -331,8 +339,17 @@ def _emit(e: Emitter, p: AttentionOpReading, policy: SoftmaxPolicy, block_id: st
         mask = m if mask is None else e.node("And", [mask, m])
 
     call = FlashAttentionCall(
-        q=q4, k=k4, v=v4, dtype=p.dtype, scale=p.scale, bias=bias, mask=mask,
-        is_causal=causal.top_left, mask_fill=-math.inf, masked_rows="zero", softcap=p.softcap,
+        q=q4,
+        k=k4,
+        v=v4,
+        dtype=p.dtype,
+        scale=p.scale,
+        bias=bias,
+        mask=mask,
+        is_causal=causal.top_left,
+        mask_fill=-math.inf,
+        masked_rows="zero",
+        softcap=p.softcap,
     )
     out = write_call(e, call, policy, block_id, replaces)
     if p.rank == 3:

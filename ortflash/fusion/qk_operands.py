@@ -73,16 +73,20 @@ def _check_dtypes(qk: ir.Node, q: ir.Value, k: ir.Value, v: ir.Value, m: WalkSta
     pv = m.output.producer() if m.output is not None else None
     v_side = (v, m.output) + ((pv.inputs[0],) if pv is not None else ())
     sides: dict[str, tuple[ir.Value | None, ...]] = {
-        "Q and K": (q, k, qk.inputs[0], qk.inputs[1], qk.outputs[0]), "V": v_side}
+        "Q and K": (q, k, qk.inputs[0], qk.inputs[1], qk.outputs[0]),
+        "V": v_side,
+    }
     found: dict[str, ir.DataType] = {}
     for side, values in sides.items():
         types = {t for x in values if (t := u.dtype(x)) is not None}
         if len(types) > 1:
             raise NotFused(f"{side} have different element types ({', '.join(sorted(t.name for t in types))})")
         if not types:
-            raise NotFused(f"the element type of {side} is not known (shape inference did not reach "
-                           f"{(values[0].name if values[0] is not None else '?')} and no op on the path fixes it), "
-                           "so it cannot be proved float32 or float16")
+            raise NotFused(
+                f"the element type of {side} is not known (shape inference did not reach "
+                f"{(values[0].name if values[0] is not None else '?')} and no op on the path fixes it), "
+                "so it cannot be proved float32 or float16"
+            )
         found[side] = types.pop()
     for side, t in found.items():
         if t not in u.FLOAT_TYPES:
@@ -91,7 +95,9 @@ def _check_dtypes(qk: ir.Node, q: ir.Value, k: ir.Value, v: ir.Value, m: WalkSta
         raise NotFused(f"Q and K are {found['Q and K'].name.lower()} and V is {found['V'].name.lower()}")
 
 
-def _check_head_counts(q: ir.Value, k: ir.Value, k_perm: list[int] | None, v: ir.Value, v_perm: list[int] | None) -> None:
+def _check_head_counts(
+    q: ir.Value, k: ir.Value, k_perm: list[int] | None, v: ir.Value, v_perm: list[int] | None
+) -> None:
     """Q's heads a multiple of K's, and K and V of one head count or one of them 1 (the fusion
     then broadcasts it): what the op's grouped heads can express."""
     hq = shapes.resolved_dim(q, 1)

@@ -145,11 +145,17 @@ def _check_fill_absorbs_later_biases(where: ir.Node, fill: float, biases: list[i
             continue
         if fill <= _ABSORBING_FILL and found is not None and max(-found[0], found[1]) < _ABSORBED_BIAS:
             continue
-        need = ("can never be +inf or NaN" if fill == -math.inf
-                else f"stays below 2**102 in magnitude (so that {fill:g} + bias rounds to {fill:g})"
-                if fill <= _ABSORBING_FILL else f"is 0 wherever a key is masked ({fill:g} + bias is not {fill:g})")
-        raise NotFused(f"the bias {bias.name} is added after the mask {where.name} (fill {fill:g}): exact only "
-                       f"where the bias {need}, which the graph does not prove")
+        need = (
+            "can never be +inf or NaN"
+            if fill == -math.inf
+            else f"stays below 2**102 in magnitude (so that {fill:g} + bias rounds to {fill:g})"
+            if fill <= _ABSORBING_FILL
+            else f"is 0 wherever a key is masked ({fill:g} + bias is not {fill:g})"
+        )
+        raise NotFused(
+            f"the bias {bias.name} is added after the mask {where.name} (fill {fill:g}): exact only "
+            f"where the bias {need}, which the graph does not prove"
+        )
 
 
 class AdditiveBias(Rule):
@@ -253,7 +259,9 @@ class QKMatMul(Rule):
         k_label = "k"
         rank = u.rank(q) or u.rank(node.inputs[0]) or u.rank(kt) or u.rank(node.outputs[0])
         if rank not in (3, 4):
-            raise NotFused("the rank of Q is unknown or not 3 or 4 (shape inference found no [B, H, S, D] or [B·H, S, D])")
+            raise NotFused(
+                "the rank of Q is unknown or not 3 or 4 (shape inference found no [B, H, S, D] or [B·H, S, D])"
+            )
         swap = list(range(rank - 2)) + [rank - 1, rank - 2]
         k, perm = kt, None
         transposed = False
@@ -406,7 +414,6 @@ class RowMaxGuard(Rule):
     """where(reducemax(bias) == -inf, 0, p): ONNX Attention's function body zeroes the rows its
     bias masks out entirely. Equal to masked_rows='zero' when that bias is the block's only
     source of -inf, which read_block checks once the score side is read."""
-
 
     def _guarded_bias(self, node: ir.Node, value: ir.Value) -> ir.Value | None:
         if node.op_type != "Where" or node.inputs[2] is not value or u.scalar(node.inputs[1]) != 0.0:

@@ -196,8 +196,7 @@ def _axis(perm: list[int] | None, axis: int) -> int:
 
 def kv_heads(block: SoftmaxBlock) -> tuple[shapes.Dim, shapes.Dim]:
     """(K's head count, V's) of a 4D block, each read through its Transpose."""
-    return (shapes.resolved_dim(block.k, _axis(block.k_perm, 1)),
-            shapes.resolved_dim(block.v, _axis(block.v_perm, 1)))
+    return (shapes.resolved_dim(block.k, _axis(block.k_perm, 1)), shapes.resolved_dim(block.v, _axis(block.v_perm, 1)))
 
 
 def _kv_of_one_head_count(e: Emitter, block: SoftmaxBlock, k: ir.Value, v: ir.Value) -> tuple[ir.Value, ir.Value]:

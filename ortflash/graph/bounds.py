@@ -59,7 +59,11 @@ def value_bounds(value: ir.Value | None, depth: int = u.MAX_DEPTH) -> Interval |
         return value_bounds(args[0], depth - 1)
     if op == "Cast":
         source = u.dtype(args[0])
-        inner = _int_range(source) if source is not None and source not in u.FLOAT_TYPES else value_bounds(args[0], depth - 1)
+        inner = (
+            _int_range(source)
+            if source is not None and source not in u.FLOAT_TYPES
+            else value_bounds(args[0], depth - 1)
+        )
         if inner is None:
             return None
         to = ir.DataType(u.attr_int(node, "to", 0))

@@ -24,23 +24,50 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "Identity": lambda x: x,
     "Abs": np.abs,
 }
-_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {"Div": np.divide, "Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Pow": np.power}
-_EVALUATED = set(_UNARY) | set(_BINARY) | {
-    "Shape", "Cast", "CastLike", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Gather", "ConstantOfShape", "Slice"
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "Div": np.divide,
+    "Mul": np.multiply,
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Pow": np.power,
 }
+_EVALUATED = (
+    set(_UNARY)
+    | set(_BINARY)
+    | {"Shape", "Cast", "CastLike", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Gather", "ConstantOfShape", "Slice"}
+)
 
 
 # Ops whose first output has the rank (and element type) of their first input.
 _SAME_RANK = (
-    "Identity", "Cast", "Softmax", "LayerNormalization", "Relu", "Gelu", "Erf", "Tanh", "Sigmoid", "Neg",
-    "Sqrt", "Exp", "Dropout", "Softplus", "SimplifiedLayerNormalization",
+    "Identity",
+    "Cast",
+    "Softmax",
+    "LayerNormalization",
+    "Relu",
+    "Gelu",
+    "Erf",
+    "Tanh",
+    "Sigmoid",
+    "Neg",
+    "Sqrt",
+    "Exp",
+    "Dropout",
+    "Softplus",
+    "SimplifiedLayerNormalization",
 )
 # Ops whose output has the largest rank of their inputs (multidirectional broadcasting).
 _BROADCAST_RANK = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "MatMul")  # MatMul: inputs of rank >= 2
 # com.microsoft ops whose output 0 has input 0's rank and type.
 _CONTRIB_SAME_RANK = (
-    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "FastGelu", "BiasGelu", "Gelu", "QuickGelu",
-    "BiasAdd", "SimplifiedLayerNormalization",
+    "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+    "FastGelu",
+    "BiasGelu",
+    "Gelu",
+    "QuickGelu",
+    "BiasAdd",
+    "SimplifiedLayerNormalization",
 )
 
 
@@ -178,7 +205,11 @@ def _shape_elements(value: ir.Value, depth: int) -> list[int] | None:
     elif node.op_type == "Slice" and len(node.inputs) >= 3:
         found = [const_array(x, depth - 1) for x in node.inputs[1:]]
         bounds = [b.reshape(-1) for b in found if b is not None]
-        if len(bounds) < len(found) or any(b.size != 1 for b in bounds) or (len(bounds) > 2 and int(bounds[2][0]) not in (0, -1)):
+        if (
+            len(bounds) < len(found)
+            or any(b.size != 1 for b in bounds)
+            or (len(bounds) > 2 and int(bounds[2][0]) not in (0, -1))
+        ):
             return None
         step = int(bounds[3][0]) if len(bounds) > 3 else 1
         picked = shape[int(bounds[0][0]) : int(np.clip(bounds[1][0], -len(shape) - 1, len(shape))) : step]

@@ -47,7 +47,7 @@ class KernelConfig:
         return ";".join(parts)
 
     @classmethod
-    def decode(cls, text: str | bytes | None) -> "KernelConfig":
+    def decode(cls, text: str | bytes | None) -> KernelConfig:
         """Parse ``backend=...;threads=...``; empty means the defaults."""
         if isinstance(text, bytes):
             text = text.decode()

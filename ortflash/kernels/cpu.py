@@ -16,6 +16,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,7 @@ def _best_build(features: frozenset[str]) -> tuple[ModuleType | None, str, str]:
     return None, "reference", "; ".join(failures) or "no build for this CPU"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _select(requested: str) -> Selection:
     """The build for an ORTFLASH_CPU_ISA value ('' = automatic); warns once per value."""
     features = _cpu_features()
@@ -150,8 +151,9 @@ def _as_4d(t: np.ndarray) -> np.ndarray:
 Operands = tuple[np.ndarray, np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"]
 
 
-def _kernel_operands(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None,
-                     mask: np.ndarray | None) -> Operands | None:
+def _kernel_operands(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None, mask: np.ndarray | None
+) -> Operands | None:
     """The arrays the compiled kernel takes, or None where only the reference handles the call
     (shapes outside the kernel's contract: the reference then decides, error or result)."""
     arrays = [np.asarray(t) for t in (q, k, v)]
@@ -159,8 +161,15 @@ def _kernel_operands(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarr
         return None
     q, k, v = arrays
     b, hq, sq, d = q.shape
-    if (k.shape[0] != b or v.shape[0] != b or k.shape[1] == 0 or hq % k.shape[1] or k.shape[3] != d
-            or v.shape[1:3] != k.shape[1:3] or min(q.shape + k.shape + v.shape) == 0):
+    if (
+        k.shape[0] != b
+        or v.shape[0] != b
+        or k.shape[1] == 0
+        or hq % k.shape[1]
+        or k.shape[3] != d
+        or v.shape[1:3] != k.shape[1:3]
+        or min(q.shape + k.shape + v.shape) == 0
+    ):
         return None
     scores = (b, hq, sq, k.shape[2])
 
@@ -182,31 +191,45 @@ def _kernel_operands(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarr
     return dense(q), dense(k), dense(v), bias_4d, mask_4d
 
 
-def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None,
-                    mask: np.ndarray | None = None, *, policy: SoftmaxPolicy | None = None,
-                    threads: int | None = None, **attrs: object) -> np.ndarray:
+def flash_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    bias: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    *,
+    policy: SoftmaxPolicy | None = None,
+    threads: int | None = None,
+    **attrs: Any,
+) -> np.ndarray:
     """FlashAttention on numpy arrays, as ``reference.flash_attention`` computes it, compiled.
 
     ``threads`` caps the worker threads (None: every core this process may run on).
     """
     module = selection().module
     operands = _kernel_operands(q, k, v, bias, mask) if module is not None else None
-    if operands is None:
+    if module is None or operands is None:
         return reference.flash_attention(q, k, v, bias, mask, policy=policy, **attrs)
     attrs = spec.validate(attrs)
-    policy = policy or SoftmaxPolicy.from_attributes(attrs)
+    own = SoftmaxPolicy.from_attributes(attrs)
+    policy = policy.applied_to(own) if policy is not None else own
     qd, kd, vd, bias_4d, mask_4d = operands
     out = np.empty(qd.shape[:3] + vd.shape[3:], dtype=qd.dtype)
     workers = int(threads) if threads is not None else default_threads()
     module.flash_attention(
-        qd, kd, vd, out, bias_4d, mask_4d,
+        qd,
+        kd,
+        vd,
+        out,
+        bias_4d,
+        mask_4d,
         scale=float(attrs["scale"]),
         is_causal=bool(attrs["is_causal"]),
         mask_fill=float(attrs["mask_fill"]),
         zero_rows=attrs["masked_rows"] == "zero",
         softcap=float(attrs["softcap"]),
         online=policy.choose(kd.shape[2]) == "online",
-        block_size=int(policy.block_size),
+        block_size=int(policy.block_size or spec.ATTRIBUTES["block_size"].default),  # type: ignore[call-overload]
         query_tile=query_tile(qd.shape[0] * qd.shape[1], qd.shape[2], workers),
         threads=workers,
     )

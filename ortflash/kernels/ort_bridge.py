@@ -14,8 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
-from onnxruntime_extensions import _ocos
+from onnxruntime_extensions import PyCustomOpDef, _ocos, get_library_path, onnx_op
 
 from .. import spec
 from .config import KernelConfig, split_side_channel
@@ -45,8 +44,9 @@ def kernel_for(config: KernelConfig) -> Kernel:
     return run_cpu
 
 
-def run_node(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, mask: np.ndarray,
-             attrs: dict[str, Any]) -> np.ndarray:
+def run_node(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, mask: np.ndarray, attrs: dict[str, Any]
+) -> np.ndarray:
     """Run one FlashAttention node as the bridge received it (placeholders, runtime attribute)."""
     bias_or_none, mask_or_none = spec.absent_as_none(bias, mask)
     config, attrs["exact_floats"] = split_side_channel(attrs.get("exact_floats"))
@@ -60,14 +60,15 @@ def run_node(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, mask
     outputs=[PyCustomOpDef.dt_float],
     attrs={name: _ATTR_TYPES[a.kind] for name, a in spec.ATTRIBUTES.items()},
 )
-def _flash_attention_op(q, k, v, bias, mask, **attrs):  # type: ignore[no-untyped-def]
+def _flash_attention_op(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, mask: np.ndarray, **attrs: Any
+) -> np.ndarray:
     try:
         out = run_node(q, k, v, bias, mask, attrs)
     except Exception as exc:
         # An exception escaping into the extensions bridge aborts the whole process.
         # Say what failed and return NaNs of the output's shape, so a comparison fails loudly.
-        warnings.warn(f"ortflash: FlashAttention failed: {type(exc).__name__}: {exc}", RuntimeWarning,
-                      stacklevel=1)
+        warnings.warn(f"ortflash: FlashAttention failed: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=1)
         shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[-1]) if q.ndim == 4 and v.ndim == 4 else (1,)
         return np.full(shape, np.nan, np.float32)
     return np.ascontiguousarray(out, dtype=np.float32)

@@ -8,6 +8,9 @@ reshape, so K and V are never repeated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from .. import spec
@@ -16,12 +19,18 @@ from ..policy import SoftmaxPolicy
 ACC = np.float32
 
 
-def _grouped(q, k, v, bias, mask):
+Array = np.ndarray
+Attrs = dict[str, Any]
+
+
+def _grouped(
+    q: Array, k: Array, v: Array, bias: Array | None, mask: Array | None
+) -> tuple[Array, Array, Array, Array | None, Array | None, tuple[int, int, int, int]]:
     """Reshape to [B, Hkv, G, ...] so one K/V head serves its G query heads."""
-    b, hq, sq, _ = q.shape
-    hkv = k.shape[1]
     if k.ndim != 4 or v.ndim != 4 or q.ndim != 4:
         raise ValueError(f"FlashAttention wants 4D Q, K, V; got {q.shape}, {k.shape}, {v.shape}")
+    b, hq, sq, _ = q.shape
+    hkv = k.shape[1]
     if hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
     g = hq // hkv
@@ -30,12 +39,13 @@ def _grouped(q, k, v, bias, mask):
     kg = k.astype(ACC)[:, :, None]  # [B, Hkv, 1, Sk, D]
     vg = v.astype(ACC)[:, :, None]
 
-    def group(t, dtype):
+    def group(t: Array | None, dtype: type) -> Array | None:
         if t is None:
             return None
-        t = np.asarray(t)
-        t = t.reshape((1,) * (4 - t.ndim) + t.shape)
-        full = np.broadcast_to(t, (t.shape[0], hq if t.shape[1] != 1 else 1, t.shape[2], t.shape[3]))
+        arr = np.asarray(t)
+        shape: tuple[int, ...] = (1,) * (4 - arr.ndim) + tuple(arr.shape)
+        arr = arr.reshape(shape)
+        full = np.broadcast_to(arr, (shape[0], hq if shape[1] != 1 else 1, shape[2], shape[3]))
         if full.shape[1] == 1:
             return full[:, :, None].astype(dtype, copy=False)  # [B|1, 1, 1, Sq|1, Sk|1]
         return full.reshape(full.shape[0], hkv, g, full.shape[2], full.shape[3]).astype(dtype, copy=False)
@@ -43,7 +53,7 @@ def _grouped(q, k, v, bias, mask):
     return qg, kg, vg, group(bias, ACC), group(mask, bool), (b, hq, sq, sk)
 
 
-def _scores(qg, kt, bias, mask, key_offset, attrs):
+def _scores(qg: Array, kt: Array, bias: Array | None, mask: Array | None, key_offset: int, attrs: Attrs) -> Array:
     """Scaled, capped, biased and masked scores of the keys [key_offset, key_offset + kt.shape[-2]).
 
     Computed in place on the one fresh array the matmul returns (the tile is the only
@@ -75,7 +85,7 @@ def _scores(qg, kt, bias, mask, key_offset, attrs):
     return s
 
 
-def _naive(qg, kg, vg, bias, mask, attrs):
+def _naive(qg: Array, kg: Array, vg: Array, bias: Array | None, mask: Array | None, attrs: Attrs) -> Array:
     s = _scores(qg, kg, bias, mask, 0, attrs)
     with np.errstate(invalid="ignore", over="ignore"):
         s -= s.max(axis=-1, keepdims=True)
@@ -86,7 +96,7 @@ def _naive(qg, kg, vg, bias, mask, attrs):
     return np.matmul(s, vg)
 
 
-def _online(qg, kg, vg, bias, mask, attrs):
+def _online(qg: Array, kg: Array, vg: Array, bias: Array | None, mask: Array | None, attrs: Attrs) -> Array:
     sk = kg.shape[-2]
     block = attrs["block_size"]
     lead = np.broadcast_shapes(qg.shape[:-2], kg.shape[:-2])
@@ -123,7 +133,9 @@ def _online(qg, kg, vg, bias, mask, attrs):
 _PARALLEL_MIN_SCORES = 1 << 22
 
 
-def _over_heads(kernel, qg, kg, vg, bias, mask, attrs):
+def _over_heads(
+    kernel: Callable[..., Array], qg: Array, kg: Array, vg: Array, bias: Array | None, mask: Array | None, attrs: Attrs
+) -> Array:
     import concurrent.futures
     import os
 
@@ -135,7 +147,7 @@ def _over_heads(kernel, qg, kg, vg, bias, mask, attrs):
         return kernel(qg, kg, vg, bias, mask, attrs)
     bounds = np.linspace(0, qg.shape[axis], parts + 1).astype(int)
 
-    def cut(t, lo, hi):
+    def cut(t: Array | None, lo: int, hi: int) -> Array | None:
         if t is None or t.shape[axis] == 1:
             return t  # broadcast along this axis
         index = [slice(None)] * t.ndim
@@ -144,8 +156,9 @@ def _over_heads(kernel, qg, kg, vg, bias, mask, attrs):
 
     with concurrent.futures.ThreadPoolExecutor(parts) as pool:
         futures = [
-            pool.submit(kernel, cut(qg, lo, hi), cut(kg, lo, hi), cut(vg, lo, hi), cut(bias, lo, hi),
-                        cut(mask, lo, hi), attrs)
+            pool.submit(
+                kernel, cut(qg, lo, hi), cut(kg, lo, hi), cut(vg, lo, hi), cut(bias, lo, hi), cut(mask, lo, hi), attrs
+            )
             for lo, hi in zip(bounds[:-1], bounds[1:])
         ]
         outs = [f.result() for f in futures]
@@ -155,14 +168,24 @@ def _over_heads(kernel, qg, kg, vg, bias, mask, attrs):
     return np.concatenate(outs, axis=axis)
 
 
-def flash_attention(q, k, v, bias=None, mask=None, *, policy: SoftmaxPolicy | None = None, **attrs) -> np.ndarray:
+def flash_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    bias: Array | None = None,
+    mask: Array | None = None,
+    *,
+    policy: SoftmaxPolicy | None = None,
+    **attrs: Any,
+) -> Array:
     """Run FlashAttention on numpy arrays. ``attrs`` are spec attributes (scale, is_causal, ...).
 
     ``policy`` overrides the softmax/block_size/min_seq_len attributes; the mode it
     chooses for this key length decides the kernel.
     """
     attrs = spec.validate(attrs)
-    policy = policy or SoftmaxPolicy.from_attributes(attrs)
+    own = SoftmaxPolicy.from_attributes(attrs)
+    policy = policy.applied_to(own) if policy is not None else own
     attrs["block_size"] = policy.block_size
     qg, kg, vg, bias_g, mask_g, (b, hq, sq, sk) = _grouped(q, k, v, bias, mask)
     kernel = _online if policy.choose(sk) == "online" else _naive

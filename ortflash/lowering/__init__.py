@@ -125,8 +125,10 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
         try:
             work = onnx.version_converter.convert_version(model, ONNX_ATTENTION_OPSET)
         except Exception as exc:  # noqa: BLE001 - the converter raises several types
-            why = (f"the model could not be converted to opset {ONNX_ATTENTION_OPSET} for Attention "
-                   f"({type(exc).__name__}: {str(exc).splitlines()[0][:_MESSAGE_CHARS]}); {_NEEDS_ORTFLASH}")
+            why = (
+                f"the model could not be converted to opset {ONNX_ATTENTION_OPSET} for Attention "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0][:_MESSAGE_CHARS]}); {_NEEDS_ORTFLASH}"
+            )
             return model, [_with_reason(n, why) for n in kept]
         _restore_metadata(model, work)
     opset = u.default_opset(work)

@@ -27,7 +27,8 @@ def lower_contrib(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tup
     """Write the native op computing call and reroute output to it: (op, how)."""
     if e.opset < MIN_CONTRIB_OPSET:
         raise NotLowered(
-            f"the model's opset {e.opset} is below {MIN_CONTRIB_OPSET}, which the reshaping ops are written for")
+            f"the model's opset {e.opset} is below {MIN_CONTRIB_OPSET}, which the reshaping ops are written for"
+        )
     dims = call_dims(call)
     hq, hkv = dims.hq, dims.hkv
     if hq is None or hkv is None:
@@ -37,13 +38,20 @@ def lower_contrib(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tup
     # GroupQueryAttention without past: Sq == Sk, one head size (a multiple of 8 on the CPU EP), and
     # causal blocks only: its causal=0 attribute is recent (ONNX Runtime 1.31 has it, older ones
     # reject it), and MultiHeadAttention covers non-causal blocks everywhere.
-    gqa_fits = (call.is_causal and call.mask_fill == -math.inf and same_dim(dims.sq, dims.sk)
-                and same_dim(dims.dk, dims.dv) and same_dim(dims.d, dims.dv)
-                and isinstance(dims.d, int) and dims.d % _GQA_HEAD_SIZE_MULTIPLE == 0)
+    gqa_fits = (
+        call.is_causal
+        and call.mask_fill == -math.inf
+        and same_dim(dims.sq, dims.sk)
+        and same_dim(dims.dk, dims.dv)
+        and same_dim(dims.d, dims.dv)
+        and isinstance(dims.d, int)
+        and dims.d % _GQA_HEAD_SIZE_MULTIPLE == 0
+    )
     if call.softcap > 0 and not gqa_fits:
         raise NotLowered(
             "softcap: MultiHeadAttention has none, and GroupQueryAttention is used only for causal blocks "
-            "with mask_fill -inf, Sq == Sk and one static head size that is a multiple of 8, not proved here")
+            "with mask_fill -inf, Sq == Sk and one static head size that is a multiple of 8, not proved here"
+        )
     use_gqa = gqa_fits and (hkv < hq or call.softcap > 0)
 
     if call.dtype is None and e.opset < _CASTLIKE_OPSET:
@@ -103,5 +111,9 @@ def _group_query_attention(
     attrs: dict[str, object] = {"num_heads": hq, "kv_num_heads": hkv, "scale": call.scale}
     if call.softcap > 0:
         attrs["softcap"] = call.softcap
-    return e.node("GroupQueryAttention", [q3, k3, v3, None, None, seqlens, total, None, None, None, bias],
-                  domain=CONTRIB_DOMAIN, **attrs)
+    return e.node(
+        "GroupQueryAttention",
+        [q3, k3, v3, None, None, seqlens, total, None, None, None, bias],
+        domain=CONTRIB_DOMAIN,
+        **attrs,
+    )

@@ -127,7 +127,9 @@ def additive_bias(
 def cast_back(e: Emitter, out: ir.Value, call: FlashAttentionCall) -> tuple[ir.Value, str]:
     """out (float32) back to Q's element type: Cast where it is known, CastLike(Q) where not."""
     if call.dtype is None:
-        return e.node("CastLike", [out, call.q]), "computed in float32 between Cast and CastLike (Q's type not inferred)"
+        return e.node(
+            "CastLike", [out, call.q]
+        ), "computed in float32 between Cast and CastLike (Q's type not inferred)"
     return e.cast(out, call.dtype), f"computed in float32 between casts (Q is {call.dtype.name.lower()})"
 
 

@@ -65,13 +65,13 @@ def read_call(node: ir.Node) -> FlashAttentionCall:
         k=k,
         v=v,
         dtype=dtype,
-        scale=float(attrs["scale"]),  # type: ignore[arg-type]
+        scale=float(attrs["scale"]),
         bias=kept_bias,
         mask=kept_mask,
         is_causal=bool(attrs["is_causal"]),
-        mask_fill=float(attrs["mask_fill"]),  # type: ignore[arg-type]
+        mask_fill=float(attrs["mask_fill"]),
         masked_rows=str(attrs["masked_rows"]),
-        softcap=float(attrs["softcap"]),  # type: ignore[arg-type]
+        softcap=float(attrs["softcap"]),
     )
     if call.scale < 0:
         raise NotLowered(f"scale {call.scale:g} is negative: native attention ops take a positive scale")
@@ -135,10 +135,16 @@ def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         tag = f"ortflash_shape_proxy_{i}"
         rq, rv = f"{tag}_q", f"{tag}_v"
         if opset >= 13:
-            nodes.append(onnx.helper.make_node(
-                "Constant", [], [f"{tag}_aq"], value=onnx.numpy_helper.from_array(np.array([3], np.int64))))
-            nodes.append(onnx.helper.make_node(
-                "Constant", [], [f"{tag}_av"], value=onnx.numpy_helper.from_array(np.array([1, 2], np.int64))))
+            nodes.append(
+                onnx.helper.make_node(
+                    "Constant", [], [f"{tag}_aq"], value=onnx.numpy_helper.from_array(np.array([3], np.int64))
+                )
+            )
+            nodes.append(
+                onnx.helper.make_node(
+                    "Constant", [], [f"{tag}_av"], value=onnx.numpy_helper.from_array(np.array([1, 2], np.int64))
+                )
+            )
             nodes.append(onnx.helper.make_node("ReduceSum", [n.input[0], f"{tag}_aq"], [rq], keepdims=1))
             nodes.append(onnx.helper.make_node("ReduceSum", [n.input[2], f"{tag}_av"], [rv], keepdims=1))
         else:
@@ -156,7 +162,10 @@ def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     out.graph.value_info.extend(
-        vi for vi in inferred.graph.value_info if vi.name not in known and not vi.name.startswith("ortflash_shape_proxy_"))
+        vi
+        for vi in inferred.graph.value_info
+        if vi.name not in known and not vi.name.startswith("ortflash_shape_proxy_")
+    )
     return out
 
 
@@ -174,8 +183,7 @@ def aligned_batch(e: Emitter, call: FlashAttentionCall, dims: CallDims) -> tuple
     hk, hv = kv_heads[0][1], kv_heads[1][1]
     # Unproved but symbolic counts pass: FlashAttention reads one count for both as well.
     if not shapes.same_dim(hk, hv) and (isinstance(hk, int) and isinstance(hv, int) or 1 in (hk, hv)):
-        raise NotLowered(
-            f"K has {_words(hk)} heads and V {_words(hv)}: the native ops read one key/value head count")
+        raise NotLowered(f"K has {_words(hk)} heads and V {_words(hv)}: the native ops read one key/value head count")
     for label, x in (("bias", call.bias), ("mask", call.mask)):
         found = shapes.batch_and_heads(x)
         if found is None:
@@ -186,14 +194,15 @@ def aligned_batch(e: Emitter, call: FlashAttentionCall, dims: CallDims) -> tuple
         mismatch = isinstance(heads, int) and heads != 1 and isinstance(q_heads, int) and heads != q_heads
         if mismatch or (q_heads == 1 and heads != 1):
             raise NotLowered(
-                f"the {label}'s head dim ({_words(found[1])}) is neither 1 nor Q's head count ({_words(dims.hq)})")
+                f"the {label}'s head dim ({_words(found[1])}) is neither 1 nor Q's head count ({_words(dims.hq)})"
+            )
     qkv = [call.q, call.k, call.v]
     extra = [x for x in (call.bias, call.mask) if x is not None]
     b = [shapes.batch_and_heads(x) for x in qkv + extra]
     dims0 = [bh[0] if bh is not None else None for bh in b]
     # A bias or mask may keep dim 0 of 1 (the native ops broadcast it); Q, K and V may not.
     wide_extra = [x for x, d in zip(extra, dims0[3:]) if d != 1]
-    pairs = [(a, c) for i, a in enumerate(dims0[:3]) for c in dims0[i + 1:3]]
+    pairs = [(a, c) for i, a in enumerate(dims0[:3]) for c in dims0[i + 1 : 3]]
     pairs += [(a, d) for a in dims0[:3] for d in dims0[3:] if d != 1]
     if not any(shapes.may_broadcast(a, c) for a, c in pairs):
         return call, None
@@ -204,9 +213,13 @@ def aligned_batch(e: Emitter, call: FlashAttentionCall, dims: CallDims) -> tuple
         return e.expand_batch(x, batch, u.rank(x) or 4) if any(x is o for o in operands) else x
 
     aligned = dataclasses.replace(
-        call, q=expanded(call.q), k=expanded(call.k), v=expanded(call.v),
+        call,
+        q=expanded(call.q),
+        k=expanded(call.k),
+        v=expanded(call.v),
         bias=None if call.bias is None else expanded(call.bias),
-        mask=None if call.mask is None else expanded(call.mask))
+        mask=None if call.mask is None else expanded(call.mask),
+    )
     return aligned, "batch sizes " + "/".join(_words(d) for d in dims0) + " broadcast by Expand"
 
 

@@ -70,9 +70,7 @@ def lower_standard(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tu
     return OP_ATTENTION, "; ".join(parts)
 
 
-def _three_d_sources(
-    call: FlashAttentionCall, output: ir.Value
-) -> tuple[ir.Value, ir.Value, ir.Value, ir.Node] | None:
+def _three_d_sources(call: FlashAttentionCall, output: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value, ir.Node] | None:
     """(q3, k3, v3, squeeze) when the call is a 3D [B·H, S, D] one wrapped in Unsqueeze/Squeeze(1)."""
     sources = []
     for x in (call.q, call.k, call.v):

@@ -95,8 +95,7 @@ def unroll(src: str, values: Mapping[str, int]) -> str:
         body = src[open_brace + 1 : close_brace].rstrip()
         indent = loop["indent"]
         copies = "".join(
-            f"{indent}{{ const {loop['var']}: u32 = {n}u;{body}\n{indent}}}\n"
-            for n in range(int(loop["start"]), count)
+            f"{indent}{{ const {loop['var']}: u32 = {n}u;{body}\n{indent}}}\n" for n in range(int(loop["start"]), count)
         )
         end = close_brace + 1
         if src[end : end + 1] == "\n":

@@ -163,6 +163,7 @@ def _broadcast_operand(t: np.ndarray, full_shape: tuple[int, ...], name: str) ->
     if t.ndim > 4:
         raise ValueError(f"{name} has {t.ndim} dims; at most 4 (broadcastable to [B, Hq, Sq, Sk])")
     t = t.reshape((1,) * (4 - t.ndim) + t.shape)
+    size: int
     for size, full, axis in zip(t.shape, full_shape, ("B", "Hq", "Sq", "Sk")):
         if size not in (1, full):
             raise ValueError(f"{name} shape {t.shape} does not broadcast to {full_shape} (axis {axis})")

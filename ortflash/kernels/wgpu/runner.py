@@ -360,8 +360,13 @@ class Runner:
             if kernel == "flash" and tile is None:
                 tile = self.cached_flash_tile(problem.d4, problem.dv4, operands.io)
             call_plan = plan(
-                kernel, problem, operands.io, operands.params,
-                tile=tile, score_chunk_bytes=score_chunk_bytes, limits=self.device_limits,
+                kernel,
+                problem,
+                operands.io,
+                operands.params,
+                tile=tile,
+                score_chunk_bytes=score_chunk_bytes,
+                limits=self.device_limits,
                 subgroup_size=self.subgroup_size,
             )
             self.last_plan = call_plan.summary
@@ -449,9 +454,7 @@ class Runner:
         self.queue.write_buffer(uniform, 0, blob)
         return uniform, align
 
-    def _encode_and_submit(
-        self, call_plan: Plan, bound: _Bound
-    ) -> tuple[wgpu.GPUBuffer, wgpu.GPUBuffer | None]:
+    def _encode_and_submit(self, call_plan: Plan, bound: _Bound) -> tuple[wgpu.GPUBuffer, wgpu.GPUBuffer | None]:
         """Record the uploads, the dispatches and the read-back copies; submit. Returns the
         mapped-read buffers of the output and of the timestamps (None without timestamps)."""
         wgpu = self.wgpu

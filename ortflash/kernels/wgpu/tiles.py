@@ -59,9 +59,18 @@ class FlashTile:
         and a device whose subgroups have subgroup_size lanes (0: no subgroup operations)."""
         kv_size, v_off = self.kv_vec4s(d4)
         return {
-            "D4": d4, "DV4": dv4, "BR": self.br, "BC": self.bc, "C": self.c, "RV": self.rv, "VPT": self.vpt,
-            "KPT": self.keys_per_invocation, "SG": int(self.uses_subgroups(subgroup_size)),
-            "KVS": int(bool(self.kv_split)), "KV_SIZE": kv_size, "V_OFF": v_off,
+            "D4": d4,
+            "DV4": dv4,
+            "BR": self.br,
+            "BC": self.bc,
+            "C": self.c,
+            "RV": self.rv,
+            "VPT": self.vpt,
+            "KPT": self.keys_per_invocation,
+            "SG": int(self.uses_subgroups(subgroup_size)),
+            "KVS": int(bool(self.kv_split)),
+            "KV_SIZE": kv_size,
+            "V_OFF": v_off,
         }
 
 
@@ -157,12 +166,14 @@ def flash_tiles(
 # benchmarks/results/gpu_sweep_nvidia-h200.json, with subgroup reductions and trusted
 # shaders), by (D4, DV4, io). Used when they fit the adapter and Sq fills them; else the
 # ranking above. 16 lanes per row group: one vec4 output column each at D=64.
-TUNED_TILES: Mapping[tuple[int, int, str], FlashTile] = MappingProxyType({
-    (16, 16, "f32"): FlashTile(br=64, bc=32, c=16, rv=1, vpt=1),
-    (16, 16, "f16"): FlashTile(br=64, bc=32, c=16, rv=1, vpt=1),
-    (32, 32, "f32"): FlashTile(br=32, bc=32, c=16, rv=1, vpt=2),
-    (32, 32, "f16"): FlashTile(br=32, bc=32, c=16, rv=1, vpt=2),
-})
+TUNED_TILES: Mapping[tuple[int, int, str], FlashTile] = MappingProxyType(
+    {
+        (16, 16, "f32"): FlashTile(br=64, bc=32, c=16, rv=1, vpt=1),
+        (16, 16, "f16"): FlashTile(br=64, bc=32, c=16, rv=1, vpt=1),
+        (32, 32, "f32"): FlashTile(br=32, bc=32, c=16, rv=1, vpt=2),
+        (32, 32, "f16"): FlashTile(br=32, bc=32, c=16, rv=1, vpt=2),
+    }
+)
 
 
 def choose_flash_tile(d4: int, dv4: int, sq: int, io: str, limits: DeviceLimits) -> FlashTile:
