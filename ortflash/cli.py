@@ -1,6 +1,6 @@
 """The ortflash command line: one function per command, found through one table.
 
-Exit codes are named below. Only a problem with the user's input (an ``OrtflashError``,
+The parser and the exit codes are in ``ortflash.cli_arguments``. Only a problem with the user's input (an ``OrtflashError``,
 which every check raises for a model or inputs ONNX Runtime cannot take) becomes exit 2
 with one line on stderr; any other exception is a bug in ortflash and shows its traceback.
 """
@@ -8,29 +8,38 @@ with one line on stderr; any other exception is a bug in ortflash and shows its 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
-import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
-from . import __version__, spec
 from .checks.compare import (
-    FLOAT16_TOLERANCE,
-    FLOAT32_TOLERANCE,
     OutputDiff,
     tolerance,
     tolerance_text,
 )
+from .cli_arguments import (
+    BACKEND_ALIASES,
+    EXIT_INTERRUPTED,
+    EXIT_MISMATCH,
+    EXIT_OK,
+    EXIT_USAGE,
+    ONNX_SUFFIX,
+    OPTIMIZED_SUFFIX,
+    PIPE_WIDTH,
+    STDOUT,
+    UNVERIFIED_SUFFIX,
+    build_parser,
+    pipeline_options,
+    policy_from_args,
+)
 from .errors import OrtflashError
-from .kernels.config import BACKENDS, DEFAULT_BACKEND
 from .model_io import external_locations, load
 from .optimize import optimize, save
 from .policy import SoftmaxPolicy
@@ -41,233 +50,6 @@ if TYPE_CHECKING:
 
     from .checks.validate import NodeCheck
     from .checks.verify import Verification
-
-EXIT_OK = 0
-EXIT_MISMATCH = 1  # a check ran and failed: outputs differ, or ONNX Runtime cannot load what was made
-EXIT_USAGE = 2  # bad input or usage: one line on stderr
-EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a run stopped by Ctrl-C
-
-ONNX_SUFFIX = ".onnx"
-OPTIMIZED_SUFFIX = ".flash.onnx"
-# A model whose --verify failed is written under this name (OUT.unverified.onnx), never at OUT.
-UNVERIFIED_SUFFIX = ".unverified.onnx"
-# `validate --backend wgsl`: the name the CLI used for the wgpu backend before the names were shared
-BACKEND_ALIASES = MappingProxyType({"wgsl": "wgpu"})
-# `--json -`: the JSON goes to stdout, and the tables to stderr
-STDOUT = "-"
-# Console width when the output is a pipe or a file: wide enough that no table folds or splits a
-# number; rich pads only to the width a table needs.
-PIPE_WIDTH = 100_000
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage + error otherwise)
-        self.exit(EXIT_USAGE, f"ortflash: error: {message} (see {self.prog} --help)\n")
-
-
-def _int_at_least(text: str, minimum: int, requirement: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"{requirement}, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    return _int_at_least(text, 1, "must be a positive integer")
-
-
-def _nonneg_int(text: str) -> int:
-    return _int_at_least(text, 0, "must be >= 0")
-
-
-def _add_policy(p: argparse.ArgumentParser, overrides: bool) -> None:
-    """The softmax options; ``overrides``: they override the fused nodes' own (verify)."""
-    g = p.add_mutually_exclusive_group()
-    g.add_argument(
-        "--online-softmax",
-        action="store_true",
-        help="the proposal's switch: online softmax for key lengths >= --min-seq-len (same as --softmax auto)",
-    )
-    g.add_argument(
-        "--softmax",
-        choices=spec.SOFTMAX_MODES,
-        help="softmax of every fused node" + (" (default: each node's own)" if overrides else " (default naive)"),
-    )
-    keep = " with a softmax option; alone it overrides only this, each node keeping its softmax" if overrides else ""
-    p.add_argument(
-        "--block-size",
-        type=_positive_int,
-        help=f"keys per tile in the online softmax (default {spec.ATTRIBUTES['block_size'].default}{keep})",
-    )
-    p.add_argument(
-        "--min-seq-len",
-        type=_nonneg_int,
-        help=f"under auto, the key length from which online is used "
-        f"(default {spec.ATTRIBUTES['min_seq_len'].default}{keep})",
-    )
-
-
-def _policy(args: argparse.Namespace) -> SoftmaxPolicy | None:
-    """The policy the softmax options ask for; None when none is given."""
-    return SoftmaxPolicy.from_options(
-        getattr(args, "softmax", None),
-        getattr(args, "online_softmax", False) or None,
-        getattr(args, "block_size", None),
-        getattr(args, "min_seq_len", None),
-    )
-
-
-def _dim_setting(text: str) -> tuple[str, int]:
-    """NAME=VALUE of --dim: a named input dim and its size."""
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, _nonneg_int(value)
-
-
-def _add_feeds(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--feeds", help=".npz file of inputs (default: random inputs with padded attention masks)")
-    p.add_argument(
-        "--dim",
-        type=_dim_setting,
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="size of a named input dim in random inputs (repeatable; a decoder's mask length "
-        "follows its past and new lengths unless set too)",
-    )
-    p.add_argument(
-        "--seq-len", type=_positive_int, default=16, help="sequence length of random inputs (default %(default)s)"
-    )
-    p.add_argument("--batch", type=_positive_int, default=2, help="batch size of random inputs (default %(default)s)")
-    (rtol, atol), (rtol16, atol16) = FLOAT32_TOLERANCE, FLOAT16_TOLERANCE
-    p.add_argument(
-        "--rtol", type=float, default=None, help=f"relative tolerance (default {rtol:g}; {rtol16:g} for float16 models)"
-    )
-    p.add_argument(
-        "--atol", type=float, default=None, help=f"absolute tolerance (default {atol:g}; {atol16:g} for float16 models)"
-    )
-
-
-def _add_num_heads(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--num-heads",
-        type=_positive_int,
-        help="head count of blocks whose count cannot be proved from shapes or initializers (for "
-        "instance MultiHeadAttention nodes ONNX Runtime's optimizer wrote without it)",
-    )
-
-
-def _pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
-    """What ortflash.optimize takes beyond the policy and the target: --num-heads, where given."""
-    if getattr(args, "num_heads", None) is None:
-        return {}
-    # the pipeline grows the parameter on its own schedule; until then the flag says so in one line
-    if "num_heads" not in inspect.signature(optimize).parameters:
-        raise OrtflashError("--num-heads: this ortflash's optimize() does not take a head count yet")
-    return {"num_heads": args.num_heads}
-
-
-def _output_options() -> _Parser:
-    """--quiet and --json, shared by every command but bench (which writes its own result files)."""
-    p = _Parser(add_help=False)
-    p.add_argument(
-        "-q", "--quiet", action="store_true", help="print nothing but errors (the exit code says the result)"
-    )
-    p.add_argument(
-        "--json",
-        metavar="PATH",
-        help="also write the result as JSON (schema ortflash.result, "
-        "see the README); - writes it to stdout and the tables to stderr",
-    )
-    return p
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="ortflash", description="Fuse attention in ONNX models into one FlashAttention op, and prove it."
-    )
-    parser.add_argument("--version", action="version", version=f"ortflash {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    common = [_output_options()]
-
-    p = sub.add_parser("optimize", parents=common, help="fuse attention blocks and write the new model")
-    p.add_argument("model", help="input .onnx model (never modified, unless --in-place)")
-    p.add_argument(
-        "-o", "--output", help=f"output path (default: IN{OPTIMIZED_SUFFIX}); the input itself only with --in-place"
-    )
-    p.add_argument("--in-place", action="store_true", help="replace the input model with the optimized one")
-    _add_policy(p, overrides=False)
-    p.add_argument(
-        "--target",
-        choices=("ortflash", "contrib", "onnx"),
-        default="ortflash",
-        help="ortflash: FlashAttention nodes (run with ortflash.session_options()); contrib: ONNX Runtime's "
-        "com.microsoft MultiHeadAttention/GroupQueryAttention; onnx: ONNX Attention (opset 23). A block no "
-        "native op computes exactly stays FlashAttention (default %(default)s)",
-    )
-    p.add_argument(
-        "--verify",
-        action="store_true",
-        help="then run both models in ONNX Runtime and compare, each fused node in every softmax it runs "
-        f"deployed; on a failure the model is written as OUT{UNVERIFIED_SUFFIX.removesuffix(ONNX_SUFFIX)}"
-        f"{ONNX_SUFFIX} instead of OUT",
-    )
-    _add_feeds(p)
-
-    _add_num_heads(p)
-
-    p = sub.add_parser("inspect", parents=common, help="list every Softmax: fused or why not; writes nothing")
-    p.add_argument("model")
-    _add_num_heads(p)
-
-    p = sub.add_parser("validate", parents=common, help="check each fused node's kernel against the naive ORT subgraph")
-    p.add_argument("original")
-    p.add_argument("--optimized", help="a fused model of ORIGINAL (default: optimize ORIGINAL now)")
-    p.add_argument(
-        "--backend",
-        choices=(*BACKENDS, *BACKEND_ALIASES),
-        default=DEFAULT_BACKEND,
-        help="kernel to check: cpu (compiled), reference (numpy) or wgpu (the WGSL shaders; "
-        "wgsl is another name for it) (default %(default)s)",
-    )
-    p.add_argument("--softmax", choices=("naive", "online"), help="softmax to run (default: each node's own)")
-    p.add_argument("--block-size", type=_positive_int, help="keys per tile for online (default: each node's own)")
-    _add_feeds(p)
-
-    p = sub.add_parser(
-        "web-check",
-        parents=common,
-        help="run a lowered model in onnxruntime-web / onnxruntime-node and compare with ONNX Runtime",
-    )
-    p.add_argument(
-        "model", help="a model without FlashAttention nodes (ortflash optimize ... --target contrib or --target onnx)"
-    )
-    p.add_argument(
-        "--runtime",
-        choices=("web-wasm", "node-cpu", "node-webgpu"),
-        default="web-wasm",
-        help="web-wasm: onnxruntime-web's wasm backend under Node; node-cpu / node-webgpu: onnxruntime-node's "
-        "CPU / WebGPU execution provider (default %(default)s)",
-    )
-    _add_feeds(p)
-
-    from . import bench as _bench
-
-    p = sub.add_parser(
-        "bench", help="latency and peak memory of each variant against sequence length, one process each"
-    )
-    _bench.add_arguments(p)
-
-    p = sub.add_parser("verify", parents=common, help="compare an optimized model with its original in ONNX Runtime")
-    p.add_argument("original")
-    p.add_argument("optimized")
-    _add_policy(p, overrides=True)
-    _add_feeds(p)
-    return parser
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,7 +177,9 @@ def _prove(
         rtol=args.rtol,
         atol=args.atol,
         weights_dir=weights_dir,
+        opt_level=args.ort_opt_level,
     )
+    console.print(f"ONNX Runtime graph optimization level: {result.ort_opt_level} (both models)", markup=False)
     for run in result.runs:
         console.print(run_summary(run), markup=False)
         _print_diffs(run.diffs, console, f"ONNX Runtime: original vs optimized, {run.why}")
@@ -426,23 +210,34 @@ def _output_path(args: argparse.Namespace) -> str:
     return out_path
 
 
-def _unloadable(model: onnx.ModelProto, weights_dir: str) -> str | None:
-    """Why ONNX Runtime (default optimization level, ortflash's custom op) cannot load ``model``; None if it can."""
-    from .checks.run import open_session
+def _unrunnable(
+    model: onnx.ModelProto, report: Report, original: onnx.ModelProto, args: argparse.Namespace, console: Console
+) -> str | None:
+    """Why ONNX Runtime (default optimization level, ortflash's custom op) cannot load ``model``, or,
+    where blocks were lowered to native ops, run it once on random inputs; None if it can."""
+    from .checks.feeds import make_feeds
+    from .checks.first_run import first_run
 
+    weights_dir = os.path.dirname(os.path.abspath(args.model))
+    if not any(b.fused and b.target != "ortflash" for b in report.blocks):
+        return first_run(model, weights_dir=weights_dir).problem
     try:
-        open_session(model, what="the optimized model", weights_dir=weights_dir)
+        feeds = make_feeds(original, seq_len=args.seq_len, batch=args.batch, dims=dict(args.dim))
     except OrtflashError as exc:
-        return str(exc)
-    return None
+        console.print(f"note: the lowered model was not run once: no random inputs for it ({exc})", markup=False)
+        return first_run(model, weights_dir=weights_dir).problem
+    checked = first_run(model, weights_dir=weights_dir, original=args.model, feeds=feeds)
+    if checked.note:
+        console.print(f"note: {checked.note}", markup=False)
+    return checked.problem
 
 
 def _optimize(args: argparse.Namespace, console: Console) -> int:
     out_path = _output_path(args)
-    override = _policy(args)
+    override = policy_from_args(args)
     policy = override.applied_to(SoftmaxPolicy()) if override else SoftmaxPolicy()
     original = load(args.model)
-    model, report = optimize(original, policy=policy, target=args.target, **_pipeline_options(args))
+    model, report = optimize(original, policy=policy, target=args.target, **pipeline_options(args))
     report.model = args.model
     _print_report(report, original, model, console)
     if args.target != "ortflash":
@@ -468,13 +263,11 @@ def _optimize(args: argparse.Namespace, console: Console) -> int:
         )
         return code
 
-    # Nothing ONNX Runtime cannot load is ever written: the model is opened before it is saved
-    problem = _unloadable(model, source_dir)
+    # Nothing ONNX Runtime cannot load is ever written: the model is opened before it is saved, and
+    # a model with lowered nodes is run once too (some native ops check their inputs only at run time)
+    problem = _unrunnable(model, report, original, args, console)
     if problem is not None:
-        print(
-            f"ortflash: error: {problem} (at its default optimization level); nothing written to {out_path}",
-            file=sys.stderr,
-        )
+        print(f"ortflash: error: {problem}; nothing written to {out_path}", file=sys.stderr)
         return finish(EXIT_MISMATCH, None)
     verification = None
     if args.verify:  # each fused node as written, the policy just chosen
@@ -505,7 +298,7 @@ def _print_report(report: Report, original: onnx.ModelProto, optimized: onnx.Mod
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
     original = load(args.model)
-    optimized, report = optimize(original, **_pipeline_options(args))
+    optimized, report = optimize(original, **pipeline_options(args))
     report.model = args.model
     _print_report(report, original, optimized, console)
     _write_json(args, result_document("inspect", EXIT_OK, model=args.model, report=report))
@@ -514,7 +307,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 def _verify_command(args: argparse.Namespace, console: Console) -> int:
     load(args.original), load(args.optimized)  # one-line errors for bad files, before any work
-    result = _prove(args.original, args.optimized, _policy(args), args, console)
+    result = _prove(args.original, args.optimized, policy_from_args(args), args, console)
     code = EXIT_OK if result.ok else EXIT_MISMATCH
     _write_json(
         args, result_document("verify", code, model=args.original, output=args.optimized, verification=result.to_dict())
@@ -540,7 +333,7 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
     optimized = _load_with_weights(args.optimized) if args.optimized else optimize(original)[0]
     feeds = _load_feeds(args, original)
     rtol, atol = tolerance(original, args.rtol, args.atol)
-    checks = validate(original, optimized, feeds, backend=backend, policy=_policy(args), rtol=rtol, atol=atol)
+    checks = validate(original, optimized, feeds, backend=backend, policy=policy_from_args(args), rtol=rtol, atol=atol)
     ok = True
     if not checks:
         console.print("no FlashAttention node to validate")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from typing import Union
 
 import onnx
@@ -118,3 +119,16 @@ def save(model: onnx.ModelProto, path: str | os.PathLike[str], source_dir: str |
                 os.remove(dst + ".tmp")
             if not done and os.path.exists(dst):
                 os.remove(dst)
+
+
+def graphs_of(graph: onnx.GraphProto | onnx.FunctionProto) -> Iterator[onnx.GraphProto | onnx.FunctionProto]:
+    """graph (or a function body) and every subgraph nested in its nodes (If branches, Loop and Scan
+    bodies), at any depth."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from graphs_of(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from graphs_of(sub)

@@ -7,9 +7,9 @@ named dims. Whichever is used is named in the report (``Report.shape_inference``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import onnx
+
+from .model_io import graphs_of
 
 ONNX_INFERENCE = "onnx"
 SYMBOLIC_INFERENCE = "onnxruntime-symbolic"
@@ -17,18 +17,6 @@ NO_INFERENCE = "none"
 
 # The ops whose operands the rules need ranks of (the attention block's own ops).
 _RANK_READERS = frozenset({"Softmax", "MatMul", "Attention"})
-
-
-def graphs_of(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """graph and every subgraph nested in its nodes (If branches, Loop and Scan bodies)."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from graphs_of(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from graphs_of(sub)
 
 
 def unknown_ranks(model: onnx.ModelProto) -> list[str]:

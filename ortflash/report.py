@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 JSON_SCHEMA = "ortflash.result"
 # Raise on any change to the keys or meaning of the document below; additions included.
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2
 
 
 @dataclass

@@ -11,7 +11,7 @@ import onnxruntime as ort
 
 from . import spec
 from .kernels.config import DEFAULT_BACKEND, KernelConfig, join_side_channel
-from .model_io import ModelLike, load
+from .model_io import ModelLike, graphs_of, load
 from .policy import SoftmaxPolicy
 
 
@@ -30,14 +30,8 @@ def session_options(*, base: ort.SessionOptions | None = None) -> ort.SessionOpt
 
 
 def _flash_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        if node.op_type == spec.OP_TYPE and node.domain == spec.DOMAIN:
-            yield node
-        for attr in node.attribute:  # If/Loop/Scan bodies
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _flash_nodes(attr.g)
-            for sub in attr.graphs:
-                yield from _flash_nodes(sub)
+    for sub in graphs_of(graph):
+        yield from (n for n in sub.node if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN)
 
 
 def _set_attribute(node: onnx.NodeProto, name: str, value: Any) -> Any:

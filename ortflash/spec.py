@@ -65,7 +65,8 @@ ATTRIBUTES: dict[str, Attribute] = {
         Attribute("scale", float, 1.0, "exact factor applied to Q @ K^T, however the graph split it"),
         Attribute("is_causal", int, 0, "1: query i sees keys j <= i (top-left aligned)"),
         Attribute("softmax", str, "auto", "naive | online | auto (see ortflash.policy)"),
-        Attribute("block_size", int, 64, "keys per tile in the online softmax"),
+        # 128, not 64: faster in 4 of 5 cases of benchmarks/results/cpu_attention_*.md (2026-11-30)
+        Attribute("block_size", int, 128, "keys per tile in the online softmax"),
         Attribute("min_seq_len", int, 1024, "auto picks online from this key length up"),
         Attribute("mask_fill", float, -math.inf, "score given to masked-out positions"),
         Attribute("masked_rows", str, "nan", "nan | zero: what a fully masked row yields"),

@@ -202,7 +202,7 @@ def test_variant_names_and_cli_arguments():
     )
     assert args.seq_lens == [512, 1024] and args.variants == ["original", "online@128"] and args.out == "d"
     assert args.isa == "avx2" and args.baseline == "b.json" and args.max_slowdown == 2.5
-    assert p.parse_args(["m.onnx"]).block_size == 64  # spec's default
+    assert p.parse_args(["m.onnx"]).block_size == 128  # spec's default
 
 
 @pytest.mark.parametrize("option", [["--block-size", "0"], ["--repeats", "0"], ["--max-slowdown", "0.5"]])

@@ -111,7 +111,7 @@ def _fused_attributes_run(monkeypatch) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    ("options", "block_size", "min_seq_len"), [(["--block-size", "7"], 7, 1024), (["--min-seq-len", "0"], 64, 0)]
+    ("options", "block_size", "min_seq_len"), [(["--block-size", "7"], 7, 1024), (["--min-seq-len", "0"], 128, 0)]
 )
 def test_verify_block_size_alone_retiles_every_node_and_keeps_its_softmax(
     model_path, tmp_path, monkeypatch, options, block_size, min_seq_len
@@ -128,7 +128,7 @@ def test_verify_softmax_overrides_every_node(model_path, tmp_path, monkeypatch):
     assert main(["optimize", model_path, "-o", out, "--block-size", "32"]) == 0
     seen = _fused_attributes_run(monkeypatch)
     assert main(["verify", model_path, out, "--softmax", "online"]) == 0
-    assert [(a["softmax"], a["block_size"]) for a in seen] == [("online", 64)]
+    assert [(a["softmax"], a["block_size"]) for a in seen] == [("online", 128)]
 
 
 def test_an_ortflash_bug_is_not_reported_as_bad_input(model_path, tmp_path, monkeypatch):
@@ -177,6 +177,6 @@ def test_default_output_name(path, default, tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "optimize", lambda model, **kw: (model, ortflash.Report(path)))
     monkeypatch.setattr(cli, "load", lambda p: onnx.ModelProto())
     monkeypatch.setattr(cli, "save", lambda model, out, source_dir: written.append(out))
-    monkeypatch.setattr(cli, "_unloadable", lambda model, weights_dir: None)
+    monkeypatch.setattr(cli, "_unrunnable", lambda *args: None)
     assert main(["optimize", path]) == 0
     assert written == [default]

@@ -23,6 +23,7 @@ import ortflash
 from ortflash import cli
 from ortflash.cli import main
 from ortflash.policy import SoftmaxPolicy
+from ortflash.report import Block
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 ZOO = os.path.join(ROOT, "models")
@@ -189,6 +190,79 @@ def test_a_model_onnx_runtime_cannot_load_is_never_written(model_path, tmp_path,
     assert list(out.parent.iterdir()) == []
 
 
+def _runs_only_at_length_7(name: str, reshape: bool) -> onnx.ModelProto:
+    """x[N] -> y: an Identity, or (``reshape``) a Reshape to [7] that loads but fails at any other N."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])
+    if reshape:
+        nodes = [helper.make_node("Reshape", ["x", "seven"], ["y"], name="impossible")]
+        inits = [helper.make_tensor("seven", TensorProto.INT64, [1], [7])]
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [7])
+    else:
+        nodes, inits = [helper.make_node("Identity", ["x"], ["y"])], []
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])
+    graph = helper.make_graph(nodes, name, [x], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _lowered_report(path: str) -> ortflash.Report:
+    return ortflash.Report(path, blocks=[Block("softmax", True, target="com.microsoft.MultiHeadAttention")])
+
+
+def test_first_run_finds_a_model_that_loads_but_fails_to_run():
+    from ortflash.checks.feeds import make_feeds
+    from ortflash.checks.first_run import first_run
+
+    original = _runs_only_at_length_7("original", reshape=False)
+    broken = _runs_only_at_length_7("broken", reshape=True)
+    assert first_run(broken).problem is None  # it loads: only a run shows the problem
+    checked = first_run(broken, original=original, feeds=make_feeds(original))
+    assert checked.problem is not None and "could not run the optimized model" in checked.problem
+    assert checked.note is None
+    assert first_run(original, original=original, feeds=make_feeds(original)) == first_run(original)
+
+
+def test_a_lowered_model_that_fails_to_run_is_never_written(tmp_path, monkeypatch, capsys):
+    original = str(tmp_path / "plain.onnx")
+    onnx.save(_runs_only_at_length_7("original", reshape=False), original)
+    broken = _runs_only_at_length_7("broken", reshape=True)
+    monkeypatch.setattr(cli, "optimize", lambda model, **kw: (broken, _lowered_report(original)))
+    out = tmp_path / "out" / "m.onnx"
+    out.parent.mkdir()
+    assert main(["optimize", original, "--target", "contrib", "-o", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "could not run the optimized model" in err[0] and "nothing written" in err[0]
+    assert list(out.parent.iterdir()) == []
+
+
+def test_a_lowered_model_is_not_run_where_the_original_cannot_run(tmp_path, monkeypatch, capsys):
+    original = str(tmp_path / "fixed.onnx")
+    onnx.save(_runs_only_at_length_7("original", reshape=True), original)  # fails on N = 16 too
+    lowered = _runs_only_at_length_7("lowered", reshape=True)
+    monkeypatch.setattr(cli, "optimize", lambda model, **kw: (lowered, _lowered_report(original)))
+    out = tmp_path / "m.onnx"
+    assert main(["optimize", original, "--target", "onnx", "-o", str(out)]) == 0
+    assert "the lowered model was not run once: the original does not run" in capsys.readouterr().out
+    assert out.exists()
+
+
+def test_a_really_lowered_model_runs_once_and_is_written(model_path, tmp_path, monkeypatch):
+    from ortflash.checks import first_run
+
+    real, ran = first_run.first_run, []
+
+    def spy(model: onnx.ModelProto, **kwargs: object) -> first_run.FirstRun:
+        checked = real(model, **kwargs)
+        ran.append(kwargs.get("feeds") is not None and checked == first_run.FirstRun())
+        return checked
+
+    monkeypatch.setattr(first_run, "first_run", spy)
+    out, doc = tmp_path / "m.onnx", tmp_path / "m.json"
+    assert main(["optimize", model_path, "--target", "contrib", "-o", str(out), "--json", str(doc)]) == 0
+    block = json.loads(doc.read_text())["blocks"][0]
+    assert out.exists() and block["fused"] and block["target"] != "ortflash"
+    assert ran == [True]  # run once, no problem and no note
+
+
 # ------------------------------------------------------------------------------------------
 # 3. CLI habits
 
@@ -274,7 +348,7 @@ def test_every_command_writes_one_versioned_json_schema(model_path, tmp_path):
     for command, doc in docs.items():
         assert (doc["schema"], doc["schema_version"], doc["command"], doc["exit_code"], doc["ok"]) == (
             "ortflash.result",
-            1,
+            2,
             command,
             0,
             True,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 import onnx
@@ -22,6 +24,18 @@ from ..policy import SoftmaxPolicy
 from ..session import InferenceSession
 
 ModelSource = onnx.ModelProto | str | os.PathLike[str]
+
+# ONNX Runtime's graph optimization levels, by the names the CLI's --ort-opt-level takes.
+ORT_OPT_LEVELS: Mapping[str, ort.GraphOptimizationLevel] = MappingProxyType(
+    {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+)
+# ONNX Runtime's own default (what a plain session, and so a deployment, runs at).
+ORT_DEFAULT_OPT_LEVEL = "all"
 
 # Longest error text a check quotes from ONNX Runtime or Node in its one-line message.
 MESSAGE_CHARS = 300
@@ -80,14 +94,20 @@ def _ort_error(exc: Exception) -> str:
 
 
 def open_session(
-    model: ModelSource, policy: SoftmaxPolicy | None = None, *, what: str = "the model", weights_dir: str | None = None
+    model: ModelSource,
+    policy: SoftmaxPolicy | None = None,
+    *,
+    what: str = "the model",
+    weights_dir: str | None = None,
+    opt_level: str = ORT_DEFAULT_OPT_LEVEL,
 ) -> InferenceSession:
-    """A CPU session for ``model`` at ONNX Runtime's default optimization level.
+    """A CPU session for ``model`` at the graph optimization level ``opt_level`` (a key of ORT_OPT_LEVELS).
 
     A path keeps its external weights on disk, read from its folder; a proto whose weights
     are external references reads them from ``weights_dir``.
     """
     options = ort.SessionOptions()
+    options.graph_optimization_level = ORT_OPT_LEVELS[opt_level]
     options.log_severity_level = _FATAL_ONLY  # a load error is raised below as one line; warnings are not the user's
     if not isinstance(model, onnx.ModelProto):
         options.add_session_config_entry(_EXTERNAL_DATA_FOLDER, os.path.dirname(os.path.abspath(model)))
@@ -110,9 +130,11 @@ def run_model(
     *,
     what: str = "the model",
     weights_dir: str | None = None,
+    opt_level: str = ORT_DEFAULT_OPT_LEVEL,
 ) -> dict[str, np.ndarray]:
     """Every output of ``model`` on ``feeds``, by name (``what`` names the model in errors)."""
-    return run_session(open_session(model, policy, what=what, weights_dir=weights_dir), feeds, what=what)
+    session = open_session(model, policy, what=what, weights_dir=weights_dir, opt_level=opt_level)
+    return run_session(session, feeds, what=what)
 
 
 def run_session(

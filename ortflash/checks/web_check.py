@@ -20,14 +20,14 @@ import struct
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from .. import spec
 from ..errors import OrtflashError
-from ..model_io import load
+from ..model_io import graphs_of, load
 from .compare import OutputDiff, compare_outputs, tolerance
 from .feeds import make_feeds
 from .run import MESSAGE_CHARS, ModelSource, clean_ort_message, one_line, run_model
@@ -223,18 +223,9 @@ def ensure_node_packages() -> str:
 def check_web_compatible(model: onnx.ModelProto) -> None:
     """Raise OrtflashError when the JavaScript runtimes cannot run this model as it is."""
 
-    def nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-        for n in graph.node:
-            yield n
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    yield from nodes(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    for g in a.graphs:
-                        yield from nodes(g)
-
     functions = {(f.domain, f.name) for f in model.functions}
-    everywhere = [n for n in nodes(model.graph)] + [n for f in model.functions for n in nodes(f)]
+    bodies = [model.graph, *model.functions]
+    everywhere = [n for body in bodies for g in graphs_of(body) for n in g.node]
     flash = custom = None
     for n in everywhere:
         if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN:

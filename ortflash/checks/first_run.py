@@ -1,0 +1,56 @@
+"""Whether a model optimize is about to write opens, and runs, in ONNX Runtime.
+
+Every model is opened before it is written. A model with lowered nodes (MultiHeadAttention,
+GroupQueryAttention, ONNX Attention) is also run once, because ONNX Runtime checks some of
+those ops' input constraints only at run time: on the inputs given, when the original model
+runs on them too (a model the original cannot run on proves nothing, and is noted instead).
+Both open and run at ONNX Runtime's default optimization level, as the model will be deployed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from ..errors import OrtflashError
+from .run import ModelSource, open_session, run_model, run_session
+
+
+@dataclass(frozen=True)
+class FirstRun:
+    """What opening (and running) the new model found."""
+
+    problem: str | None = None  # why ONNX Runtime cannot load or run it; None when it can
+    note: str | None = None  # why it was opened but not run, where a run was asked for
+
+
+def first_run(
+    model: onnx.ModelProto,
+    *,
+    weights_dir: str | None = None,
+    original: ModelSource | None = None,
+    feeds: Mapping[str, np.ndarray] | None = None,
+) -> FirstRun:
+    """Open ``model``; with ``original`` and ``feeds`` given, also run it once on ``feeds``.
+
+    ``weights_dir``: where ``model``'s external weights are. The original is run first: where
+    it fails on ``feeds`` too, ``model`` is not run and the note says why.
+    """
+    try:
+        session = open_session(model, what="the optimized model", weights_dir=weights_dir)
+    except OrtflashError as exc:
+        return FirstRun(problem=f"{exc} (at its default optimization level)")
+    if original is None or feeds is None:
+        return FirstRun()
+    try:
+        run_model(original, dict(feeds), what="the original model")
+    except OrtflashError as exc:
+        return FirstRun(note=f"the lowered model was not run once: the original does not run on these inputs ({exc})")
+    try:
+        run_session(session, dict(feeds), what="the optimized model")
+    except OrtflashError as exc:
+        return FirstRun(problem=f"{exc} (on inputs the original model runs on)")
+    return FirstRun()
