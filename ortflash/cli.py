@@ -1,6 +1,7 @@
 """The ortflash command line: one function per command, found through one table.
 
-The parser and the exit codes are in ``ortflash.cli_arguments``. Only a problem with the user's input (an ``OrtflashError``,
+The parser and the exit codes are in ``ortflash.cli_arguments``. Over 400 lines because six
+commands each print their own tables and JSON; the checks and the pipeline they call live elsewhere. Only a problem with the user's input (an ``OrtflashError``,
 which every check raises for a model or inputs ONNX Runtime cannot take) becomes exit 2
 with one line on stderr; any other exception is a bug in ortflash and shows its traceback.
 """

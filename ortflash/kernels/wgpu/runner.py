@@ -10,7 +10,9 @@ when the adapter has them. ``last_timing`` splits the host-to-host time of the
 last call into its stages.
 
 One call goes: host operands and Params (params.py), the dispatch plan
-(plan.py), upload and bind, encode and submit, read back.
+(plan.py), upload and bind, encode and submit, read back. Over 400 lines because
+the device, its buffer cache and those four steps share one wgpu device's state;
+everything that needs no device lives in the modules beside it.
 """
 
 from __future__ import annotations
