@@ -52,24 +52,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ortflash.bench.variants import ATTENTION_OP_TYPES  # noqa: E402 - after the checkout is on the path
+
 TOOLS = ("ortflash", "ort_session", "ort_optimizer", "onnxscript")
-ATTENTION_OPS = {
-    "FlashAttention",
-    "Attention",
-    "MultiHeadAttention",
-    "GroupQueryAttention",
-    "PackedAttention",
-    "PackedMultiHeadAttention",
-    "DecoderMaskedMultiHeadAttention",
-    "DecoderMaskedSelfAttention",
-    "DecoderAttention",
-    "LongformerAttention",
-    "SparseAttention",
-    "PagedAttention",
-    "QAttention",
-    "QOrderedAttention",
-    "MultiHeadAttentionFused",
-}
 # model_type for onnxruntime.transformers.optimizer, per zoo arch: the first is what ORT's own
 # export scripts use for that architecture.
 ORT_MODEL_TYPES = {
@@ -91,7 +76,7 @@ RTOL, ATOL = 1e-3, 1e-4  # "computes the same": looser than ortflash's own 1e-4/
 def count_attention(model) -> dict:
     ops, softmax = {}, 0
     for n in model.graph.node:
-        if n.op_type in ATTENTION_OPS:
+        if n.op_type in ATTENTION_OP_TYPES:
             key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
             ops[key] = ops.get(key, 0) + 1
         if n.op_type == "Softmax" and n.domain in ("", "ai.onnx"):
@@ -505,7 +490,7 @@ def markdown(data) -> str:
         1
         for r in ran
         if any(
-            {k for k in t.get("fused_operator_statistics", {}) if k not in ATTENTION_OPS}
+            {k for k in t.get("fused_operator_statistics", {}) if k not in ATTENTION_OP_TYPES}
             for t in r["tools"]["ort_optimizer"].get("tries", [])
         )
     )

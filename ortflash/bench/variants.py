@@ -22,6 +22,7 @@ import onnx
 import onnxruntime as ort
 
 from .. import spec
+from ..model_io import graphs_of
 from ..policy import SoftmaxPolicy
 
 VARIANTS = ("original", "naive", "online", "contrib", "onnx", "reference", "torch-sdpa")
@@ -31,17 +32,26 @@ FUSED = {"naive": ("naive", "cpu"), "online": ("online", "cpu"), "reference": ("
 LOWERED = ("contrib", "onnx")
 TILED = ("naive", "online", "reference")  # the kinds that take @BLOCK_SIZE
 DEFAULT_BLOCK_SIZE = int(spec.ATTRIBUTES["block_size"].default)  # type: ignore[call-overload]
-ATTENTION_OPS = (
-    "FlashAttention",
-    "Attention",
-    "MultiHeadAttention",
-    "GroupQueryAttention",
-    "PackedAttention",
-    "PackedMultiHeadAttention",
-    "DecoderMaskedMultiHeadAttention",
-    "DecoderAttention",
-    "SparseAttention",
-    "Softmax",
+# Op types that compute attention in one node (ortflash's, ONNX's and ONNX Runtime's contrib
+# ops): what a fused or lowered model shows, and what other tools' fusions produce.
+ATTENTION_OP_TYPES = frozenset(
+    {
+        "FlashAttention",
+        "Attention",
+        "MultiHeadAttention",
+        "GroupQueryAttention",
+        "PackedAttention",
+        "PackedMultiHeadAttention",
+        "DecoderMaskedMultiHeadAttention",
+        "DecoderMaskedSelfAttention",
+        "DecoderAttention",
+        "LongformerAttention",
+        "SparseAttention",
+        "PagedAttention",
+        "QAttention",
+        "QOrderedAttention",
+        "MultiHeadAttentionFused",
+    }
 )
 
 
@@ -186,16 +196,9 @@ def count_ops(model: onnx.ModelProto) -> dict[str, int]:
     """Attention-related ops in a model, subgraphs included (an ORT-side fusion would show here)."""
     counts: dict[str, int] = {}
 
-    def walk(graph: onnx.GraphProto) -> None:
+    for graph in graphs_of(model.graph):
         for n in graph.node:
-            if n.op_type in ATTENTION_OPS:
+            if n.op_type in ATTENTION_OP_TYPES or n.op_type == "Softmax":
                 key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
                 counts[key] = counts.get(key, 0) + 1
-            for a in n.attribute:
-                if a.g is not None and a.g.node:
-                    walk(a.g)
-                for g in a.graphs:
-                    walk(g)
-
-    walk(model.graph)
     return counts
