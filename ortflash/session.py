@@ -34,16 +34,12 @@ def _flash_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
         yield from (n for n in sub.node if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN)
 
 
-def _set_attribute(node: onnx.NodeProto, name: str, value: Any) -> Any:
-    """Set ``name`` to ``value``; return the value it had (None if absent)."""
-    old = None
+def _set_attribute(node: onnx.NodeProto, name: str, value: Any) -> None:
     for i, attr in enumerate(node.attribute):
         if attr.name == name:
-            old = onnx.helper.get_attribute_value(attr)
             del node.attribute[i]
             break
     node.attribute.append(onnx.helper.make_attribute(name, value))
-    return old
 
 
 def configure_model(
@@ -62,8 +58,8 @@ def configure_model(
             for name, value in policy.attributes().items():
                 _set_attribute(node, name, value)
         if config is not None:
-            old = _set_attribute(node, "exact_floats", "")
-            _set_attribute(node, "exact_floats", join_side_channel(old or "", config))
+            floats = next((a.s for a in node.attribute if a.name == "exact_floats"), b"")
+            _set_attribute(node, "exact_floats", join_side_channel(floats, config))
     return configured
 
 
