@@ -9,6 +9,7 @@ which ``ortflash.InferenceSession`` writes on its private copy of the model (see
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -36,18 +37,13 @@ def kernel_for(config: KernelConfig) -> Kernel:
         return reference.flash_attention
     from . import cpu
 
-    threads = config.threads
-
-    def run_cpu(*args: Any, **attrs: Any) -> np.ndarray:
-        return cpu.flash_attention(*args, threads=threads, **attrs)
-
-    return run_cpu
+    return functools.partial(cpu.flash_attention, threads=config.threads)
 
 
 def run_node(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, mask: np.ndarray, attrs: dict[str, Any]
 ) -> np.ndarray:
-    """Run one FlashAttention node as the bridge received it (placeholders, runtime attribute)."""
+    """Run one FlashAttention node as the bridge received it (placeholder inputs, side channel)."""
     bias_or_none, mask_or_none = spec.absent_as_none(bias, mask)
     config, attrs["exact_floats"] = split_side_channel(attrs.get("exact_floats"))
     attrs = spec.resolve_exact_floats(attrs)
