@@ -318,6 +318,8 @@ struct Problem {
     Broadcast4 bias, mask;
     float scale, mask_fill, softcap;
     bool causal, zero_rows, online;
+    int causal_offset;     // with causal: query i sees key j <= i + causal_offset (spec.causal_offset)
+    bool bias_after_mask;  // the bias is added after the mask and causal fills (spec: bias_after_mask)
     int block;       // keys per tile of the online softmax
     int query_tile;  // query rows per work item
     int threads;
@@ -464,12 +466,35 @@ void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
 // Scores of one row, in place: softcap, + bias, mask, causal (only when the tile crosses the
 // diagonal), in the spec's order; columns [keys, round_up(keys, W)) become -inf so the vector
 // loops that follow may run over whole vectors.
+void add_bias(const Problem& pb, float* s, int keys, int b, int h, int i, int j0, std::vector<float>& row);
+
 void finish_scores(const Problem& pb, float* s, int keys, int b, int h, int i, int j0, bool diagonal,
                    std::vector<float>& row) {
     if (pb.softcap > 0.0f) {
         const float cap = pb.softcap;
         for (int j = 0; j < keys; ++j) s[j] = cap * std::tanh(s[j] / cap);
     }
+    if (!pb.bias_after_mask) add_bias(pb, s, keys, b, h, i, j0, row);
+    const float fill = pb.mask_fill;
+    if (pb.mask.data) {
+        const Broadcast4& ms = pb.mask;
+        const int64_t sj = ms.stride[3];
+        const uint8_t* keep = reinterpret_cast<const uint8_t*>(ms.data) + b * ms.stride[0] + h * ms.stride[1] +
+                              i * ms.stride[2] + j0 * sj;
+        if (sj == 1) {
+            for (int j = 0; j < keys; ++j) s[j] = keep[j] ? s[j] : fill;
+        } else {
+            for (int j = 0; j < keys; ++j) s[j] = keep[j * sj] ? s[j] : fill;
+        }
+    }
+    if (diagonal)  // key j0 + j is right of query i when j > i + causal_offset - j0
+        for (int j = std::max(0, i + pb.causal_offset - j0 + 1); j < keys; ++j) s[j] = fill;
+    if (pb.bias_after_mask) add_bias(pb, s, keys, b, h, i, j0, row);
+    for (int j = keys; j < round_up(keys, W); ++j) s[j] = NEG_INF;
+}
+
+// s[j] += bias[b, h, i, j0 + j] over one row's keys (float32 or float16 bias, any key stride).
+void add_bias(const Problem& pb, float* s, int keys, int b, int h, int i, int j0, std::vector<float>& row) {
     if (pb.bias.data) {
         const Broadcast4& bs = pb.bias;
         const int64_t sj = bs.stride[3];
@@ -492,21 +517,6 @@ void finish_scores(const Problem& pb, float* s, int keys, int b, int h, int i, i
             }
         }
     }
-    const float fill = pb.mask_fill;
-    if (pb.mask.data) {
-        const Broadcast4& ms = pb.mask;
-        const int64_t sj = ms.stride[3];
-        const uint8_t* keep = reinterpret_cast<const uint8_t*>(ms.data) + b * ms.stride[0] + h * ms.stride[1] +
-                              i * ms.stride[2] + j0 * sj;
-        if (sj == 1) {
-            for (int j = 0; j < keys; ++j) s[j] = keep[j] ? s[j] : fill;
-        } else {
-            for (int j = 0; j < keys; ++j) s[j] = keep[j * sj] ? s[j] : fill;
-        }
-    }
-    if (diagonal)  // key j0 + j is right of query i when j > i - j0
-        for (int j = std::max(0, i - j0 + 1); j < keys; ++j) s[j] = fill;
-    for (int j = keys; j < round_up(keys, W); ++j) s[j] = NEG_INF;
 }
 
 // Horizontal reductions as trees (log2(W) dependent steps, not W).
@@ -679,7 +689,16 @@ const float* query_rows(const Problem& pb, Scratch& sc, int b, int h, int i0, in
 
 // Causal keys right of every row of the tile are never multiplied: with mask_fill -inf they
 // weigh exactly 0; with a finite fill their scores are all `fill`, entered in closed form.
-inline bool skipped_keys_count(const Problem& pb) { return pb.causal && std::isfinite(pb.mask_fill); }
+// Not when a bias is added after the fills: there such a score is fill + bias[j] (NaN for a
+// +inf or NaN bias even with fill -inf), so every key is multiplied and filled as the spec says.
+inline bool skips_causal_keys(const Problem& pb) { return pb.causal && !(pb.bias_after_mask && pb.bias.data); }
+inline bool skipped_keys_count(const Problem& pb) { return skips_causal_keys(pb) && std::isfinite(pb.mask_fill); }
+
+// Keys [0, n) of a tile of rows ending at last_row can be seen by some row (the rest are right
+// of the causal frontier of every row), clamped to [0, Sk].
+inline int causal_keys(const Problem& pb, int last_row) {
+    return std::max(0, std::min(pb.Sk, last_row + pb.causal_offset + 1));
+}
 
 // How far below the row maxima a score must lie for vexp to give exactly 0 (it does below
 // -87.33), with room for the rounding of the bound itself.
@@ -691,6 +710,8 @@ constexpr float SKIP_MARGIN = 90.0f;
 // `bias_limit`, where the scan stops early: an unmasked tile costs a look at one value).
 bool masked_tile(const Problem& pb, int b, int h, int i0, int rows, int j0, int keys, float bias_limit,
                  DeferredTile* out) {
+    // A bias added after the mask moves the masked scores too (fill + bias): not described here.
+    if (pb.bias_after_mask && pb.mask.data && pb.bias.data) return false;
     bool some_kept = !pb.mask.data, some_filled = false;
     if (pb.mask.data) {
         const Broadcast4& ms = pb.mask;
@@ -767,7 +788,7 @@ struct PaddingSkip {
     // Appends group (keys [j0, j0 + keys)) to sc.deferred when every row's score ceiling there
     // lies SKIP_MARGIN below zero; never a causal group that crosses the diagonal.
     bool defer(int group, int j0, int keys) {
-        if (!possible || (pb.causal && j0 + keys - 1 > i0)) return false;
+        if (!possible || (pb.causal && j0 + keys - 1 > i0 + pb.causal_offset)) return false;
         float largest_product = 0.0f;
         for (int r = 0; r < rows; ++r) largest_product = nan_max(largest_product, product_bound(r, group));
         if (pb.softcap > 0.0f) largest_product = std::min(largest_product, pb.softcap);
@@ -807,7 +828,7 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
     std::fill(l, l + rows, 0.0f);
     std::fill(acc, acc + size_t(rows) * dvp, 0.0f);
     const int last_row = i0 + rows - 1;
-    const int tiles = pb.causal ? std::min(pk.tiles, last_row / block + 1) : pk.tiles;
+    const int tiles = skips_causal_keys(pb) ? ceil_div(causal_keys(pb, last_row), block) : pk.tiles;
     // Padded tiles are set aside; once the others have set m, each is dropped or processed last.
     PaddingSkip skip(pb, pk, sc, head, b, h, i0, rows, q);
     auto process = [&](int t) {
@@ -815,7 +836,8 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
         const int keys = std::min(block, pb.Sk - j0);
         float* s = sc.s.ptr;
         qk_tile(rows, q, pb.D, pb.D, kpack + size_t(t) * pk.tile_floats, ceil_div(keys, NR), s, ld_s, pb.scale);
-        const bool diagonal = pb.causal && j0 + keys - 1 > i0;  // some key here lies right of some row
+        // some key here lies right of some row's causal frontier
+        const bool diagonal = pb.causal && j0 + keys - 1 > i0 + pb.causal_offset;
         const int width = round_up(keys, W);
         // Two passes over the rows, so that the out-of-order core overlaps the rows' short,
         // dependent chains (max -> reference -> exp -> sum) instead of waiting on each.
@@ -873,10 +895,17 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
     const int dvp = pk.dvp, ld_s = round_up(pb.Sk, NR);
     const float* q = query_rows(pb, sc, b, h, i0, rows);
     const int last_row = i0 + rows - 1;
-    const int keys = pb.causal ? std::min(pb.Sk, last_row + 1) : pb.Sk;  // the rest are right of every row
+    // the rest are right of every row's causal frontier
+    const int keys = skips_causal_keys(pb) ? causal_keys(pb, last_row) : pb.Sk;
     const int width = round_up(keys, W);
     const bool skipped = skipped_keys_count(pb) && keys < pb.Sk;
     const float count = float(pb.Sk - keys);
+    if (keys == 0 && !skipped) {  // no row sees a key (is_causal 2, Sq > Sk) and fill is -inf: 0/0
+        const float value = pb.zero_rows ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+        std::fill(sc.acc.ptr, sc.acc.ptr + size_t(rows) * dvp, value);
+        write_output(pb, sc.acc.ptr, dvp, b, h, i0, rows);
+        return;
+    }
     float* s = sc.s.ptr;
     float* acc = sc.acc.ptr;
     float* skipped_weight = sc.running_sum.data();
@@ -900,7 +929,7 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
         for (int r = 0; r < rows; ++r) std::fill_n(s + size_t(r) * ld_s + g * G, group_keys(g), NEG_INF);
     }
     if (run < groups) scores_of(run, groups);
-    const bool diagonal = pb.causal && keys - 1 > i0;
+    const bool diagonal = pb.causal && keys - 1 > i0 + pb.causal_offset;
     // Finishing a -inf score leaves at most what the real one would give, so these maxima leave
     // out the deferred groups: a group is dropped when worthless against them, and otherwise
     // multiplied and finished now, and the maxima taken again.
@@ -1046,14 +1075,18 @@ bool broadcast_operand(const Buffer& b, const char* name, const Py_ssize_t* scor
 PyObject* py_flash_attention(PyObject*, PyObject* args, PyObject* kwargs) {
     static const char* keywords[] = {"q", "k", "v", "out", "bias", "mask", "scale", "is_causal", "mask_fill",
                                      "zero_rows", "softcap", "online", "block_size", "query_tile", "threads",
-                                     nullptr};
+                                     "bias_after_mask", nullptr};
     PyObject *q_obj, *k_obj, *v_obj, *out_obj, *bias_obj, *mask_obj;
     double scale, mask_fill, softcap;
-    int causal, zero_rows, online, block, query_tile, threads;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOdpdpdpiii", const_cast<char**>(keywords), &q_obj, &k_obj,
-                                     &v_obj, &out_obj, &bias_obj, &mask_obj, &scale, &causal, &mask_fill,
-                                     &zero_rows, &softcap, &online, &block, &query_tile, &threads))
+    int causal, zero_rows, online, block, query_tile, threads, bias_after_mask = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOdidpdpiii|p", const_cast<char**>(keywords), &q_obj,
+                                     &k_obj, &v_obj, &out_obj, &bias_obj, &mask_obj, &scale, &causal, &mask_fill,
+                                     &zero_rows, &softcap, &online, &block, &query_tile, &threads, &bias_after_mask))
         return nullptr;
+    if (causal < 0 || causal > 2) {
+        PyErr_SetString(PyExc_ValueError, "is_causal must be 0, 1 or 2");
+        return nullptr;
+    }
     Buffer q, k, v, out, bias, mask;
     const int dense = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT;
     if (!q.get(q_obj, dense) || !k.get(k_obj, dense) || !v.get(v_obj, dense) ||
@@ -1117,6 +1150,8 @@ PyObject* py_flash_attention(PyObject*, PyObject* args, PyObject* kwargs) {
     pb.mask_fill = float(mask_fill);
     pb.softcap = float(softcap);
     pb.causal = causal != 0;
+    pb.causal_offset = causal == 2 ? pb.Sk - pb.Sq : 0;
+    pb.bias_after_mask = bias_after_mask != 0;
     pb.zero_rows = zero_rows != 0;
     pb.online = online != 0;
     pb.block = std::min(block, pb.Sk);  // one tile holds every key when block_size >= Sk
@@ -1169,8 +1204,8 @@ PyObject* py_cpu_features(PyObject*, PyObject*) {
 PyMethodDef methods[] = {
     {"flash_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_flash_attention)),
      METH_VARARGS | METH_KEYWORDS,
-     "flash_attention(q, k, v, out, bias, mask, scale, is_causal, mask_fill, zero_rows, softcap, online, "
-     "block_size, query_tile, threads)\n\nWrites FlashAttention of q, k, v into out (see ortflash.kernels.cpu)."},
+     "flash_attention(q, k, v, out, bias, mask, scale, is_causal (0/1/2), mask_fill, zero_rows, softcap, online, "
+     "block_size, query_tile, threads, bias_after_mask=False)\n\nWrites FlashAttention of q, k, v into out (see ortflash.kernels.cpu)."},
     {"cpu_features", py_cpu_features, METH_NOARGS, "The x86 features this CPU and OS support, as names."},
     {nullptr, nullptr, 0, nullptr},
 };

@@ -10,10 +10,22 @@ Semantics, per batch b and query head h (kv head = h // (Hq // Hkv)):
     s = softcap * tanh(s / softcap)                  # only when softcap > 0
     s = s + bias                                     # bias broadcast to [B, Hq, Sq, Sk]
     s = where(mask, s, mask_fill)                    # mask false = masked out
-    s = where(j <= i, s, mask_fill)                  # only when is_causal (top-left aligned)
+    s = where(j <= i + offset, s, mask_fill)         # only when is_causal (offset below)
     p = softmax(s, axis=-1)                          # naive or online, same numbers
     p = where(isnan(p), 0, p)                        # only when masked_rows == "zero"
     O[b, h] = p @ V[b, kv]
+
+``is_causal``: 0 none; 1 top-left aligned (offset 0: query i sees keys j <= i); 2 bottom-right
+aligned (offset Sk - Sq: a query block appended after Sk - Sq cached keys, as HF's
+cache_position masks and ORT's GroupQueryAttention with past compute it). With Sq > Sk under 2,
+the first Sq - Sk rows see no key: fully masked rows, handled by ``masked_rows`` like any other.
+When Sq == Sk, 1 and 2 are the same.
+
+``bias_after_mask`` 1 (GPT-Neo's eager export) moves the bias after both fills:
+
+    s = where(mask, s, mask_fill); s = where(j <= i + offset, s, mask_fill); s = s + bias
+
+so a masked score is mask_fill + bias, not mask_fill. Softcap stays first in either order.
 """
 
 from __future__ import annotations
@@ -57,13 +69,18 @@ class Attribute:
     kind: type  # float, int or str
     default: object
     doc: str
+    # Declared to the ONNX Runtime bridge. onnxruntime-extensions requires every declared
+    # attribute on every node, so an attribute added after models were fused is not declared:
+    # it is written on the node only when it differs from its default, and travels to the
+    # kernel through the exact_floats side channel (NAME=VALUE), see resolve_exact_floats.
+    declared: bool = True
 
 
 ATTRIBUTES: dict[str, Attribute] = {
     a.name: a
     for a in (
         Attribute("scale", float, 1.0, "exact factor applied to Q @ K^T, however the graph split it"),
-        Attribute("is_causal", int, 0, "1: query i sees keys j <= i (top-left aligned)"),
+        Attribute("is_causal", int, 0, "1: query i sees keys j <= i (top-left); 2: j <= i + Sk - Sq (bottom-right)"),
         Attribute("softmax", str, "auto", "naive | online | auto (see ortflash.policy)"),
         # 128, not 64: faster in 4 of 5 cases of benchmarks/results/cpu_attention_*.md (2026-11-30)
         Attribute("block_size", int, 128, "keys per tile in the online softmax"),
@@ -72,8 +89,13 @@ ATTRIBUTES: dict[str, Attribute] = {
         Attribute("masked_rows", str, "nan", "nan | zero: what a fully masked row yields"),
         Attribute("softcap", float, 0.0, "tanh soft cap on the scaled scores; 0 = none"),
         Attribute("exact_floats", str, "", "bridge side channel: exact floats, and a session's kernel choice (below)"),
+        Attribute("bias_after_mask", int, 0, "1: the bias is added after the mask and causal fills", declared=False),
     )
 }
+
+# What the ONNX Runtime bridge declares, and what only the side channel carries to the kernel.
+DECLARED = tuple(name for name, a in ATTRIBUTES.items() if a.declared)
+SIDE_CHANNEL_INTS = tuple(name for name, a in ATTRIBUTES.items() if not a.declared)
 
 # The ONNX Runtime bridge (onnxruntime-extensions) hands float attributes to Python
 # with 6 significant digits (0.17677669 arrives as 0.176777, float32's lowest as
@@ -91,15 +113,29 @@ EXACT_FLOATS = ("scale", "mask_fill", "softcap")
 
 
 def exact_floats(attrs: dict[str, Any]) -> str:
-    return ";".join(f"{name}={float(attrs[name])!r}" for name in EXACT_FLOATS)
+    """The side channel's text: the exact floats, then each undeclared attribute away from its default."""
+    items = [f"{name}={float(attrs[name])!r}" for name in EXACT_FLOATS]
+    items += [
+        f"{name}={int(attrs[name])}"
+        for name in SIDE_CHANNEL_INTS
+        if attrs.get(name, ATTRIBUTES[name].default) != ATTRIBUTES[name].default
+    ]
+    return ";".join(items)
 
 
 def resolve_exact_floats(attrs: dict[str, Any]) -> dict[str, Any]:
-    """attrs with float values replaced by their exact strings where those agree."""
+    """attrs with float values replaced by their exact strings where those agree, and the
+    undeclared attributes the side channel carries added (the bridge cannot pass them)."""
     text = attrs.get("exact_floats") or ""
     out = dict(attrs)
     for item in filter(None, text.split(";")):
         name, _, value = item.partition("=")
+        if name in SIDE_CHANNEL_INTS:
+            try:
+                out[name] = int(value)
+            except ValueError:
+                pass  # left to validate's default; a garbled side channel is not the op's meaning
+            continue
         if name not in EXACT_FLOATS or name not in attrs:
             continue
         try:
@@ -139,8 +175,10 @@ def validate(attrs: dict[str, Any]) -> dict[str, Any]:
         out[name] = value
     if not math.isfinite(out["scale"]) or out["scale"] == 0.0:
         raise SpecError(f"scale must be finite and non-zero, got {out['scale']}")
-    if out["is_causal"] not in (0, 1):
-        raise SpecError(f"is_causal must be 0 or 1, got {out['is_causal']}")
+    if out["is_causal"] not in (0, 1, 2):
+        raise SpecError(f"is_causal must be 0, 1 or 2, got {out['is_causal']}")
+    if out["bias_after_mask"] not in (0, 1):
+        raise SpecError(f"bias_after_mask must be 0 or 1, got {out['bias_after_mask']}")
     if out["softmax"] not in SOFTMAX_MODES:
         raise SpecError(f"softmax must be one of {', '.join(SOFTMAX_MODES)}, got {out['softmax']!r}")
     if out["block_size"] < 1:
@@ -154,6 +192,11 @@ def validate(attrs: dict[str, Any]) -> dict[str, Any]:
     if math.isnan(out["mask_fill"]) or out["mask_fill"] > 0:
         raise SpecError(f"mask_fill must be -inf or a negative number, got {out['mask_fill']}")
     return out
+
+
+def causal_offset(is_causal: int, sq: int, sk: int) -> int:
+    """Query i sees key j when j <= i + causal_offset (only meaningful where is_causal is set)."""
+    return sk - sq if is_causal == 2 else 0
 
 
 def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:

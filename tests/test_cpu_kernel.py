@@ -54,6 +54,7 @@ def truth(
     mask_fill: float = -np.inf,
     masked_rows: str = "nan",
     softcap: float = 0.0,
+    bias_after_mask: int = 0,
     **_: object,
 ) -> np.ndarray:
     """The spec in float64 with the naive softmax, K/V heads repeated (deliberately simple)."""
@@ -63,12 +64,17 @@ def truth(
     s = scale * (q @ np.swapaxes(k, -1, -2))
     if softcap > 0:
         s = softcap * np.tanh(s / softcap)
-    if bias is not None:
+    if bias is not None and not bias_after_mask:
         s = s + np.asarray(bias, np.float64)
     if mask is not None:
         s = np.where(mask, s, mask_fill)
     if is_causal:
-        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, mask_fill)
+        sq, sk = s.shape[-2:]
+        offset = sk - sq if is_causal == 2 else 0  # bottom-right: query i sees keys j <= i + Sk - Sq
+        s = np.where(np.tril(np.ones((sq, sk), bool), k=offset), s, mask_fill)
+    if bias is not None and bias_after_mask:
+        with np.errstate(invalid="ignore", over="ignore"):
+            s = s + np.asarray(bias, np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.exp(s - s.max(axis=-1, keepdims=True))
         p = p / p.sum(axis=-1, keepdims=True)
@@ -165,14 +171,81 @@ def test_bias_and_mask_broadcast(isa: str, mode: str, shape_name: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("sq,sk", [(20, 70), (70, 70), (70, 20), (1, 9), (9, 1)])
 @pytest.mark.parametrize("fill", [-np.inf, -1e4, LOWEST])
-def test_causal(isa: str, mode: str, sq: int, sk: int, fill: float) -> None:
+@pytest.mark.parametrize("causal", [1, 2])
+def test_causal(isa: str, mode: str, sq: int, sk: int, fill: float, causal: int) -> None:
+    """Top-left (1) and bottom-right (2) alignment; with 2 and Sq > Sk the first Sq - Sk rows
+    see no key, with 1 and Sq < Sk the tiles right of every row are skipped."""
     q, k, v = inputs(1, 4, 2, sq, sk, 16)
     padding = np.ones((1, 1, 1, sk), bool)
     padding[..., : sk // 3] = False  # left padding: the first rows see no key at all
     for block in (1, 16, 64, 1000):
-        check(q, k, v, softmax=mode, is_causal=1, mask_fill=fill, block_size=block)
+        check(q, k, v, softmax=mode, is_causal=causal, mask_fill=fill, block_size=block)
         for rows in ("nan", "zero"):
-            check(q, k, v, None, padding, softmax=mode, is_causal=1, mask_fill=fill, masked_rows=rows, block_size=block)
+            check(
+                q,
+                k,
+                v,
+                None,
+                padding,
+                softmax=mode,
+                is_causal=causal,
+                mask_fill=fill,
+                masked_rows=rows,
+                block_size=block,
+            )
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("sq,sk", [(20, 70), (70, 70), (70, 20)])
+def test_bottom_right_causal_is_the_last_rows_of_top_left(isa: str, mode: str, sq: int, sk: int) -> None:
+    """is_causal=2 on Sq queries is is_causal=1 on Sk queries keeping the last Sq rows (Sq <= Sk),
+    bit for bit in the compiled kernel; with Sq > Sk the first Sq - Sk rows see no key."""
+    q, k, v = inputs(1, 2, 1, max(sq, sk), sk, 16)
+    for block in (16, 1000):
+        top_left = cpu.flash_attention(q, k, v, softmax=mode, is_causal=1, block_size=block)
+        last = q[:, :, -sq:]
+        bottom_right = cpu.flash_attention(last, k, v, softmax=mode, is_causal=2, block_size=block)
+        if sq <= sk:
+            np.testing.assert_allclose(bottom_right, top_left[:, :, -sq:], rtol=1e-6, atol=1e-6)
+        else:
+            assert np.isnan(bottom_right[:, :, : sq - sk]).all()
+            assert np.isfinite(bottom_right[:, :, sq - sk :]).all()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fill", [-np.inf, -1e4, LOWEST])
+@pytest.mark.parametrize("causal", [0, 1, 2])
+def test_bias_after_mask(isa: str, mode: str, fill: float, causal: int) -> None:
+    """GPT-Neo's order: the mask and causal fills first, then the bias (a masked score is
+    fill + bias). With fill float32-lowest and a lowest padding bias, masked keys reach -inf."""
+    b, sq, sk = 2, 33, 70
+    q, k, v = inputs(b, 4, 2, sq, sk, 16)
+    rng = np.random.default_rng(5)
+    bias = rng.standard_normal((b, 1, sq, sk)).astype(np.float32)
+    bias[0, ..., 50:] = LOWEST  # padding, added on top of the fill
+    mask = rng.random((1, 1, sq, sk)) > 0.3
+    mask[..., 4, :] = False  # a row the mask removes: its scores are fill + bias, not uniform
+    for block in (16, 1000):
+        for rows in ("nan", "zero"):
+            got = check(
+                q,
+                k,
+                v,
+                bias,
+                mask,
+                softmax=mode,
+                is_causal=causal,
+                mask_fill=fill,
+                masked_rows=rows,
+                bias_after_mask=1,
+                block_size=block,
+            )
+            before = cpu.flash_attention(
+                q, k, v, bias, mask, softmax=mode, is_causal=causal, mask_fill=fill, masked_rows=rows, block_size=block
+            )
+            if np.isfinite(fill):  # the order matters exactly where every key of a row is masked
+                assert not np.allclose(got[:, :, 4], before[:, :, 4], equal_nan=True)
+        check(q, k, v, bias[..., :1, :], None, softmax=mode, is_causal=causal, mask_fill=fill, bias_after_mask=1)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -7,18 +7,20 @@ from ortflash import SoftmaxPolicy
 from ortflash.kernels.reference import flash_attention
 
 
-def float64_attention(q, k, v, bias, mask, scale, is_causal, fill=-np.inf, zero_rows=False):
+def float64_attention(q, k, v, bias, mask, scale, is_causal, fill=-np.inf, zero_rows=False, bias_after_mask=False):
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
     g = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
     s = scale * q @ np.swapaxes(k, -1, -2)
-    if bias is not None:
+    if bias is not None and not bias_after_mask:
         s = s + bias.astype(np.float64)
     if mask is not None:
         s = np.where(mask, s, fill)
     if is_causal:
         sq, sk = s.shape[-2:]
-        s = np.where(np.tril(np.ones((sq, sk), bool)), s, fill)
+        s = np.where(np.tril(np.ones((sq, sk), bool), k=sk - sq if is_causal == 2 else 0), s, fill)
+    if bias is not None and bias_after_mask:
+        s = s + bias.astype(np.float64)
     with np.errstate(invalid="ignore"):
         e = np.exp(s - s.max(-1, keepdims=True))
         p = e / e.sum(-1, keepdims=True)
@@ -146,3 +148,35 @@ def test_a_3d_input_gets_the_4d_message_not_an_unpacking_error():
     k = v = np.zeros((1, 2, 8, 4), np.float32)
     with pytest.raises(ValueError, match="wants 4D Q, K, V"):
         flash_attention(q, k, v, scale=0.5)
+
+
+@pytest.mark.parametrize("mode", ["naive", "online"])
+@pytest.mark.parametrize("sq,sk", [(5, 40), (40, 40), (40, 5)])
+@pytest.mark.parametrize("bias_after_mask", [0, 1])
+def test_bottom_right_causal_and_bias_after_mask(mode, sq, sk, bias_after_mask):
+    """is_causal=2 (query i sees keys j <= i + Sk - Sq) and the GPT-Neo order, against float64."""
+    rng = np.random.default_rng(sq + sk)
+    q = rng.standard_normal((2, 4, sq, 16), np.float32)
+    k = rng.standard_normal((2, 2, sk, 16), np.float32)
+    v = rng.standard_normal((2, 2, sk, 16), np.float32)
+    bias = rng.standard_normal((2, 1, sq, sk)).astype(np.float32)
+    mask = rng.random((2, 1, sq, sk)) > 0.2
+    mask[:, :, 1] = False  # a row the mask removes: with a finite fill, fill + bias decides it
+    for fill in (-np.inf, -100.0):  # -100: float32 keeps fill + bias to 8e-6 (at -1e4, 1e-3)
+        want = float64_attention(q, k, v, bias, mask, 0.25, 2, fill, zero_rows=True, bias_after_mask=bias_after_mask)
+        got = flash_attention(
+            q,
+            k,
+            v,
+            bias,
+            mask,
+            scale=0.25,
+            is_causal=2,
+            mask_fill=fill,
+            masked_rows="zero",
+            bias_after_mask=bias_after_mask,
+            policy=SoftmaxPolicy(mode, block_size=16),
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+        if sq > sk and fill == -np.inf:  # the first Sq - Sk rows see no key
+            assert (got[:, :, : sq - sk] == 0).all()

@@ -47,7 +47,8 @@ def test_option_off_means_naive_everywhere():
         {"min_seq_len": -1},
         {"scale": 0.0},
         {"masked_rows": "inf"},
-        {"is_causal": 2},
+        {"is_causal": 3},
+        {"bias_after_mask": 2},
         {"nope": 1},
     ],
 )

@@ -8,6 +8,7 @@ import pytest
 from attention_graphs import F16, Variant, build, feeds
 
 import ortflash
+import ortflash.kernels.reference
 from ortflash import spec
 
 SHAPES = [{"B": 2, "S": 37, "T": 53, "BH": 4}, {"B": 1, "S": 1, "T": 130, "BH": 2}]
@@ -223,3 +224,51 @@ def test_plain_onnxruntime_session_with_ortflash_options_runs_a_fused_model(tmp_
     f = feeds(model, SHAPES[0], np.random.default_rng(0))
     sess = ort.InferenceSession(path, ortflash.session_options(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(sess.run(None, f)[0], _run(model, f), rtol=1e-4, atol=1e-5)
+
+
+def _mask_then_bias(fill: float, bias_before_mask: bool = False) -> onnx.ModelProto:
+    """GPT-Neo's order: where(mask, q @ kᵀ, fill) + bias (optionally a second bias before the mask)."""
+    model = build(
+        Variant(scale_site="none", scale=1.0, where_mask="keep", mask_shape=("B", 1, "S", "T"), fill=fill, head_dim=8)
+    )
+    g = model.graph
+    where = next(n for n in g.node if n.op_type == "Where")
+    if bias_before_mask:
+        g.input.append(onnx.helper.make_tensor_value_info("bias_first", onnx.TensorProto.FLOAT, ["B", 1, 1, "T"]))
+        g.node.insert(list(g.node).index(where), onnx.helper.make_node("Add", ["s0", "bias_first"], ["s0b"]))
+        where.input[1] = "s0b"
+    g.input.append(onnx.helper.make_tensor_value_info("bias_after", onnx.TensorProto.FLOAT, ["B", 1, "S", "T"]))
+    softmax = next(n for n in g.node if n.op_type == "Softmax")
+    g.node.insert(list(g.node).index(softmax), onnx.helper.make_node("Add", ["sm", "bias_after"], ["sma"]))
+    softmax.input[0] = "sma"
+    return model
+
+
+@pytest.mark.parametrize("fill", [-100.0, float(np.finfo(np.float32).min)])
+def test_bias_added_after_the_mask_fuses_in_that_order(fill):
+    """GPT-Neo's eager export applies its causal Where first and adds the padding bias after it.
+    The bias is a graph input (no bounds), so the fill cannot absorb it: the node gets
+    bias_after_mask=1 and computes fill + bias at masked positions, as the graph does."""
+    model = _mask_then_bias(fill)
+    fused, report = ortflash.optimize(model, softmax="naive")
+    assert report.fused == 1, report.blocks[0].reason
+    node = next(n for n in fused.graph.node if n.op_type == "FlashAttention")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["bias_after_mask"] == 1 and b"bias_after_mask=1" in attrs["exact_floats"]
+    assert "bias after mask" in report.blocks[0].mask
+    dims = {"B": 2, "S": 9, "T": 40}
+    f = feeds(model, dims, np.random.default_rng(7))
+    f["mask"][0, 0, 3] = False  # a fully masked row: fill + bias decides its softmax
+    want = _run(model, f)
+    for mode in ("naive", "online"):
+        got = _run(fused, f, softmax=mode, block_size=16)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if fill == -100.0:  # the other order gives a different answer here: the attribute is what makes it right
+        other = ortflash.kernels.reference.flash_attention(
+            f["q"], f["k"], f["v"], f["bias_after"], f["mask"], mask_fill=fill
+        )
+        assert np.abs(other - want).max() > 1e-2
+
+
+def test_biases_on_both_sides_of_the_mask_are_not_fused():
+    _near_miss(lambda: _mask_then_bias(-100.0, bias_before_mask=True), "biases on both sides of a mask")

@@ -23,15 +23,16 @@ class FlashAttentionCall:
     scale: float
     bias: ir.Value | None = None  # float32, broadcastable to [B, Hq, Sq, Sk]; None: absent
     mask: ir.Value | None = None  # bool, false = masked out; None: absent
-    is_causal: bool = False
+    is_causal: int = 0  # 0 none, 1 top-left, 2 bottom-right aligned (spec.py); a bool reads as 0/1
     mask_fill: float = -math.inf
     masked_rows: str = "nan"  # nan | zero
     softcap: float = 0.0
+    bias_after_mask: bool = False  # the bias is added after the mask and causal fills (GPT-Neo)
 
     @property
     def masked(self) -> bool:
         """Some keys can be masked out (mask_fill matters)."""
-        return self.mask is not None or self.is_causal
+        return self.mask is not None or bool(self.is_causal)
 
     def attributes(self, policy: SoftmaxPolicy) -> dict[str, object]:
         """The node's attributes under policy, completed and checked by the spec."""
@@ -43,8 +44,15 @@ class FlashAttentionCall:
                 "mask_fill": self.mask_fill,
                 "masked_rows": self.masked_rows,
                 "softcap": self.softcap,
+                "bias_after_mask": int(self.bias_after_mask),
             }
         )
-        # The bridge hands float attributes to Python with 6 significant digits.
+        # The bridge hands float attributes to Python with 6 significant digits, and cannot pass
+        # undeclared attributes: the side channel carries both.
         attrs["exact_floats"] = spec.exact_floats(attrs)
+        # An undeclared attribute is written only away from its default, so that nodes that do not
+        # use it stay as earlier versions wrote them.
+        for name in spec.SIDE_CHANNEL_INTS:
+            if attrs[name] == spec.ATTRIBUTES[name].default:
+                del attrs[name]
         return attrs

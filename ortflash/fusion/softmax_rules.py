@@ -53,6 +53,9 @@ class WalkState:
     # Read already, nearer the Softmax than the current op (the walk goes from it towards Q·Kᵀ).
     bias_nearer_softmax: bool = False
     scale_nearer_softmax: bool = False
+    # Every bias was read nearer the Softmax than a mask whose fill does not absorb it (GPT-Neo:
+    # where(causal, s, lowest) + padding bias): the op's bias_after_mask order.
+    bias_after_mask: bool = False
 
     def add(self, node: ir.Node, label: str | None = None) -> None:
         self.nodes.append(node)
@@ -116,13 +119,15 @@ class BooleanMask(Rule):
             raise NotFused(f"Where {node.name} fills masked scores with {fill}, not a large negative number")
         if m.mask_fill is not None and fill != m.mask_fill:
             raise NotFused(f"two masks fill with different values ({m.mask_fill} and {fill})")
-        if m.bias_nearer_softmax:
-            _check_fill_absorbs_later_biases(node, fill, m.biases)
         if m.scale_nearer_softmax:
             raise NotFused(f"the scores are scaled after the mask {node.name} (the fill would be scaled too)")
 
     def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         cond, scores, fill, inverted = self._split(node)
+        if m.bias_nearer_softmax and not m.bias_after_mask:
+            # where(mask, s, fill) + b: the op's own order when the fill absorbs b (fill + b ==
+            # fill), else its bias_after_mask order, which computes exactly this graph.
+            m.bias_after_mask = not _fill_absorbs_later_biases(fill, m.biases)
         m.masks.append((cond, inverted))
         m.mask_fill = fill
         m.add(node)
@@ -135,7 +140,7 @@ _ABSORBING_FILL = -(2.0**127)
 _ABSORBED_BIAS = 2.0**102
 
 
-def _check_fill_absorbs_later_biases(where: ir.Node, fill: float, biases: list[ir.Value]) -> None:
+def _fill_absorbs_later_biases(fill: float, biases: list[ir.Value]) -> bool:
     """where(mask, s, fill) + b (GPT-2's order) equals the op's where(mask, s + b, fill) when
     fill + b == fill for every value b can hold: fill -inf and b never +inf or NaN, or fill at or
     below -2**127 and |b| < 2**102. The bounds on b come from the ops that compute it."""
@@ -145,17 +150,8 @@ def _check_fill_absorbs_later_biases(where: ir.Node, fill: float, biases: list[i
             continue
         if fill <= _ABSORBING_FILL and found is not None and max(-found[0], found[1]) < _ABSORBED_BIAS:
             continue
-        need = (
-            "can never be +inf or NaN"
-            if fill == -math.inf
-            else f"stays below 2**102 in magnitude (so that {fill:g} + bias rounds to {fill:g})"
-            if fill <= _ABSORBING_FILL
-            else f"is 0 wherever a key is masked ({fill:g} + bias is not {fill:g})"
-        )
-        raise NotFused(
-            f"the bias {bias.name} is added after the mask {where.name} (fill {fill:g}): exact only "
-            f"where the bias {need}, which the graph does not prove"
-        )
+        return False
+    return True
 
 
 class AdditiveBias(Rule):
@@ -177,6 +173,11 @@ class AdditiveBias(Rule):
         _, bias = self._split(node)
         if not _float_type(bias):
             raise NotFused(f"Add {node.name}: the bias is not a float tensor")
+        if m.bias_after_mask:
+            raise NotFused(
+                f"biases on both sides of a mask: {bias.name} is added before it, another after it "
+                "(the op adds all of its biases on one side)"
+            )
         if m.scale_nearer_softmax:
             raise NotFused(f"the scores are scaled after the bias {node.name} was added (the bias would be scaled too)")
 

@@ -14,6 +14,7 @@ from ..graph import shapes
 from ..graph.emitter import Emitter, replace_output
 from ..policy import SoftmaxPolicy
 from ..report import Block
+from . import causal_mask
 from .call import FlashAttentionCall
 from .einsum_rules import ProbsEinsumV, QKEinsum
 from .emit import write_call
@@ -47,6 +48,7 @@ class SoftmaxBlock:
     mask_fill: float | None
     nan_guard: bool
     softcap: float
+    bias_after_mask: bool  # the biases are added after the masks (spec: bias_after_mask)
     nodes: tuple[ir.Node, ...]  # matched nodes, top (output) first
     pattern: str  # the block as read, inputs first: MatMul(q,Transpose(k))→Div→Add→Softmax→MatMul
 
@@ -118,6 +120,7 @@ def _finished(state: WalkState) -> SoftmaxBlock:
         mask_fill=state.mask_fill,
         nan_guard=state.nan_guard,
         softcap=state.softcap,
+        bias_after_mask=state.bias_after_mask,
         nodes=tuple(state.nodes),
         pattern="→".join(list(reversed(scores)) + [state.ops[0]] + probs),
     )
@@ -151,6 +154,8 @@ def describe(block: SoftmaxBlock) -> dict[str, object]:
     four_d = block.rank == 4 and len(q_shape) == 4
     parts = [f"bias {u.value_shape(b) or '?'}" for b in block.biases]
     parts += [("not-" if inv else "") + f"mask {u.value_shape(c) or '?'}" for c, inv in block.masks]
+    if block.bias_after_mask:
+        parts.append("bias after mask")
     if block.nan_guard:
         parts.append("NaN guard")
     return {
@@ -211,8 +216,68 @@ def _kv_of_one_head_count(e: Emitter, block: SoftmaxBlock, k: ir.Value, v: ir.Va
     return (wide, v) if hk == 1 else (k, wide)
 
 
-def _call(e: Emitter, block: SoftmaxBlock) -> FlashAttentionCall:
-    """The block as a FlashAttentionCall, writing the reshapes and combinations it needs."""
+@dataclass(frozen=True)
+class _Causal:
+    """A block's one bias or mask proved causal x key padding (fusion/causal_mask)."""
+
+    proof: causal_mask.CausalProof
+    as_mask: bool
+    marks_masked: bool
+
+
+def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
+    """The causal proof of block's [B, 1, Sq, Sk] bias or mask; the step that failed where it does
+    not hold; None where the block has no single query-dependent bias or mask to read."""
+    if block.rank != 4 or block.bias_after_mask or len(block.biases) + len(block.masks) != 1:
+        return None
+    as_mask = bool(block.masks)
+    candidate, marks_masked = block.masks[0] if as_mask else (block.biases[0], False)
+    dims = u.value_shape(candidate)
+    if dims is None or len(dims) < 2 or dims[-2] == 1:
+        return None  # no query dim: a key padding mask already
+    try:
+        proof = causal_mask.prove(
+            candidate,
+            as_mask=as_mask,
+            marks_masked=marks_masked,
+            block_fill=block.mask_fill,
+            q=block.q,
+            k=block.k,
+            k_perm=block.k_perm,
+        )
+    except causal_mask.NoFrontier:
+        return None  # no key position compared with a query position: not a causal mask
+    except causal_mask.NotProved as why:
+        if not _compares_positions(candidate):
+            return None
+        return f"not proved causal: {why}"
+    return _Causal(proof, as_mask, marks_masked)
+
+
+_COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Trilu")
+
+
+def _compares_positions(value: ir.Value, depth: int = 24) -> bool:
+    """Whether the subgraph computing value has a comparison (or Trilu) that is not only a bound
+    check of one Range: whether a failed causal proof is worth a note in the report (a read-only
+    look; the proof itself is causal_mask's)."""
+    seen: set[int] = set()
+    stack = [(value, depth)]
+    while stack:
+        v, d = stack.pop()
+        node = u.producer(v)
+        if node is None or d <= 0 or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op_type in _COMPARISONS and all(u.const_array(x) is None for x in node.inputs):
+            return True
+        stack += [(x, d - 1) for x in node.inputs if x is not None]
+    return False
+
+
+def _call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None = None) -> FlashAttentionCall:
+    """The block as a FlashAttentionCall, writing the reshapes and combinations it needs; with a
+    causal proof, is_causal and the padding part instead of the block's [B, 1, Sq, Sk] tensor."""
     k = block.k if block.k_perm is None else e.transpose(block.k, block.k_perm)
     q = _q_of_full_batch(e, block)
     v = block.v if block.v_perm is None else e.transpose(block.v, block.v_perm)
@@ -220,6 +285,24 @@ def _call(e: Emitter, block: SoftmaxBlock) -> FlashAttentionCall:
         k, v = _kv_of_one_head_count(e, block, k, v)
     if block.rank == 3:
         q, k, v = (e.unsqueeze(x, [1]) for x in (q, k, v))
+    if causal is not None:
+        padding = causal_mask.write_padding(e, causal.proof.padding)
+        mask = None
+        if causal.as_mask and padding is not None:
+            mask = e.node("Not", [padding]) if causal.marks_masked else padding
+        return FlashAttentionCall(
+            q=q,
+            k=k,
+            v=v,
+            dtype=u.dtype(block.q),
+            scale=block.scale,
+            bias=None if causal.as_mask or padding is None else e.cast(padding, ir.DataType.FLOAT),
+            mask=mask,
+            is_causal=causal.proof.is_causal,
+            mask_fill=causal.proof.mask_fill,
+            masked_rows="zero" if block.nan_guard else "nan",
+            softcap=block.softcap,
+        )
     ranks = {id(x): u.rank(x) for x in list(block.biases) + [c for c, _ in block.masks]}
 
     bias = None
@@ -246,11 +329,18 @@ def _call(e: Emitter, block: SoftmaxBlock) -> FlashAttentionCall:
         mask_fill=-math.inf if block.mask_fill is None else block.mask_fill,
         masked_rows="zero" if block.nan_guard else "nan",
         softcap=block.softcap,
+        bias_after_mask=block.bias_after_mask,
     )
 
 
-def fuse_softmax_blocks(graph: ir.Graph, opset: int, policy: SoftmaxPolicy, first_row: int) -> list[Block]:
+def fuse_softmax_blocks(
+    graph: ir.Graph, opset: int, policy: SoftmaxPolicy, first_row: int, prove_causal: bool = True
+) -> list[Block]:
     """Fuse the block around every Softmax of graph, in place; one report Block per Softmax.
+
+    prove_causal: read each block's [B, 1, Sq, Sk] bias or mask as causal x key padding where
+    that is proved (fusion/causal_mask); False keeps the tensor as the block's bias or mask (the
+    baseline of benchmarks/results/causal_proof.md).
 
     Rows are numbered from first_row (the report rows before them); each fused node records
     its row in its metadata (emit.BLOCK_ID) for the lowering's notes."""
@@ -266,11 +356,20 @@ def fuse_softmax_blocks(graph: ir.Graph, opset: int, policy: SoftmaxPolicy, firs
         matmul_pv = block.output.producer()
         assert matmul_pv is not None
         e = Emitter(graph, matmul_pv, f"ortflash/attention_{row}", opset)
-        out = write_call(e, _call(e, block), policy, block_id=str(row), replaces=block.output.name or "")
+        causal = proved_causal(block) if prove_causal else None
+        proof = causal if isinstance(causal, _Causal) else None
+        out = write_call(e, _call(e, block, proof), policy, block_id=str(row), replaces=block.output.name or "")
         if block.rank == 3:
             out = e.squeeze(out, [1])
         replace_output(graph, block.output, out)
         kept = scores_kept(block)
-        note = f"scores also read by {', '.join(kept)}, kept" if kept else ""
-        blocks.append(Block(label, True, note, softmax=policy.mode, **describe(block)))  # type: ignore[arg-type]  # mode None only for a session's policy
+        notes = [f"scores also read by {', '.join(kept)}, kept" if kept else ""]
+        if proof is not None:
+            notes.append(f"causal (is_causal={proof.proof.is_causal}, proved from the mask subgraph)")
+        elif isinstance(causal, str):
+            notes.append(causal)
+        columns = describe(block)
+        if proof is not None:
+            columns["mask"] = f"causal + padding {list(proof.proof.padding.dims)}"
+        blocks.append(Block(label, True, "; ".join(filter(None, notes)), softmax=policy.mode, **columns))  # type: ignore[arg-type]  # mode None only for a session's policy
     return blocks

@@ -224,7 +224,7 @@ def flash_attention(
         bias_4d,
         mask_4d,
         scale=float(attrs["scale"]),
-        is_causal=bool(attrs["is_causal"]),
+        is_causal=int(attrs["is_causal"]),
         mask_fill=float(attrs["mask_fill"]),
         zero_rows=attrs["masked_rows"] == "zero",
         softcap=float(attrs["softcap"]),
@@ -232,5 +232,6 @@ def flash_attention(
         block_size=int(policy.block_size or spec.ATTRIBUTES["block_size"].default),  # type: ignore[call-overload]
         query_tile=query_tile(qd.shape[0] * qd.shape[1], qd.shape[2], workers),
         threads=workers,
+        bias_after_mask=bool(attrs["bias_after_mask"]),
     )
     return out if out.dtype == np.asarray(q).dtype else out.astype(np.asarray(q).dtype)

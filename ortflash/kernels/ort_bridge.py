@@ -54,7 +54,8 @@ def run_node(
     op_type=spec.OP_TYPE,
     inputs=[PyCustomOpDef.dt_float] * 4 + [PyCustomOpDef.dt_bool],
     outputs=[PyCustomOpDef.dt_float],
-    attrs={name: _ATTR_TYPES[a.kind] for name, a in spec.ATTRIBUTES.items()},
+    # Undeclared attributes (spec.Attribute.declared) reach the kernel through the side channel.
+    attrs={name: _ATTR_TYPES[spec.ATTRIBUTES[name].kind] for name in spec.DECLARED},
 )
 def _flash_attention_op(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, mask: np.ndarray, **attrs: Any

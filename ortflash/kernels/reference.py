@@ -56,8 +56,9 @@ def _grouped(
 def _scores(qg: Array, kt: Array, bias: Array | None, mask: Array | None, key_offset: int, attrs: Attrs) -> Array:
     """Scaled, capped, biased and masked scores of the keys [key_offset, key_offset + kt.shape[-2]).
 
-    Computed in place on the one fresh array the matmul returns (the tile is the only
-    score-sized allocation)."""
+    ``attrs["causal_offset"]`` (set by flash_attention) is the causal frontier: query i sees
+    key j <= i + causal_offset. Computed in place on the one fresh array the matmul returns
+    (the tile is the only score-sized allocation)."""
     s = np.matmul(qg, np.swapaxes(kt, -1, -2))
     s *= ACC(attrs["scale"])
     if attrs["softcap"] > 0:
@@ -66,12 +67,8 @@ def _scores(qg: Array, kt: Array, bias: Array | None, mask: Array | None, key_of
         np.tanh(s, out=s)
         s *= cap
     stop = key_offset + kt.shape[-2]
-    if bias is not None:
-        tile = bias if bias.shape[-1] == 1 else bias[..., key_offset:stop]
-        if np.broadcast_shapes(s.shape, tile.shape) != s.shape:
-            s = s + tile  # a bias with a dim the scores broadcast over (batch 1 scores, say)
-        else:
-            s += tile
+    if bias is not None and not attrs["bias_after_mask"]:
+        s = _add_bias(s, bias, key_offset, stop)
     fill = ACC(attrs["mask_fill"])
     if mask is not None:
         keep = mask if mask.shape[-1] == 1 else mask[..., key_offset:stop]
@@ -79,9 +76,20 @@ def _scores(qg: Array, kt: Array, bias: Array | None, mask: Array | None, key_of
             s = np.broadcast_to(s, np.broadcast_shapes(s.shape, keep.shape)).copy()
         np.copyto(s, fill, where=~keep)
     if attrs["is_causal"]:
-        rows = np.arange(qg.shape[-2])[:, None]
+        rows = np.arange(qg.shape[-2])[:, None] + attrs["causal_offset"]
         cols = np.arange(key_offset, stop)[None, :]
         np.copyto(s, fill, where=cols > rows)
+    if bias is not None and attrs["bias_after_mask"]:
+        s = _add_bias(s, bias, key_offset, stop)
+    return s
+
+
+def _add_bias(s: Array, bias: Array, key_offset: int, stop: int) -> Array:
+    tile = bias if bias.shape[-1] == 1 else bias[..., key_offset:stop]
+    with np.errstate(over="ignore"):  # after the mask, lowest fill + lowest bias is -inf, as in float32
+        if np.broadcast_shapes(s.shape, tile.shape) != s.shape:
+            return s + tile  # a bias with a dim the scores broadcast over (batch 1 scores, say)
+        s += tile
     return s
 
 
@@ -188,6 +196,7 @@ def flash_attention(
     policy = policy.applied_to(own) if policy is not None else own
     attrs["block_size"] = policy.block_size
     qg, kg, vg, bias_g, mask_g, (b, hq, sq, sk) = _grouped(q, k, v, bias, mask)
+    attrs["causal_offset"] = spec.causal_offset(attrs["is_causal"], sq, sk)
     kernel = _online if policy.choose(sk) == "online" else _naive
     out = _over_heads(kernel, qg, kg, vg, bias_g, mask_g, attrs)
     out = np.broadcast_to(out, (b, k.shape[1], hq // k.shape[1], sq, v.shape[-1]))
