@@ -532,13 +532,23 @@ def block_name(n):
     return n.name
 
 
+PAST = 4  # cached tokens in the runs of decoders with a KV cache
+
+
 def feeds_from_manifest(entry, batch=2, seq=7, dec_seq=5):
     rng = np.random.default_rng(0)
     dims = {"batch": batch, "seq": seq, "dec_seq": dec_seq}
+    cache = entry.get("cache")
+    if cache:  # the exporter's names for the lengths (dynamo picks its own): total = past + new
+        dims.update(
+            {cache["batch_dim"]: batch, cache["new_dim"]: seq, cache["past_dim"]: PAST, cache["total_dim"]: PAST + seq}
+        )
     feeds = {}
     for inp in entry["inputs"]:
         shape = [dims.get(d, 7) if isinstance(d, str) else d for d in inp["shape"]]
-        if inp["role"] == "attention_mask":
+        if inp["role"] == "use_cache_branch":
+            a = np.array([True])
+        elif inp["role"] == "attention_mask":
             a = np.ones(shape, dtype=np.int64)
             a[-1, shape[1] - 2 :] = 0
         elif inp["elem_type"] == "int64":
@@ -549,8 +559,23 @@ def feeds_from_manifest(entry, batch=2, seq=7, dec_seq=5):
     return feeds
 
 
+def then_branch_inlined(m: onnx.ModelProto) -> onnx.ModelProto:
+    """A merged decoder (one If in the main graph) as the model its then branch (with a cache)
+    computes: the branch's nodes with the main graph's inputs, weights and outputs."""
+    node = m.graph.node[0]
+    branch = next(a.g for a in node.attribute if a.name == "then_branch")
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    del out.graph.node[:]
+    out.graph.node.extend(branch.node)
+    out.graph.node.extend(helper.make_node("Identity", [b.name], [o]) for b, o in zip(branch.output, node.output))
+    return out
+
+
 def describe_model(path: Path, entry=None):
     m = onnx.load(str(path))
+    if len(m.graph.node) == 1 and m.graph.node[0].op_type == "If":
+        m = then_branch_inlined(m)
     try:
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception:  # noqa: BLE001
@@ -579,7 +604,10 @@ def describe_model(path: Path, entry=None):
             "Inputs: "
             + ", ".join(f"`{i['name']}` {i['elem_type']}{i['shape']}" for i in entry["inputs"])
             + (
-                "  (runtime shapes below: batch 2, seq 7, dec_seq 5, last row's 2 last tokens padded)"
+                "  (runtime shapes below: batch 2, seq 7, dec_seq 5, last row's 2 last tokens padded"
+                + (f"; {PAST} cached tokens, mask over {PAST} + 7" if entry.get("cache") else "")
+                + ("; the If's then branch (with a cache) shown" if entry.get("arch") == "llama_merged" else "")
+                + ")"
                 if not err
                 else f"  (could not run onnx.reference: {err})"
             )
@@ -646,7 +674,7 @@ SUMMARY_PLACEHOLDER = "@@SUMMARY@@"
 NOTES_VERSIONS = {"torch": "2.13.0+cpu", "transformers": "5.24.0"}
 NOTES = """## Summary of the distinct patterns (hand-written; torch 2.13.0, transformers 5.24.0)
 
-Common to all 28 models: every block is 4D: Q `[B,Hq,Sq,D]` · Kᵀ `[B,Hq,D,Sk]` → scores `[B,Hq,Sq,Sk]`,
+Common to all models (1-6: the 28 of the first zoo): every block is 4D: Q `[B,Hq,Sq,D]` · Kᵀ `[B,Hq,D,Sk]` → scores `[B,Hq,Sq,Sk]`,
 `Softmax(axis=-1)`, P·V `[B,Hq,Sq,D]`, then `Transpose(0,2,1,3)` → `Reshape [B,Sq,Hq*D]` (GPT-2 dynamo:
 Reshape straight to 2D `[B*S, 64]` for the Gemm). Q/K/V come from a projection (MatMul + bias Add, GPT-2: one
 Gemm + Split, T5: MatMul without bias, Whisper: k_proj without bias) → `Reshape [B,S,H,D]` →
@@ -690,6 +718,15 @@ GatherND / Where…) are computed once and shared by all the blocks of a stack.
    `[B,H,S,D]`; K and V are repeated for GQA by `Unsqueeze(2) → Expand [B,Hkv,n_rep,S,D] → Reshape
    [B,Hq,S,D]` before the MatMuls (also under sdpa: transformers' repeat_kv, not SDPA's enable_gqa).
    Causal + padding mask `[B,1,S,S]`.
+
+7. **GPT-Neo** (eager only): no scale; the causal `Where(tril, s, lowest)` comes *before* the
+   `Add` of the padding bias (the other decoders add the combined bias first).
+8. **Decoders with a KV cache** (`*_cache_*`, `llama_merged`): K and V are `Concat(past, new, axis=-2)`
+   in `[B,Hkv,S,D]`, read by the attention (Llama/Qwen2/Mistral: through repeat_kv) and returned as
+   `present.{i}.*`; the mask is `[B,1,S,past+S]`, built from `cache_position` (past length from the
+   past inputs' shape). `llama_merged` is an `If` whose branches hold the with-cache and no-cache
+   graphs (the no-cache branch's "append" is a one-input Concat).
+9. **bert_shapeless**: the BERT TorchScript export at opset 12 without value_info; `Softmax(axis=3)`.
 
 Effective scale = product of every scalar Mul (÷ Div) on the Q path (down to the projection, through the
 head Reshape/Transpose), the K path and the scores; the per-block lines below list each factor.

@@ -145,6 +145,61 @@ class WhisperWrapper(torch.nn.Module):
         return out.last_hidden_state, out.encoder_last_hidden_state
 
 
+class CacheDecoderWrapper(torch.nn.Module):
+    """input_ids [batch, seq] + attention_mask [batch, past + seq] + past_key_values.{i}.key/value
+    [batch, kv_heads, past, head_dim] -> last_hidden_state and present.{i}.key/value
+    [batch, kv_heads, past + seq, head_dim]: one prefill (past 0) or decode step against a KV cache."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    # two layers, spelled out: torch.export matches dynamic_shapes to the signature, not to *args
+    def forward(self, input_ids, attention_mask, past_key_0, past_value_0, past_key_1, past_value_1):
+        from transformers import DynamicCache
+        cache = DynamicCache(ddp_cache_data=[(past_key_0, past_value_0), (past_key_1, past_value_1)])
+        out = self.m(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+        presents = []
+        for layer in out.past_key_values.layers:
+            presents += [layer.keys, layer.values]
+        return (out.last_hidden_state, *presents)
+
+
+class NoPastDecoderWrapper(torch.nn.Module):
+    """input_ids + attention_mask [batch, seq] -> last_hidden_state and present.{i}.key/value: the
+    first step of generation, before there is a cache."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def forward(self, input_ids, attention_mask):
+        from transformers import DynamicCache
+        out = self.m(input_ids=input_ids, attention_mask=attention_mask, past_key_values=DynamicCache(),
+                     use_cache=True)
+        presents = []
+        for layer in out.past_key_values.layers:
+            presents += [layer.keys, layer.values]
+        return (out.last_hidden_state, *presents)
+
+
+class MergedDecoderWrapper(torch.nn.Module):
+    """The merged form (one file for both steps, as optimum writes it): use_cache_branch [1] picks
+    the decoder with a cache or the one without, which ignores the past inputs."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+        self.with_past = CacheDecoderWrapper(model)
+        self.no_past = NoPastDecoderWrapper(model)
+
+    def forward(self, input_ids, attention_mask, past_key_0, past_value_0, past_key_1, past_value_1,
+                use_cache_branch):
+        if bool(use_cache_branch[0]):
+            return self.with_past(input_ids, attention_mask, past_key_0, past_value_0, past_key_1, past_value_1)
+        return self.no_past(input_ids, attention_mask)
+
+
 def _tok(name, role, seq="seq"):
     return InputSpec(name, role, "int64", ["batch", seq], {"low": 3, "high": VOCAB})
 
@@ -229,6 +284,85 @@ def build_llama(attn_impl):
     return EncoderWrapper(_perturb_constant_params(LlamaModel(cfg)))
 
 
+def build_gpt_neo(attn_impl):
+    from transformers import GPTNeoConfig, GPTNeoModel
+    # one global and one local layer: the causal Where (fill float32-lowest) comes before the padding bias
+    cfg = GPTNeoConfig(vocab_size=VOCAB, max_position_embeddings=128, hidden_size=64, num_layers=2,
+                       attention_types=[[["global", "local"], 1]], num_heads=2, intermediate_size=16,
+                       window_size=8, use_cache=False, bos_token_id=0, eos_token_id=0,
+                       initializer_range=INIT_STD)
+    _set_impl(cfg, attn_impl)
+    return EncoderWrapper(_perturb_constant_params(GPTNeoModel(cfg)))
+
+
+CACHE_LAYERS = 2
+
+
+def build_gpt2_cache(attn_impl):
+    from transformers import GPT2Config, GPT2Model
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=64, n_layer=CACHE_LAYERS, n_head=2, n_inner=16,
+                     use_cache=True, bos_token_id=0, eos_token_id=0, initializer_range=INIT_STD)
+    _set_impl(cfg, attn_impl)
+    return CacheDecoderWrapper(_perturb_constant_params(GPT2Model(cfg)))
+
+
+def build_llama_cache(attn_impl):
+    from transformers import LlamaConfig, LlamaModel
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=16, num_hidden_layers=CACHE_LAYERS,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=128, use_cache=True, bos_token_id=0, eos_token_id=0,
+                      pad_token_id=0, initializer_range=INIT_STD)
+    _set_impl(cfg, attn_impl)
+    return CacheDecoderWrapper(_perturb_constant_params(LlamaModel(cfg)))
+
+
+def build_qwen2_cache(attn_impl):
+    from transformers import Qwen2Config, Qwen2Model
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=16, num_hidden_layers=CACHE_LAYERS,
+                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128,
+                      use_cache=True, use_sliding_window=False, bos_token_id=0, eos_token_id=0,
+                      pad_token_id=0, initializer_range=INIT_STD)
+    _set_impl(cfg, attn_impl)
+    return CacheDecoderWrapper(_perturb_constant_params(Qwen2Model(cfg)))
+
+
+def build_mistral_cache(attn_impl):
+    from transformers import MistralConfig, MistralModel
+    # sliding_window None: the cache is a plain DynamicCache (a window wider than 128 positions is the same)
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=16, num_hidden_layers=CACHE_LAYERS,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                        sliding_window=None, use_cache=True, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                        initializer_range=INIT_STD)
+    _set_impl(cfg, attn_impl)
+    return CacheDecoderWrapper(_perturb_constant_params(MistralModel(cfg)))
+
+
+def build_llama_merged(attn_impl):
+    return MergedDecoderWrapper(build_llama_cache(attn_impl).m)
+
+
+def _cache_io(kv_heads, head_dim, layers=CACHE_LAYERS):
+    """Inputs and outputs of a CacheDecoderWrapper export, and the outputs' symbolic dims."""
+    inputs = [_tok("input_ids", "input_ids"), _mask(seq="total")]
+    outputs = ["last_hidden_state"]
+    output_dims = {"last_hidden_state": {0: "batch", 1: "seq"}}
+    for i in range(layers):
+        for kv in ("key", "value"):
+            inputs.append(InputSpec(f"past_key_values.{i}.{kv}", f"past_{kv}", "float32",
+                                    ["batch", kv_heads, "past", head_dim], {"distribution": "standard normal"}))
+            outputs.append(f"present.{i}.{kv}")
+            output_dims[f"present.{i}.{kv}"] = {0: "batch", 2: "total"}
+    return inputs, outputs, output_dims
+
+
+def _cache_arch(name, build, heads, kv_heads, head_dim, notes):
+    inputs, outputs, output_dims = _cache_io(kv_heads, head_dim)
+    return Arch(name, build, inputs, outputs, heads, kv_heads, head_dim, True,
+                notes + "; KV cache: past_key_values.{i}.key/value in, present.{i}.key/value out "
+                "(Concat(past, new) on the sequence axis), attention_mask over past + new tokens",
+                {"cache": True, "output_dims": output_dims}, {"causal_self": CACHE_LAYERS})
+
+
 ARCHS = [
     Arch("bert", build_bert, [_tok("input_ids", "input_ids"), _mask()], ["last_hidden_state"],
          2, 2, 32, False, "encoder, padding mask", block_kinds={"self": 2}),
@@ -263,20 +397,49 @@ ARCHS = [
     Arch("llama", build_llama, [_tok("input_ids", "input_ids"), _mask()], ["last_hidden_state"],
          4, 2, 32, True, "decoder, grouped-query attention (4 query heads, 2 KV heads), rotary embeddings",
          block_kinds={"causal_self": 2}),
+    Arch("gpt_neo", build_gpt_neo, [_tok("input_ids", "input_ids"), _mask()], ["last_hidden_state"],
+         2, 2, 32, True, "decoder, no 1/sqrt(d) scale; causal Where (fill float32-lowest) applied before the "
+         "padding bias is added; layer 1 local attention (window 8)", block_kinds={"causal_self": 2}),
+    _cache_arch("gpt2_cache", build_gpt2_cache, 2, 2, 32, "GPT-2 decoder"),
+    _cache_arch("llama_cache", build_llama_cache, 4, 2, 16, "Llama decoder, 4 query / 2 KV heads"),
+    _cache_arch("qwen2_cache", build_qwen2_cache, 4, 1, 16, "Qwen2 decoder, 4 query heads / 1 KV head"),
+    _cache_arch("mistral_cache", build_mistral_cache, 4, 2, 16, "Mistral decoder, 4 query / 2 KV heads"),
 ]
+_merged_inputs, _merged_outputs, _merged_dims = _cache_io(2, 16)
+ARCHS += [
+    Arch("llama_merged", build_llama_merged,
+         _merged_inputs + [InputSpec("use_cache_branch", "use_cache_branch", "bool", [1],
+                                     {"values": "true: the cached branch; false: no past (past length 0)"})],
+         _merged_outputs, 4, 2, 16, True,
+         "the llama_cache decoder in the merged form: If(use_cache_branch) over the TorchScript export with "
+         "a cache and the one without (2 blocks in each branch); the branches read the main graph's inputs "
+         "and weights from the outer scope",
+         {"cache": True, "merged": True, "output_dims": _merged_dims, "exporters": ["torchscript"]},
+         {"causal_self": 2 * CACHE_LAYERS}),
+    Arch("bert_shapeless", build_bert, [_tok("input_ids", "input_ids"), _mask()], ["last_hidden_state"],
+         2, 2, 32, False,
+         "the BERT encoder exported at opset 12 with every value_info removed, as shipped models without "
+         "shapes come (only the graph inputs and outputs keep theirs)",
+         {"opset": 12, "strip_shapes": True, "exporters": ["torchscript"]}, {"self": 2}),
+]
+# architectures whose attention the sdpa implementation does not cover (transformers 5.24)
+EAGER_ONLY = {"gpt_neo", "bert_shapeless", "llama_merged"}
 
 
 # --------------------------------------------------------------------------
 # feeds
 # --------------------------------------------------------------------------
 
-def make_feeds(arch: Arch, batch: int, seq: int, dec_seq: int, pad: int, rng):
-    """Inputs for one check. `pad` tokens of the last batch row are masked out (right padding)."""
-    dimval = {"batch": batch, "seq": seq, "dec_seq": dec_seq}
+def make_feeds(arch: Arch, batch: int, seq: int, dec_seq: int, pad: int, rng, past: int = 0):
+    """Inputs for one check. `pad` tokens of the last batch row are masked out (right padding);
+    a cached decoder gets `past` cached tokens and a mask over past + seq."""
+    dimval = {"batch": batch, "seq": seq, "dec_seq": dec_seq, "past": past, "total": past + seq}
     feeds = {}
     for spec in arch.inputs:
         shape = [dimval[d] if isinstance(d, str) else d for d in spec.dims]
-        if spec.role == "attention_mask":
+        if spec.role == "use_cache_branch":
+            a = np.array([past > 0])
+        elif spec.role == "attention_mask":
             a = np.ones(shape, dtype=np.int64)
             if pad and batch > 1:
                 a[-1, shape[1] - pad:] = 0
@@ -290,12 +453,18 @@ def make_feeds(arch: Arch, batch: int, seq: int, dec_seq: int, pad: int, rng):
 
 def export_example(arch: Arch):
     rng = np.random.default_rng(1234)
-    feeds = make_feeds(arch, EXPORT_BATCH, EXPORT_SEQ, EXPORT_SEQ // 2 + 1, 3, rng)
+    past = EXPORT_SEQ // 2 + 1 if arch.meta.get("cache") else 0
+    feeds = make_feeds(arch, EXPORT_BATCH, EXPORT_SEQ, EXPORT_SEQ // 2 + 1, 3, rng, past)
     return tuple(torch.from_numpy(feeds[s.name]) for s in arch.inputs)
 
 
 def check_cases(arch: Arch):
-    """(label, batch, seq, dec_seq, pad) cases: two sequence lengths, and batch 2 with padding."""
+    """(label, batch, seq, dec_seq, pad[, past]) cases: two sequence lengths, and batch 2 with padding;
+    a cached decoder: prefill (past 0), a decode step (1 new token) and a padded batch with past."""
+    if arch.meta.get("cache"):
+        return [("prefill_b1_s7", 1, 7, 0, 0, 0), ("decode_b2_s1_past9_pad", 2, 1, 0, 3, 9),
+                ("prefill_b2_s6_pad", 2, 6, 0, 2, 0),
+                ("b2_s5_past6_pad", 2, 5, 0, 4, 6)]
     if arch.meta.get("fixed_seq"):
         return [("batch1", 1, 0, 5, 0), ("batch3", 3, 0, 11, 0)]
     has_mask = any(s.role == "attention_mask" for s in arch.inputs)
@@ -350,9 +519,9 @@ def export_torchscript(wrapper, arch, example, path):
         d = {i: n for i, n in enumerate(spec.dims) if isinstance(n, str)}
         dyn[spec.name] = d
     for o in arch.outputs:
-        dyn[o] = {0: "batch"}
+        dyn[o] = arch.meta.get("output_dims", {}).get(o, {0: "batch"})
     torch.onnx.export(wrapper, example, str(path), input_names=[s.name for s in arch.inputs],
-                      output_names=arch.outputs, dynamic_axes=dyn, opset_version=TS_OPSET,
+                      output_names=arch.outputs, dynamic_axes=dyn, opset_version=arch.meta.get("opset", TS_OPSET),
                       do_constant_folding=True, dynamo=False)
 
 
@@ -360,6 +529,10 @@ def export_dynamo(wrapper, arch, example, path):
     dims = {"batch": torch.export.Dim("batch", min=1, max=64),
             "seq": torch.export.Dim("seq", min=1, max=128),
             "dec_seq": torch.export.Dim("dec_seq", min=1, max=64)}
+    if arch.meta.get("cache"):
+        # total = past + seq is not a derived dim torch.export can be told; it finds the relation itself
+        # and names the mask's length on its own (s53), as it does in exports made outside this script
+        dims.update(past=torch.export.Dim("past", min=0, max=4096), total=torch.export.Dim.AUTO)
     dyn = tuple({i: dims[n] for i, n in enumerate(spec.dims) if isinstance(n, str)} for spec in arch.inputs)
     kw = {}
     if DYNAMO_OPSET is not None:
@@ -368,6 +541,71 @@ def export_dynamo(wrapper, arch, example, path):
                              output_names=arch.outputs, dynamic_shapes=dyn, optimize=True,
                              verbose=False, **kw)
     prog.save(str(path))
+
+
+def export_merged(wrapper, arch, path):
+    """The merged decoder: the with-cache and the no-cache TorchScript exports as the two branches
+    of one If(use_cache_branch), their weights in the main graph."""
+    import dataclasses
+    with_past = dataclasses.replace(arch, inputs=arch.inputs[:-1])
+    no_past_inputs = [_tok("input_ids", "input_ids"), _mask()]
+    no_past = dataclasses.replace(arch, inputs=no_past_inputs, meta={
+        "output_dims": {o: ({0: "batch", 2: "seq"} if o.startswith("present") else {0: "batch", 1: "seq"})
+                        for o in arch.outputs}})
+    rng = np.random.default_rng(1234)
+    ex_past = make_feeds(with_past, EXPORT_BATCH, EXPORT_SEQ, 0, 3, rng, EXPORT_SEQ // 2 + 1)
+    ex_new = make_feeds(no_past, EXPORT_BATCH, EXPORT_SEQ, 0, 3, rng)
+    parts = {}
+    for label, sub, module, feeds in (("with_past", with_past, wrapper.with_past, ex_past),
+                                      ("no_past", no_past, wrapper.no_past, ex_new)):
+        part = path.with_name(f"{path.stem}.{label}.onnx")
+        export_torchscript(module, sub, tuple(torch.from_numpy(feeds[s.name]) for s in sub.inputs), part)
+        parts[label] = postprocess(part)
+        part.unlink()
+    main_graph = parts["with_past"].graph
+    branches, weights = {}, []
+    for label, m in parts.items():
+        g = m.graph
+        outer = {i.name for i in g.input}
+        rename = {x: f"{label}/{x}" for x in [i.name for i in g.initializer] + [o for n in g.node for o in n.output if o]}
+        nodes = []
+        for n in g.node:
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            c.name = f"{label}/{n.name}"
+            c.input[:] = [rename.get(x, x) for x in n.input]
+            c.output[:] = [rename.get(x, x) for x in n.output]
+            nodes.append(c)
+        assert not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in nodes for a in n.attribute)
+        for init in g.initializer:
+            w = onnx.TensorProto()
+            w.CopyFrom(init)
+            w.name = rename[init.name]
+            weights.append(w)
+        outs = [onnx.helper.make_tensor_value_info(rename.get(o.name, o.name), o.type.tensor_type.elem_type, None)
+                for o in g.output]
+        assert not outer & {o.name for o in g.output}
+        branches[label] = onnx.helper.make_graph(nodes, label, [], outs)
+    choose = onnx.helper.make_node("If", ["use_cache_branch"], [o.name for o in main_graph.output], name="merged/if",
+                                   then_branch=branches["with_past"], else_branch=branches["no_past"])
+    inputs = list(main_graph.input) + [onnx.helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])]
+    graph = onnx.helper.make_graph([choose], "merged_decoder", inputs, list(main_graph.output), weights)
+    merged = onnx.helper.make_model(graph, opset_imports=list(parts["with_past"].opset_import))
+    merged.ir_version = parts["with_past"].ir_version
+    onnx.save(merged, str(path))
+
+
+def branch_models(m: onnx.ModelProto):
+    """m itself, and each If branch of its main graph as a model of its own (to count its blocks)."""
+    out = [m]
+    for n in m.graph.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                sub = onnx.ModelProto()
+                sub.CopyFrom(m)
+                sub.graph.CopyFrom(a.g)
+                out.append(sub)
+    return out
 
 
 KEEP_NODE_META = {"namespace"}
@@ -379,9 +617,12 @@ def _compact_namespace(v: str) -> str:
     return re.sub(r"([:/] ?)(?:[A-Za-z_][\w]*\.)+([A-Za-z_]\w*)(?=/)", r"\1\2", v)
 
 
-def postprocess(path):
-    """Drop bulky export metadata (stack traces, fx nodes), cap the IR version, single file."""
+def postprocess(path, strip_shapes=False):
+    """Drop bulky export metadata (stack traces, fx nodes), cap the IR version, single file;
+    strip_shapes: drop every value_info too (a model shipped without shapes)."""
     m = onnx.load(str(path))
+    if strip_shapes:
+        del m.graph.value_info[:]
     for n in m.graph.node:
         keep = [p for p in n.metadata_props if p.key in KEEP_NODE_META]
         for p in keep:
@@ -420,6 +661,21 @@ def describe_inputs(m: onnx.ModelProto, arch: Arch):
     return out
 
 
+def cache_dims(m: onnx.ModelProto):
+    """The symbolic dims of a cached decoder's lengths as the exporter named them (dynamo picks its
+    own names), so that feeds keep total = past + new."""
+    def dim(name, axis):
+        vi = next(v for v in m.graph.input if v.name == name)
+        d = vi.type.tensor_type.shape.dim[axis]
+        return d.dim_param or d.dim_value
+
+    layers = sum(1 for v in m.graph.input if v.name.startswith("past_key_values.") and v.name.endswith(".key"))
+    return {"layers": layers, "batch_dim": dim("input_ids", 0), "new_dim": dim("input_ids", 1),
+            "past_dim": dim("past_key_values.0.key", 2), "total_dim": dim("attention_mask", 1),
+            "past_inputs": "past_key_values.{i}.key / .value [batch, kv_heads, past, head_dim]",
+            "present_outputs": "present.{i}.key / .value [batch, kv_heads, past + new, head_dim]"}
+
+
 def _compare(wrapper, arch, sess, onames, label, feeds):
     with torch.no_grad():
         ref = wrapper(*[torch.from_numpy(feeds[sp.name]) for sp in arch.inputs])
@@ -454,11 +710,13 @@ def run_checks(wrapper, arch, path):
         return [{"case": "load", "ok": False, "error": _one_line(e)}], None
     onames = [o.name for o in sess.get_outputs()]
     rng = np.random.default_rng(SEED)
-    results = [_compare(wrapper, arch, sess, onames, label, make_feeds(arch, b, s, ds, pad, rng))
-               for label, b, s, ds, pad in check_cases(arch)]
+    results = [_compare(wrapper, arch, sess, onames, case[0], make_feeds(arch, *case[1:5], rng, *case[5:]))
+               for case in check_cases(arch)]
     masked = None
     if any(sp.role == "attention_mask" for sp in arch.inputs):
-        masked = _compare(wrapper, arch, sess, onames, "b2_s9_row1_fully_masked", make_feeds(arch, 2, 9, 6, 9, rng))
+        past = 4 if arch.meta.get("cache") else 0
+        masked = _compare(wrapper, arch, sess, onames, "b2_s9_row1_fully_masked",
+                          make_feeds(arch, 2, 9, 6, 9 + past, rng, past))
     return results, masked
 
 
@@ -488,11 +746,13 @@ def export_one(arch: Arch, attn_impl: str, exporter: str, outdir: Path, log):
         with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             warnings.simplefilter("ignore")
             with torch.no_grad():
-                if exporter == "torchscript":
+                if arch.meta.get("merged"):
+                    export_merged(wrapper, arch, path)
+                elif exporter == "torchscript":
                     export_torchscript(wrapper, arch, example, path)
                 else:
                     export_dynamo(wrapper, arch, example, path)
-        m = postprocess(path)
+        m = postprocess(path, arch.meta.get("strip_shapes", False))
     except Exception as e:  # noqa: BLE001
         log(traceback.format_exc(limit=3))
         for p in (path, Path(str(path) + ".data")):
@@ -501,7 +761,7 @@ def export_one(arch: Arch, attn_impl: str, exporter: str, outdir: Path, log):
         return None, {**base, "stage": "export", "reason": _one_line(e)}
     checks, masked = run_checks(wrapper, arch, path)
     ok = all(c["ok"] for c in checks)
-    softmaxes = attention_softmaxes(m)
+    softmaxes = [s for part in branch_models(m) for s in attention_softmaxes(part)]
     if len(softmaxes) != sum(arch.block_kinds.values()):
         print(f"WARNING {fname}: {len(softmaxes)} attention softmaxes, expected {sum(arch.block_kinds.values())}")
     opset = next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
@@ -528,6 +788,8 @@ def export_one(arch: Arch, attn_impl: str, exporter: str, outdir: Path, log):
             "matches_pytorch": masked["ok"], "max_abs_diff": masked.get("max_abs_diff"),
             "note": "informative, not part of check.ok: batch row 1 has attention_mask all zeros"},
     }
+    if arch.meta.get("cache"):
+        entry["cache"] = cache_dims(m)
     if not ok:
         entry["check"]["reason"] = "; ".join(
             f"{c['case']}: {c.get('error') or 'max_abs_diff=%.3g' % c['max_abs_diff']}" for c in checks if not c["ok"])
@@ -542,6 +804,8 @@ def main(argv=None):
     ap.add_argument("--out", default=str(HERE))
     ap.add_argument("--no-patterns", action="store_true", help="do not regenerate PATTERNS.md")
     args = ap.parse_args(argv)
+
+    import transformers
 
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -568,6 +832,18 @@ def main(argv=None):
     for arch in archs:
         for attn_impl in impls:
             for exporter in exporters:
+                reason = None
+                if attn_impl != "eager" and arch.name in EAGER_ONLY:
+                    reason = (f"transformers {transformers.__version__} has only eager attention for {arch.name}"
+                              if arch.name == "gpt_neo" else "one attention implementation shows the form")
+                elif exporter not in arch.meta.get("exporters", [exporter]):
+                    reason = ("built from TorchScript exports only" if arch.meta.get("merged")
+                              else "the dynamo exporter writes opset 18 or later")
+                if reason:
+                    skipped.append({"file": f"{arch.name}_{attn_impl}_{exporter}.onnx", "arch": arch.name,
+                                    "exporter": exporter, "attn_impl": attn_impl, "stage": "build",
+                                    "reason": reason})
+                    continue
                 t0 = time.time()
                 entry, skip = export_one(arch, attn_impl, exporter, outdir, log)
                 if entry:
@@ -586,7 +862,6 @@ def main(argv=None):
     sk = lambda d: (order.get(d["arch"], 99), d["attn_impl"], d["exporter"])  # noqa: E731
     models.sort(key=sk)
     skipped.sort(key=sk)
-    import transformers
     manifest = {
         "generator": "models/generate.py",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

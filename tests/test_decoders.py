@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import ortflash
-from ortflash.checks.feeds import make_feeds
+from ortflash.checks.feeds import decoder_cases, make_feeds
 from ortflash.cli import main
 
 HEADS, HEAD_DIM = 2, 8
@@ -306,11 +306,20 @@ def test_the_opset_is_not_converted_for_other_targets() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # 3. inputs that make sense for decoders
-def test_decoder_feeds_keep_total_equal_past_plus_new() -> None:
+def test_decoder_feeds_are_a_decode_step_with_total_equal_past_plus_new() -> None:
     feeds = make_feeds(cached_decoder(), seq_len=5, batch=3)
-    assert feeds["x"].shape == (3, 5, HIDDEN)
+    assert feeds["x"].shape == (3, 1, HIDDEN)
     assert feeds["past_key"].shape == feeds["past_value"].shape == (3, HEADS, 5, HEAD_DIM)
-    assert feeds["attention_mask"].shape == (3, 10)
+    assert feeds["attention_mask"].shape == (3, 6)
+
+
+def test_decoder_cases_are_a_prefill_and_a_decode_step() -> None:
+    cases = decoder_cases(cached_decoder(), seq_len=5, batch=3)
+    assert [words.split(":")[0] for words, _ in cases] == ["prefill", "decode"]
+    prefill, decode = (make_feeds(cached_decoder(), seq_len=5, batch=3, dims=d) for _, d in cases)
+    assert (prefill["x"].shape[1], prefill["past_key"].shape[2], prefill["attention_mask"].shape[1]) == (5, 0, 5)
+    assert (decode["x"].shape[1], decode["past_key"].shape[2], decode["attention_mask"].shape[1]) == (1, 5, 6)
+    assert decoder_cases(shapeless_encoder_layer()) == []
 
 
 def test_dims_override_a_length_and_the_total_follows() -> None:
@@ -338,14 +347,14 @@ def _position_model() -> onnx.ModelProto:
 
 
 def test_positions_follow_the_past_and_ids_stay_in_the_vocabulary() -> None:
-    feeds = make_feeds(_position_model(), seq_len=4, batch=2, dims={"s3": 6})
+    feeds = make_feeds(_position_model(), seq_len=4, batch=2, dims={"s3": 6, "s7": 4})
     assert feeds["input_ids"].shape == (2, 4) and feeds["input_ids"].max() < 50
     assert feeds["attention_mask"].shape == (2, 10)
     np.testing.assert_array_equal(feeds["position_ids"][1], np.arange(6, 10))
 
 
 @pytest.mark.parametrize("build", [cached_decoder, merged_decoder])
-@pytest.mark.parametrize("dims", [[], ["--dim", "sequence_length=1"]], ids=["prefill", "decode"])
+@pytest.mark.parametrize("dims", [["--dim", "past_sequence_length=0"], []], ids=["prefill", "decode"])
 def test_optimize_verify_passes_on_a_decoder_with_no_feeds(
     build: Callable[[], onnx.ModelProto], dims: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

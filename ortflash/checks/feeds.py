@@ -91,21 +91,13 @@ def _symbolic_axes(model: onnx.ModelProto) -> list[tuple[str, int, int, str]]:
     return found
 
 
-def decoder_dims(
-    model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2, dims: dict[str, int] | None = None
-) -> dict[str, int]:
-    """Values for the named dims of a decoder's inputs that keep their relations; {} otherwise.
-
-    A decoder with a cache takes ``past_*`` inputs [B, H, past, D] and an attention mask over
-    past + new tokens, each length a dim name of its own (``past_sequence_length``,
-    ``total_sequence_length``; dynamo writes ``s10``-style names). The batch is the name at
-    axis 0 of every input; past and new tokens are ``seq_len`` each unless ``dims`` sets them;
-    the mask's length is their sum unless ``dims`` sets it too. ``dims`` comes back included."""
-    given = dict(dims or {})
+def _decoder_axes(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str], set[str]]:
+    """The dim names of a decoder's cached, new and total lengths and of its batch (all empty
+    without ``past_*`` inputs)."""
     axes = _symbolic_axes(model)
     past = {d for name, axis, rank, d in axes if "past" in name.lower() and rank == 4 and axis == 2}
     if not past:
-        return given
+        return set(), set(), set(), set()
     leading = {d for _, axis, _, d in axes if axis == 0}
     batch_names = (
         leading if len(leading) == 1 else {d for d in leading if d.lower() in _BATCH_NAMES or "batch" in d.lower()}
@@ -114,8 +106,29 @@ def decoder_dims(
     other = {d for name, axis, _, d in axes if "mask" not in name.lower() and "past" not in name.lower()}
     totals = mask_lengths - past - other - batch_names
     new = other - past - batch_names - totals
+    return past, new, totals, batch_names
+
+
+def decoder_dims(
+    model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2, dims: dict[str, int] | None = None
+) -> dict[str, int]:
+    """Values for the named dims of a decoder's inputs that keep their relations; {} otherwise.
+
+    A decoder with a cache takes ``past_*`` inputs [B, H, past, D] and an attention mask over
+    past + new tokens, each length a dim name of its own (``past_sequence_length``,
+    ``total_sequence_length``; dynamo writes ``s10``-style names). The batch is the name at
+    axis 0 of every input. By default the inputs are one decode step: ``seq_len`` cached tokens
+    and one new token, the shape a decoder with a cache runs most, and one every native op with
+    a past runs (ONNX Runtime 1.31's GroupQueryAttention refuses a batch of several new tokens
+    after a non-empty past); ``dims`` sets either (past 0: a prefill, see :func:`decoder_cases`).
+    The mask's length is their sum unless ``dims`` sets it too. ``dims`` comes back included."""
+    given = dict(dims or {})
+    past, new, totals, batch_names = _decoder_axes(model)
+    if not past:
+        return given
     out = {d: batch for d in batch_names}
-    out.update({d: seq_len for d in past | new})
+    out.update({d: seq_len for d in past})
+    out.update({d: 1 for d in new})
     out.update({d: v for d, v in given.items() if d not in totals})
     for total in totals - given.keys():
         terms = [t.strip() for t in total.split("+")]
@@ -129,10 +142,28 @@ def decoder_dims(
             out.update({d: added for d in new})
         out[total] = sum(out[t] for t in names) + added
     past_len = max(out[d] for d in past)
-    new_len = max((out[d] for d in new), default=seq_len)
+    new_len = max((out[d] for d in new), default=1)
     out.update({d: past_len + new_len for d in totals if d not in out})
     out.update(given)
     return out
+
+
+def decoder_cases(
+    model: onnx.ModelProto, *, seq_len: int = 16, batch: int = 2, dims: dict[str, int] | None = None
+) -> list[tuple[str, dict[str, int]]]:
+    """The shapes a decoder with a cache is checked in, each as (words, dims for make_feeds): a
+    prefill (no cached tokens, ``seq_len`` new ones) and a decode step (``seq_len`` cached, one
+    new). [] for a model without a cache, or where ``dims`` already fixes a length."""
+    past, new, totals, _ = _decoder_axes(model)
+    if not past or set(dims or {}) & (past | new | totals):
+        return []
+    decode = decoder_dims(model, seq_len=seq_len, batch=batch, dims=dims)
+    prefill = {d: 0 for d in past} | {d: seq_len for d in new}
+    prefill.update(dims or {})
+    return [
+        (f"prefill: 0 cached tokens, {seq_len} new", decoder_dims(model, seq_len=seq_len, batch=batch, dims=prefill)),
+        (f"decode: {seq_len} cached tokens, 1 new", decode),
+    ]
 
 
 def _total_length(model: onnx.ModelProto, named: dict[str, int]) -> int | None:

@@ -26,7 +26,7 @@ from ..model_io import load
 from ..policy import SoftmaxPolicy
 from ..session import InferenceSession
 from .compare import OutputDiff, compare_outputs, shape_text, tolerance
-from .feeds import make_feeds
+from .feeds import decoder_cases, make_feeds
 from .run import ModelSource, open_session, run_model, run_session
 
 SOFTMAXES = ("naive", "online")
@@ -257,12 +257,19 @@ def prove(
     result = Verification(rtol, atol, opt_level)
     result.deployed = {n.name: deployed_softmaxes(_node_policy(n, policy)) for n in prover.nodes}
     given = feeds is not None
-    first = (
-        dict(feeds)
-        if feeds is not None
-        else make_feeds(original_proto, seq_len=seq_len, batch=batch, dims=dict(dims or {}))
-    )
-    result.runs.append(prover.run("as configured", first, policy))
+    # a decoder with a cache runs in two shapes deployed: a prefill, then decode steps; each is run
+    cases = [] if given else decoder_cases(original_proto, seq_len=seq_len, batch=batch, dims=dict(dims or {}))
+    if cases:
+        for words, case_dims in cases:
+            first = make_feeds(original_proto, seq_len=seq_len, batch=batch, dims=case_dims)
+            result.runs.append(prover.run(f"as configured, {words}", first, policy))
+    else:
+        first = (
+            dict(feeds)
+            if feeds is not None
+            else make_feeds(original_proto, seq_len=seq_len, batch=batch, dims=dict(dims or {}))
+        )
+        result.runs.append(prover.run("as configured", first, policy))
     missing = _missing(result.deployed, result.runs)
     if not missing:
         return result

@@ -9,7 +9,8 @@ Targets (DESIGN.md, "Targets"):
 
 - ``ortflash``: nothing changes; FlashAttention runs through ``ortflash.session_options()``.
 - ``contrib``: ONNX Runtime's ``com.microsoft`` MultiHeadAttention; GroupQueryAttention for
-  causal grouped-query blocks (and causal soft-capped ones) where it provably computes the same.
+  causal grouped-query blocks (and causal soft-capped ones) and for grouped-query blocks with a KV
+  cache, where it provably computes the same.
 - ``onnx``: the standard ``Attention`` op; the model's default opset is converted to 23.
 
 A node is lowered only where the target op computes exactly what FlashAttention computes
@@ -35,6 +36,31 @@ measured on ONNX Runtime 1.31 (CPU EP) and is pinned by tests/test_lower.py:
   average. So the lowering writes fully masked rows out itself (Where on ReduceMax(mask) ==
   -inf: NaN, or zeros after a NaN guard) and moves float32-lowest mask values one float up
   (the same for softmax, not the sentinel).
+
+KV cache (cache.py): a node whose K and V are ``Concat(past, new)`` on the sequence axis, the
+Concat outputs returned as present outputs, hands the append to the native op. The FlashAttention
+op itself keeps its five inputs (Q, K, V, bias, mask): the onnxruntime-extensions bridge cannot
+take optional inputs, and more inputs would break every model fused earlier; the lowering owns
+the cache instead. Measured on ONNX Runtime 1.31 (CPU EP), pinned by tests/test_kv_cache.py:
+
+- GroupQueryAttention with past (grouped-query blocks): present = Concat(past, new) exactly;
+  ``seqlens_k`` = past + new - 1 for every row and ``total_sequence_length`` = past + new make
+  every key visible; its causal mask (attribute absent) is bottom-right (is_causal 2); with
+  ``causal=0`` and ``attention_bias`` it is the plain biased softmax. With a bias or mask and its
+  own causal mask, a row whose visible keys are all masked is not NaN as in FlashAttention, so
+  causality then goes into ``attention_bias`` with ``causal=0``. Its CPU kernel refuses a batch
+  > 1 with several new tokens after a non-empty past (an error, never other numbers); prefill
+  (past 0) and decode (1 new token) run, and the note says so.
+- MultiHeadAttention with past_key/past_value (blocks with as many key/value heads as query
+  heads): present = Concat(past, new), any batch, past and new lengths; causality in the bias.
+- Attention-23 with past_key/past_value: present = Concat(past, new); ``is_causal=1`` is
+  bottom-right with a past (top-left without one), so is_causal 2 is native with a past and
+  where Sq == Sk without one, and otherwise folded into the mask with its alignment.
+
+``bias_after_mask`` (the bias added after the mask and causal fills) lowers as the additive bias
+``bias + where(keep, 0, fill)``: a masked score is then s + (fill + bias) where FlashAttention
+gives fill + bias, the same wherever fill + bias absorbs s: fill -inf, or a bias bounded above
+(graph/bounds) with fill + bound <= -2**127. Otherwise the node stays.
 
 Exactness of the additive form: FlashAttention *replaces* masked scores with ``mask_fill``;
 native ops *add* a bias. With ``mask_fill = -inf`` that is the same (s + -inf = -inf). A finite
@@ -64,7 +90,7 @@ from ..fusion.emit import BLOCK_ID
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..model_shapes import graphs_of
-from .contrib import CONTRIB_DOMAIN, CONTRIB_VERSION, OP_GQA, OP_MHA, lower_contrib
+from .contrib import CONTRIB_DOMAIN, CONTRIB_VERSION, MIN_CONTRIB_OPSET, OP_GQA, OP_MHA, lower_contrib
 from .read import is_flash_attention, read_call, with_shapes
 from .standard import (
     ONNX_ATTENTION_OPSET,
@@ -72,6 +98,7 @@ from .standard import (
     OP_ATTENTION,
     lower_standard,
 )
+from .webgpu import lower_webgpu
 
 __all__ = [
     "CONTRIB_DOMAIN",
@@ -83,7 +110,7 @@ __all__ = [
     "lower",
 ]
 
-TARGETS = ("ortflash", "contrib", "onnx")
+TARGETS = ("ortflash", "contrib", "onnx", "webgpu")
 _NEEDS_ORTFLASH = "the model still needs ortflash (ortflash.session_options()) to run"
 _MESSAGE_CHARS = 160  # of a converter error, in a note
 
@@ -121,12 +148,15 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
         return model, [_with_reason(n, why) for n in kept]
 
     work = model
-    if target == "onnx" and u.default_opset(model) < ONNX_ATTENTION_OPSET:
+    # Converted after fusion: no Softmax is left for the 12 -> 13 adapter to wrap in reshapes
+    # (it does where it cannot see the rank, as in models without shapes).
+    least = {"onnx": ONNX_ATTENTION_OPSET, "contrib": MIN_CONTRIB_OPSET, "webgpu": MIN_CONTRIB_OPSET}.get(target)
+    if least is not None and u.default_opset(model) < least:
         try:
-            work = onnx.version_converter.convert_version(model, ONNX_ATTENTION_OPSET)
+            work = onnx.version_converter.convert_version(model, least)
         except Exception as exc:  # noqa: BLE001 - the converter raises several types
             why = (
-                f"the model could not be converted to opset {ONNX_ATTENTION_OPSET} for Attention "
+                f"the model could not be converted to opset {least} for {target} "
                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:_MESSAGE_CHARS]}); {_NEEDS_ORTFLASH}"
             )
             return model, [_with_reason(n, why) for n in kept]
@@ -137,7 +167,7 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
 
     notes: list[LoweringNote] = []
     stem = _fresh_stem(irm)
-    write = lower_contrib if target == "contrib" else lower_standard
+    write = {"contrib": lower_contrib, "webgpu": lower_webgpu}.get(target, lower_standard)
     # every graph's nodes (If branches, Loop and Scan bodies too); each written into its own graph
     for index, node in enumerate([n for n in graph.all_nodes() if is_flash_attention(n)]):
         name = node.name or f"{spec.OP_TYPE}_{index}"
@@ -156,7 +186,7 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
     if not any(n.lowered for n in notes):
         return model, notes
     common_passes.RemoveUnusedNodesPass()(irm)
-    if target == "contrib":
+    if target in ("contrib", "webgpu"):
         irm.opset_imports[CONTRIB_DOMAIN] = CONTRIB_VERSION
     out = ir.serde.serialize_model(irm)
     _drop_unused_ortflash_import(out)

@@ -1,9 +1,15 @@
 """FlashAttention -> ONNX Runtime's com.microsoft MultiHeadAttention, or GroupQueryAttention where
-it provably computes the same (see the package docstring for the ONNX Runtime facts relied on)."""
+it provably computes the same (see the package docstring for the ONNX Runtime facts relied on).
+
+A node whose K and V are a KV-cache append (cache.py) lowers with the cache inside the native op:
+GroupQueryAttention with past_key/past_value for grouped-query blocks, MultiHeadAttention with
+past_key/past_value for blocks with as many key/value heads as query heads; each writes the
+present outputs the Concat wrote."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import onnx_ir as ir
 
@@ -12,7 +18,8 @@ from ..fusion.call import FlashAttentionCall
 from ..graph.emitter import Emitter
 from ..graph.shapes import same_dim
 from . import layout
-from .read import aligned_batch, call_dims
+from .cache import CacheAppend, find_cache_append, move_present, prove_absorbable
+from .read import CallDims, aligned_batch, call_dims
 
 CONTRIB_DOMAIN = "com.microsoft"
 CONTRIB_VERSION = 1
@@ -35,17 +42,128 @@ def lower_contrib(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tup
         raise NotLowered("the head counts (dim 1 of Q and K) are not static; MultiHeadAttention needs num_heads")
     if hkv < 1 or hq % hkv:
         raise NotLowered(f"{hq} query heads are not a multiple of {hkv} key/value heads")
-    # GroupQueryAttention without past: Sq == Sk, one head size (a multiple of 8 on the CPU EP), and
-    # causal blocks only: its causal=0 attribute is recent (ONNX Runtime 1.31 has it, older ones
-    # reject it), and MultiHeadAttention covers non-causal blocks everywhere.
-    gqa_fits = (
-        call.is_causal
-        and call.mask_fill == -math.inf
-        and same_dim(dims.sq, dims.sk)
-        and same_dim(dims.dk, dims.dv)
+    cache = find_cache_append(call)
+    kept_outside = ""
+    if cache is not None:
+        why_not = _cache_refusal(call, cache, dims, hq, hkv)
+        if why_not is None:
+            return _lower_with_cache(e, call, cache, dims, hq, hkv, output)
+        kept_outside = f"cache append kept outside the op: {why_not}"
+    op, how = _lower_without_cache(e, call, dims, hq, hkv, output)
+    return op, how + (f"; {kept_outside}" if kept_outside else "")
+
+
+def _gqa_head_size_fits(dims: CallDims) -> bool:
+    return (
+        same_dim(dims.dk, dims.dv)
         and same_dim(dims.d, dims.dv)
         and isinstance(dims.d, int)
         and dims.d % _GQA_HEAD_SIZE_MULTIPLE == 0
+    )
+
+
+def _native_causal(call: FlashAttentionCall) -> bool:
+    """Whether GroupQueryAttention's own causal mask may stand for the call's: with no bias and no
+    mask. With them, a row whose causally visible keys are all masked differs (measured on ONNX
+    Runtime 1.31: GroupQueryAttention does not give such a row NaN, FlashAttention with fill -inf
+    does), so causality is then folded into attention_bias and the op runs with causal=0."""
+    return bool(call.is_causal) and call.bias is None and call.mask is None
+
+
+def _cache_refusal(call: FlashAttentionCall, cache: CacheAppend, dims: CallDims, hq: int, hkv: int) -> str | None:
+    """Why the cache append cannot move into a native op; None where it can."""
+    if call.dtype != ir.DataType.FLOAT:
+        return "Q is not proved float32 (past and present would change type between casts)"
+    if call.softcap > 0:
+        return "softcap: MultiHeadAttention has none, and GroupQueryAttention with past is not used with it"
+    if hkv < hq and not _gqa_head_size_fits(dims):
+        return (
+            "grouped-query heads need GroupQueryAttention, which needs one static head size that is a "
+            f"multiple of {_GQA_HEAD_SIZE_MULTIPLE}"
+        )
+    try:
+        prove_absorbable(call, cache)
+    except NotLowered as why:
+        return str(why)
+    return None
+
+
+def _lower_with_cache(
+    e: Emitter,
+    call: FlashAttentionCall,
+    cache: CacheAppend,
+    dims: CallDims,
+    hq: int,
+    hkv: int,
+    output: ir.Value,
+) -> tuple[str, str]:
+    """GroupQueryAttention (hkv < hq) or MultiHeadAttention (hkv == hq) with past_key/past_value in,
+    present_key/present_value out, the Concat outputs rerouted to the presents."""
+    q3 = layout.to_bsd(e, call.q, hq)
+    k3, v3 = layout.to_bsd(e, cache.new_key, hkv), layout.to_bsd(e, cache.new_value, hkv)
+    lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1), past=cache.past_key)
+    parts = [f"{hq} query / {hkv} key-value heads", "past_key/past_value in, present_key/present_value out"]
+    if hkv < hq:
+        # with a past, GroupQueryAttention's causal mask is bottom-right: is_causal 2's; 1 goes in the bias
+        native = call.is_causal == 2 and _native_causal(call)
+        bias = layout.additive_bias(e, call, lengths, fold_causal=not native, avoid_lowest=False)
+        total = lengths.of(e, "k", scalar=True)
+        # every row holds all past + new keys: seqlens_k (keys - 1) is the same for each
+        seqlens = e.node(
+            "Expand", [e.node("Cast", [e.node("Sub", [total, e.i64(1)])], to=ir.DataType.INT32), e.dim(q3, 0)]
+        )
+        attrs: dict[str, Any] = {"num_heads": hq, "kv_num_heads": hkv, "scale": call.scale}
+        if not native:
+            attrs["causal"] = 0
+        inputs: list[ir.Value | None] = [q3, k3, v3, cache.past_key, cache.past_value, seqlens]
+        inputs.append(e.node("Cast", [total], to=ir.DataType.INT32))
+        inputs += [None, None, None, bias] if bias is not None else []
+        op, op_type = OP_GQA, "GroupQueryAttention"
+        parts.append("seqlens_k = past + new - 1 for every row, total_sequence_length = past + new")
+        parts.append(
+            "causal=1 (bottom-right, as is_causal 2)" if native else "causal=0, causality (if any) in attention_bias"
+        )
+        parts.append(
+            "ONNX Runtime 1.31's CPU kernel runs prefill (past 0) and decode (1 new token); it refuses a batch > 1 "
+            "with several new tokens after a non-empty past"
+        )
+        causal_folded = not native
+    else:
+        bias = layout.additive_bias(e, call, lengths, fold_causal=True, avoid_lowest=False)
+        inputs = [q3, k3, v3, None, None, bias, cache.past_key, cache.past_value]
+        attrs = {"num_heads": hq, "scale": call.scale}
+        op, op_type = OP_MHA, "MultiHeadAttention"
+        parts.append("no GroupQueryAttention needed: as many key/value heads as query heads")
+        causal_folded = True
+    node = ir.node(
+        op_type, inputs, attributes=attrs, domain=CONTRIB_DOMAIN, num_outputs=3, name=f"{e.prefix}/{op_type}"
+    )
+    for value, suffix in zip(node.outputs, ("out", "present_key", "present_value")):
+        value.name = f"{e.prefix}/{op_type}_{suffix}"
+    e.graph.insert_before(e.anchor, node)
+    out, present_key, present_value = node.outputs
+    move_present(e.graph, e.anchor, cache.present_key, present_key)
+    move_present(e.graph, e.anchor, cache.present_value, present_value)
+    parts += layout.mask_parts(call, causal_folded=causal_folded)
+    if call.masked_rows == "zero":
+        out = e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out])
+        parts.append("NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)")
+    layout.replace_bsd_output(e, out, hq, output, True)
+    return op, "; ".join(parts)
+
+
+def _lower_without_cache(
+    e: Emitter, call: FlashAttentionCall, dims: CallDims, hq: int, hkv: int, output: ir.Value
+) -> tuple[str, str]:
+    # GroupQueryAttention without past: Sq == Sk, one head size (a multiple of 8 on the CPU EP), and
+    # causal blocks only (MultiHeadAttention covers non-causal blocks everywhere). With Sq == Sk,
+    # is_causal 1 and 2 are the same mask.
+    gqa_fits = (
+        bool(call.is_causal)
+        and call.mask_fill == -math.inf
+        and not call.bias_after_mask
+        and same_dim(dims.sq, dims.sk)
+        and _gqa_head_size_fits(dims)
     )
     if call.softcap > 0 and not gqa_fits:
         raise NotLowered(
@@ -61,12 +179,17 @@ def lower_contrib(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tup
     q, k, v = (e.cast(x, ir.DataType.FLOAT) for x in (call.q, call.k, call.v))
     reuse = not f16  # with casts around, the surrounding Transposes are not the inputs
     parts = [f"{hq} query / {hkv} key-value heads"] + ([broadcast] if broadcast else [])
+    causal_folded = True
     if use_gqa:
-        out = _group_query_attention(e, call, q, k, v, hq, hkv, reuse)
+        native = _native_causal(call)
+        out = _group_query_attention(e, call, q, k, v, hq, hkv, reuse, native)
         op = OP_GQA
         if call.softcap > 0:
             parts.append(f"softcap {call.softcap:g}")
         parts.append("Sq == Sk proved")
+        causal_folded = not native
+        if not native:
+            parts.append("causal=0, causality in attention_bias")
     else:
         q3 = layout.to_bsd(e, q, hq, reuse)
         if hkv != hq:
@@ -84,7 +207,7 @@ def lower_contrib(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tup
         inputs = [q3, k_in, v_in] + ([None, None, bias] if bias is not None else [])
         out = e.node("MultiHeadAttention", inputs, domain=CONTRIB_DOMAIN, num_heads=hq, scale=call.scale)
         op = OP_MHA
-    parts += layout.mask_parts(call, causal_folded=not use_gqa)
+    parts += layout.mask_parts(call, causal_folded=causal_folded)
     if call.masked_rows == "zero":
         # Both ops give NaN for a row with every key masked; FlashAttention's guard gives zeros.
         out = e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out])
@@ -97,18 +220,28 @@ def lower_contrib(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tup
 
 
 def _group_query_attention(
-    e: Emitter, call: FlashAttentionCall, q: ir.Value, k: ir.Value, v: ir.Value, hq: int, hkv: int, reuse: bool
+    e: Emitter,
+    call: FlashAttentionCall,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    hq: int,
+    hkv: int,
+    reuse: bool,
+    native_causal: bool,
 ) -> ir.Value:
     """GroupQueryAttention without past: causal with seqlens_k = Sk - 1 for every row is the
-    top-left mask when Sq == Sk."""
+    top-left mask when Sq == Sk; causal=0 where the causality is folded into attention_bias."""
     q3, k3, v3 = (layout.to_bsd(e, x, h, reuse) for x, h in ((q, hq), (k, hkv), (v, hkv)))
     lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
     sk = lengths.of(e, "k", scalar=True)
     seqlens = e.node("Cast", [e.node("Sub", [sk, e.i64(1)])], to=ir.DataType.INT32)
     seqlens = e.node("Expand", [seqlens, e.dim(q3, 0)])
     total = e.node("Cast", [sk], to=ir.DataType.INT32)
-    bias = layout.additive_bias(e, call, lengths, fold_causal=False, avoid_lowest=False)
+    bias = layout.additive_bias(e, call, lengths, fold_causal=not native_causal, avoid_lowest=False)
     attrs: dict[str, object] = {"num_heads": hq, "kv_num_heads": hkv, "scale": call.scale}
+    if not native_causal:
+        attrs["causal"] = 0
     if call.softcap > 0:
         attrs["softcap"] = call.softcap
     return e.node(

@@ -22,14 +22,20 @@ _F32_ABOVE_LOWEST = float(np.nextafter(np.float32(F32_LOWEST), np.float32(0)))
 
 @dataclass(frozen=True)
 class SeqLengths:
-    """Where the lowered graph reads Sq and Sk from: (a tensor it keeps, its sequence axis)."""
+    """Where the lowered graph reads Sq and Sk from: (a tensor it keeps, its sequence axis).
+
+    ``past``: with a KV cache absorbed into the native op, the keys are the cached ones (this
+    tensor's axis 2) followed by ``k``'s, so Sk is their sum."""
 
     q: tuple[ir.Value, int]
     k: tuple[ir.Value, int]
+    past: ir.Value | None = None
 
     def of(self, e: Emitter, which: str, scalar: bool = False) -> ir.Value:
         """Sq ("q") or Sk ("k") as int64, 1-D of one element or a scalar."""
         x, axis = self.q if which == "q" else self.k
+        if which == "k" and self.past is not None:
+            return e.node("Add", [e.dim(self.past, 2, scalar), e.dim(x, axis, scalar)])
         return e.dim(x, axis, scalar)
 
 
@@ -91,26 +97,37 @@ def replace_bsd_output(e: Emitter, out3: ir.Value, heads: int, old: ir.Value, re
     replace_output(e.graph, old, e.transpose(bshd, SWAP_SH))
 
 
-def _causal_keep(e: Emitter, lengths: SeqLengths) -> ir.Value:
-    """bool [Sq, Sk]: key j visible from query i iff j <= i (top-left aligned)."""
-    rows = e.arange(lengths.of(e, "q", scalar=True))
-    cols = e.arange(lengths.of(e, "k", scalar=True))
+def _causal_keep(e: Emitter, lengths: SeqLengths, alignment: int) -> ir.Value:
+    """bool [Sq, Sk]: key j visible from query i iff j <= i (alignment 1, top-left) or
+    j <= i + Sk - Sq (alignment 2, bottom-right: the queries follow Sk - Sq cached keys)."""
+    sq, sk = lengths.of(e, "q", scalar=True), lengths.of(e, "k", scalar=True)
+    rows = e.arange(sq)
+    if alignment == 2:
+        rows = e.node("Add", [rows, e.node("Sub", [sk, sq])])
+    cols = e.arange(sk)
     return e.node("LessOrEqual", [e.unsqueeze(cols, [0]), e.unsqueeze(rows, [1])])
 
 
 def additive_bias(
     e: Emitter, call: FlashAttentionCall, lengths: SeqLengths, fold_causal: bool, avoid_lowest: bool
 ) -> ir.Value | None:
-    """float32 [B|1, H|1, Sq, Sk] to add to scale·QKᵀ: bias where kept, mask_fill where masked out.
+    """float32 [B|1, H|1, Sq, Sk] to add to scale·QKᵀ: bias where kept, mask_fill where masked out
+    (``bias_after_mask``: bias + mask_fill there, read_call proved that the sum absorbs the score).
 
     avoid_lowest: no element may be float32-lowest (ONNX Runtime's Attention takes a row whose
     maximum is lowest for fully masked); lowest becomes the next float up, the same for softmax."""
     fill = call.mask_fill
     keep = call.mask
     if fold_causal and call.is_causal:
-        causal = _causal_keep(e, lengths)
+        causal = _causal_keep(e, lengths, call.is_causal)
         keep = causal if keep is None else e.node("And", [keep, causal])
     bias = None if call.bias is None else e.cast(call.bias, ir.DataType.FLOAT)
+    after_mask = call.bias_after_mask and bias is not None and keep is not None
+    if after_mask:
+        # FlashAttention: masked scores become fill + bias; added to s, the sum absorbs s
+        assert bias is not None and keep is not None
+        bias = e.node("Add", [bias, e.node("Where", [keep, e.f32(0.0), e.f32(fill)])])
+        keep = None
     if avoid_lowest and bias is not None:
         lowest = e.f32(F32_LOWEST)
         bias = e.node("Where", [e.node("Equal", [bias, lowest]), e.f32(_F32_ABOVE_LOWEST), bias])
@@ -138,9 +155,12 @@ def mask_parts(call: FlashAttentionCall, causal_folded: bool) -> list[str]:
     fill = "-inf" if call.mask_fill == -math.inf else f"{call.mask_fill:g}"
     parts = []
     if call.bias is not None:
-        parts.append("bias")
+        parts.append(
+            "bias added after the mask fills (fill + bias absorbs the score)" if call.bias_after_mask else "bias"
+        )
     if call.mask is not None:
         parts.append(f"bool mask as Where(mask, ., {fill})")
     if call.is_causal:
-        parts.append(f"causal in the bias (fill {fill})" if causal_folded else "causal")
+        aligned = "bottom-right" if call.is_causal == 2 else "top-left"
+        parts.append(f"causal ({aligned}) in the bias (fill {fill})" if causal_folded else f"causal ({aligned})")
     return parts

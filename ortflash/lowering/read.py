@@ -3,7 +3,9 @@ the native ops need proved, and give the model the types ONNX shape inference ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import math
 from dataclasses import dataclass
 
@@ -14,9 +16,10 @@ import onnx_ir as ir
 from .. import spec
 from ..errors import NotLowered
 from ..fusion.call import FlashAttentionCall
+from ..graph import bounds, shapes
 from ..graph import ir_utils as u
-from ..graph import shapes
 from ..graph.emitter import Emitter
+from ..model_shapes import graphs_of, unknown_ranks
 
 # Fills at or below this have a float32 ulp of 2**104: s + fill rounds to a number that softmax
 # treats exactly as fill for |s| < 2**103, so adding them is the same as replacing by them.
@@ -68,10 +71,11 @@ def read_call(node: ir.Node) -> FlashAttentionCall:
         scale=float(attrs["scale"]),
         bias=kept_bias,
         mask=kept_mask,
-        is_causal=bool(attrs["is_causal"]),
+        is_causal=int(attrs["is_causal"]),
         mask_fill=float(attrs["mask_fill"]),
         masked_rows=str(attrs["masked_rows"]),
         softcap=float(attrs["softcap"]),
+        bias_after_mask=bool(attrs["bias_after_mask"]) and kept_bias is not None,
     )
     if call.scale < 0:
         raise NotLowered(f"scale {call.scale:g} is negative: native attention ops take a positive scale")
@@ -82,7 +86,26 @@ def read_call(node: ir.Node) -> FlashAttentionCall:
             f"FlashAttention replaces the score by it, so rows with every key masked differ "
             f"(exact only for -inf or fills <= -2**127 such as float32-lowest)"
         )
+    if call.bias_after_mask and (call.masked or call.is_causal):
+        _prove_fill_absorbs_bias(call)
     return call
+
+
+def _prove_fill_absorbs_bias(call: FlashAttentionCall) -> None:
+    """bias_after_mask: FlashAttention gives a masked score fill + bias, a native op s + (fill + bias).
+    The two agree where fill + bias absorbs s: fill -inf (the sum is -inf, or NaN in both where the
+    bias is +inf or NaN), or fill + bias <= -2**127 for every bias value, which needs the bias
+    bounded above (graph/bounds)."""
+    fill = call.mask_fill
+    if fill == -math.inf:
+        return
+    found = bounds.value_bounds(call.bias)
+    if found is None or not fill + found[1] <= ABSORBING_FILL:
+        bound = "no bound" if found is None else f"an upper bound of {found[1]:g}"
+        raise NotLowered(
+            f"bias_after_mask with mask_fill {fill:g}: native ops add the score to fill + bias, exact only "
+            f"where fill + bias <= -2**127 absorbs it, and the graph gives the bias {bound}"
+        )
 
 
 @dataclass(frozen=True)
@@ -127,12 +150,74 @@ def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = u.default_opset(model)
     proxy = onnx.ModelProto()
     proxy.CopyFrom(model)
+    for index, graph in enumerate(graphs_of(proxy.graph)):
+        _stand_in_for_blocks(graph, opset, f"ortflash_shape_proxy_{index}_")
+    try:
+        inferred: onnx.ModelProto | None = onnx.shape_inference.infer_shapes(proxy, data_prop=True)
+    except Exception:  # noqa: BLE001
+        inferred = None
+    # ONNX's inference leaves ranks unknown in models shipped without shapes, and loses the new
+    # tokens' length in TorchScript decoders: ONNX Runtime's symbolic inference then, where it completes
+    ranks_unknown = inferred is None or bool(unknown_ranks(inferred))
+    if ranks_unknown or _reads_a_cache_append(model):
+        # merging dims that broadcast together only where ranks are unknown, as the fusion did
+        # (model_shapes); the cache's proofs take only dims the shape arithmetic makes equal
+        symbolic = _symbolic_inference(proxy, merge=False)
+        if symbolic is None and ranks_unknown:
+            symbolic = _symbolic_inference(proxy, merge=True)
+        if symbolic is not None:
+            return _with_symbolic_shapes(model, symbolic)
+    if inferred is None:
+        return model  # shapes only prove head counts and equal dims; without them fewer blocks lower
+    known = {vi.name for vi in model.graph.value_info}
+    known |= {vi.name for vi in model.graph.input} | {vi.name for vi in model.graph.output}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.value_info.extend(
+        vi
+        for vi in inferred.graph.value_info
+        if vi.name not in known and not vi.name.startswith("ortflash_shape_proxy_")
+    )
+    return out
+
+
+def _with_symbolic_shapes(model: onnx.ModelProto, symbolic: onnx.ModelProto) -> onnx.ModelProto:
+    """model with the value_info of the symbolic inference of its stand-in copy, in every graph."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    # graphs_of walks both models' graphs in the same order: the stand-ins add no subgraph
+    for graph, inferred_graph in zip(graphs_of(out.graph), graphs_of(symbolic.graph)):
+        found = {vi.name: vi for vi in list(inferred_graph.value_info) + list(inferred_graph.output)}
+        del graph.value_info[:]
+        graph.value_info.extend(
+            vi for vi in inferred_graph.value_info if not vi.name.startswith("ortflash_shape_proxy_")
+        )
+        # outputs declared without a shape, or with dims another inference named (unk__N),
+        # take the inferred one: names from two inferences must not meet
+        for output in graph.output:
+            if output.name in found and not _named_by_exporter(output):
+                output.CopyFrom(found[output.name])
+    return out
+
+
+def _named_by_exporter(value: onnx.ValueInfoProto) -> bool:
+    """Whether value has a shape whose every dim is a number or a name no inference made up."""
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        return False
+    return all(
+        d.HasField("dim_value") or (d.dim_param and not d.dim_param.startswith("unk__")) for d in tensor.shape.dim
+    )
+
+
+def _stand_in_for_blocks(graph: onnx.GraphProto, opset: int, stem: str) -> None:
+    """Replace each FlashAttention node of graph (in place) by ops of the same output type and shape."""
     nodes = []
-    for i, n in enumerate(proxy.graph.node):
+    for i, n in enumerate(graph.node):
         if not is_flash_attention(n) or len(n.input) < 3:
             nodes.append(n)
             continue
-        tag = f"ortflash_shape_proxy_{i}"
+        tag = f"{stem}{i}"
         rq, rv = f"{tag}_q", f"{tag}_v"
         if opset >= 13:
             nodes.append(
@@ -151,22 +236,46 @@ def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(onnx.helper.make_node("ReduceSum", [n.input[0]], [rq], axes=[3], keepdims=1))
             nodes.append(onnx.helper.make_node("ReduceSum", [n.input[2]], [rv], axes=[1, 2], keepdims=1))
         nodes.append(onnx.helper.make_node("Mul", [rq, rv], [n.output[0]]))
-    del proxy.graph.node[:]
-    proxy.graph.node.extend(nodes)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _reads_a_cache_append(model: onnx.ModelProto) -> bool:
+    """Whether a FlashAttention node of any graph reads K from a Concat (a KV-cache append)."""
+    for graph in graphs_of(model.graph):
+        concat_outputs = {o for n in graph.node if n.op_type == "Concat" for o in n.output}
+        if any(is_flash_attention(n) and len(n.input) > 1 and n.input[1] in concat_outputs for n in graph.node):
+            return True
+    return False
+
+
+def _symbolic_inference(model: onnx.ModelProto, merge: bool) -> onnx.ModelProto | None:
+    """ONNX Runtime's symbolic shape inference, or None where it does not complete. merge: its
+    auto_merge, which takes dims that broadcast together as equal; off, only what the shape
+    arithmetic proves.
+
+    ONNX's own inference loses the new tokens' length in TorchScript decoders (each Reshape of a
+    computed shape gets a fresh unk__ dim), so the cache append's new keys and Q are not proved
+    the same length; the symbolic inference follows the Shape arithmetic and names both ``seq``.
+    Its value_info replaces ONNX's as a whole: names from two inferences are never mixed, since
+    each names unknown dims unk__N on its own. Run in memory: ``infer_shapes`` writes a file
+    into the current folder when it fails."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(proxy, data_prop=True)
-    except Exception:  # noqa: BLE001
-        return model  # shapes only prove head counts and equal dims; without them fewer blocks lower
-    known = {vi.name for vi in model.graph.value_info}
-    known |= {vi.name for vi in model.graph.input} | {vi.name for vi in model.graph.output}
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    out.graph.value_info.extend(
-        vi
-        for vi in inferred.graph.value_info
-        if vi.name not in known and not vi.name.startswith("ortflash_shape_proxy_")
-    )
-    return out
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inference = SymbolicShapeInference(2**31 - 1, merge, False, 0)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its complaints
+            inference._preprocess(model)
+            complete = False
+            while inference.run_:
+                complete = inference._infer_impl()
+            inference._update_output_from_vi()
+    except Exception:  # noqa: BLE001 - it raises on ops it does not know and shapes it cannot follow
+        return None
+    if not complete:
+        return None
+    inferred: onnx.ModelProto = inference.out_mp_
+    return inferred
 
 
 def aligned_batch(e: Emitter, call: FlashAttentionCall, dims: CallDims) -> tuple[FlashAttentionCall, str | None]:

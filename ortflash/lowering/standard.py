@@ -1,5 +1,10 @@
 """FlashAttention -> the standard ONNX Attention op (opset 23). Named ``standard`` because a module
-``onnx`` inside this package would shadow the onnx package for the modules beside it."""
+``onnx`` inside this package would shadow the onnx package for the modules beside it.
+
+A node whose K and V are a KV-cache append (cache.py) lowers to Attention with ``past_key`` /
+``past_value`` in and ``present_key`` / ``present_value`` out. Measured on ONNX Runtime 1.31 (CPU
+EP): with a past, ``is_causal=1`` is aligned bottom-right (query i sees keys j <= past + i), which
+is FlashAttention's ``is_causal`` 2; any batch and number of new tokens runs."""
 
 from __future__ import annotations
 
@@ -8,11 +13,14 @@ from typing import Any
 
 import onnx_ir as ir
 
+from ..errors import NotLowered
 from ..fusion.call import FlashAttentionCall
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter, replace_output
+from ..graph.shapes import same_dim
 from . import layout
-from .read import aligned_batch, call_dims
+from .cache import CacheAppend, find_cache_append, move_present, prove_absorbable
+from .read import CallDims, aligned_batch, call_dims
 
 OP_ATTENTION = "Attention"
 ONNX_ATTENTION_OPSET = 23
@@ -23,6 +31,81 @@ def lower_standard(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tu
     """Write the Attention node computing call and reroute output to it: (op, how)."""
     f16 = call.dtype != ir.DataType.FLOAT  # float16, or not known: computed in float32 between casts
     dims = call_dims(call)
+    cache = find_cache_append(call)
+    kept_outside = ""
+    if cache is not None:
+        why_not = _cache_refusal(call, cache)
+        if why_not is None:
+            return _attention_with_cache(e, call, cache, dims.hq, dims.hkv, output)
+        kept_outside = f"cache append kept outside the op: {why_not}"
+    op, how = _attention(e, call, dims, f16, output)
+    return op, how + (f"; {kept_outside}" if kept_outside else "")
+
+
+def _cache_refusal(call: FlashAttentionCall, cache: CacheAppend) -> str | None:
+    """Why the cache append cannot move into Attention; None where it can."""
+    if call.dtype != ir.DataType.FLOAT:
+        return "Q is not proved float32 (past and present would change type between casts)"
+    try:
+        prove_absorbable(call, cache)
+    except NotLowered as why:
+        return str(why)
+    return None
+
+
+def _attention_with_cache(
+    e: Emitter, call: FlashAttentionCall, cache: CacheAppend, hq: int | None, hkv: int | None, output: ir.Value
+) -> tuple[str, str]:
+    """Attention with past_key/past_value in and present_key/present_value out (all 4D)."""
+    lengths = layout.SeqLengths(q=(call.q, 2), k=(cache.new_key, 2), past=cache.past_key)
+    # with a past, ONNX Runtime aligns is_causal bottom-right: FlashAttention's is_causal 2
+    native_causal = call.is_causal == 2 and call.mask_fill == -math.inf and call.bias is None and call.mask is None
+    bias = layout.additive_bias(e, call, lengths, fold_causal=not native_causal, avoid_lowest=True)
+    attrs: dict[str, Any] = {"scale": call.scale}
+    if native_causal:
+        attrs["is_causal"] = 1
+    if call.softcap > 0:
+        attrs["softcap"] = call.softcap
+    inputs = [call.q, cache.new_key, cache.new_value, bias, cache.past_key, cache.past_value]
+    node = ir.node("Attention", inputs, attributes=attrs, num_outputs=3, name=f"{e.prefix}/Attention")
+    for value, suffix in zip(node.outputs, ("out", "present_key", "present_value")):
+        value.name = f"{e.prefix}/Attention_{suffix}"
+    e.graph.insert_before(e.anchor, node)
+    out, present_key, present_value = node.outputs
+    move_present(e.graph, e.anchor, cache.present_key, present_key)
+    move_present(e.graph, e.anchor, cache.present_value, present_value)
+    parts = [
+        f"{hq or '?'} query / {hkv or '?'} key-value heads",
+        "past_key/past_value in, present_key/present_value out",
+    ]
+    if call.softcap > 0:
+        parts.append(f"softcap {call.softcap:g}")
+    parts += layout.mask_parts(call, causal_folded=not native_causal)
+    if native_causal:
+        parts.append("is_causal=1, bottom-right with a past in ONNX Runtime")
+    out, note = _fully_masked_rows(e, call, bias, out, squeeze=False)
+    if note:
+        parts.append(note)
+    replace_output(e.graph, output, out)
+    return OP_ATTENTION, "; ".join(parts)
+
+
+def _fully_masked_rows(
+    e: Emitter, call: FlashAttentionCall, bias: ir.Value | None, out: ir.Value, squeeze: bool
+) -> tuple[ir.Value, str]:
+    """Rows with every key masked: FlashAttention gives NaN (or zeros after its guard); Attention
+    gives zeros since the opset-23 errata, NaN before it. Written out, both hold."""
+    if bias is None:
+        return out, ""
+    dead = e.node("Equal", [e.node("ReduceMax", [bias, e.i64([-1])], keepdims=1), e.f32(-math.inf)])
+    if squeeze:
+        dead = e.squeeze(dead, [1])
+    nan_rows = call.masked_rows == "nan"
+    out = e.node("Where", [dead, e.f32(math.nan if nan_rows else 0.0), out])
+    return out, f"fully masked rows -> {'NaN' if nan_rows else 'zeros'} by Where"
+
+
+def _attention(e: Emitter, call: FlashAttentionCall, dims: CallDims, f16: bool, output: ir.Value) -> tuple[str, str]:
     call, broadcast = aligned_batch(e, call, dims)
     three_d = None if f16 or dims.hq != 1 or dims.hkv != 1 else _three_d_sources(call, output)
     if three_d is not None:
@@ -31,7 +114,9 @@ def lower_standard(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tu
     else:
         q, k, v = (e.cast(x, ir.DataType.FLOAT) for x in (call.q, call.k, call.v))
         lengths = layout.SeqLengths(q=(q, 2), k=(k, 2))
-    native_causal = call.is_causal and call.mask_fill == -math.inf and call.bias is None and call.mask is None
+    # without a past, ONNX Runtime aligns is_causal top-left: is_causal 2 only where Sq == Sk
+    aligned = call.is_causal == 1 or (call.is_causal == 2 and same_dim(dims.sq, dims.sk))
+    native_causal = aligned and call.mask_fill == -math.inf and call.bias is None and call.mask is None
     bias = layout.additive_bias(e, call, lengths, fold_causal=not native_causal, avoid_lowest=True)
     attrs: dict[str, Any] = {"scale": call.scale}
     if native_causal:
@@ -50,15 +135,9 @@ def lower_standard(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tu
     if call.softcap > 0:
         parts.append(f"softcap {call.softcap:g}")
     parts += layout.mask_parts(call, causal_folded=not native_causal)
-    if bias is not None:
-        # Rows with every key masked: FlashAttention gives NaN (or zeros after its guard);
-        # Attention gives zeros since the opset-23 errata, NaN before it. Written out, both hold.
-        dead = e.node("Equal", [e.node("ReduceMax", [bias, e.i64([-1])], keepdims=1), e.f32(-math.inf)])
-        if three_d is not None:
-            dead = e.squeeze(dead, [1])
-        nan_rows = call.masked_rows == "nan"
-        out = e.node("Where", [dead, e.f32(math.nan if nan_rows else 0.0), out])
-        parts.append(f"fully masked rows -> {'NaN' if nan_rows else 'zeros'} by Where")
+    out, note = _fully_masked_rows(e, call, bias, out, squeeze=three_d is not None)
+    if note:
+        parts.append(note)
     if f16:
         out, note = layout.cast_back(e, out, call)
         parts.append(note)
