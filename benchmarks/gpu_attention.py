@@ -6,6 +6,7 @@ onnxruntime-ep-webgpu). One process; the same random inputs for every contender 
 once per shape, float16 made from them):
 
   flash WGSL f32 / f16     flash.wgsl through ortflash.kernels.wgpu.runner
+  ... resident             the same with Q, K, V and O left on the GPU (DeviceTensor), no host copies
   naive WGSL f32           naive.wgsl (three passes, score rows in device memory)
   torch SDPA CUDA f32/f16  torch.nn.functional.scaled_dot_product_attention, when torch sees a GPU
   ORT WebGPU MHA f32/f16   com.microsoft MultiHeadAttention on ORT's WebGPU EP, in a child process
@@ -14,6 +15,8 @@ once per shape, float16 made from them):
                            when that folder has it, else the onnxruntime-webgpu build
 
 Method (the reasons are in benchmarks/results/gpu_attention_nvidia-h200.md):
+- before any timing, every (kernel, D, dtype, mask) pipeline is compiled on the smallest size and
+  the GPU kept busy for --prewarm-s (the first size of a run used to be measured 2-4x slow);
 - every (contender, shape, dtype, mask) is warmed up before it is timed: calls repeat until at
   least --warmup-s seconds and 2 calls have passed, so compilation, allocation and the GPU's
   clock ramp stay out of the numbers (the first size of a run used to be measured cold);
@@ -181,6 +184,65 @@ def bench_wgsl(
         stages.append(dict(runner.last_timing))
     extra = {key: float(np.median([st[key] for st in stages])) for key in stages[0]}
     return out, Timing(median(host), median(dev), extra), dict(runner.last_plan)
+
+
+def bench_wgsl_resident(
+    runner: Any,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    dtype: type,
+    mask_kind: str,
+    reps: int,
+    warmup_s: float,
+    tile: Any = None,
+) -> tuple[np.ndarray, Timing]:
+    """The flash kernel with Q, K, V and O resident (DeviceTensors; one upload before timing, out=
+    reused): host time from the call to sync() returning, against the device time of the same calls."""
+    attrs = wgsl_attrs(q.shape[-1], mask_kind)
+    mask = padding_mask(q.shape[2]) if mask_kind == "padding" else None
+    qd, kd, vd = (runner.to_device(t.astype(dtype)) for t in (q, k, v))
+    out = runner.empty_tensor(q.shape, qd.dtype)
+
+    def call() -> None:
+        runner.attention_resident(qd, kd, vd, mask=mask, attrs=attrs, kernel="flash", tile=tile, out=out)
+        runner.sync()
+
+    warm_up(call, warmup_s)
+    host, dev = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        host.append((time.perf_counter() - t0) * 1e3)
+        dev.append(runner.last_device_ms)
+    result = runner.to_host(out, np.float32)
+    for t in (qd, kd, vd, out):
+        t.destroy()
+    return result, Timing(median(host), median(dev), {})
+
+
+def prewarm(runner: Any, args: argparse.Namespace, log: Log) -> dict[str, Any]:
+    """Before any timing: compile every (kernel, D, dtype, mask) pipeline the run uses, on the
+    smallest size, then keep the GPU busy for --prewarm-s on the first measured shape, so that the
+    first measured size is not the one that pays for compilation and the clock ramp."""
+    t0 = time.perf_counter()
+    s = min(args.sizes)
+    compiled = 0
+    for d in args.dims:
+        q, k, v = inputs(s, d)
+        for mask_kind in args.masks:
+            kernels = ["flash", "naive"] if mask_kind == "none" else ["flash"]
+            for kernel in kernels:
+                for dtype in (np.float32, np.float16):
+                    qq, kk, vv = (t.astype(dtype) for t in (q, k, v))
+                    mask = padding_mask(s) if mask_kind == "padding" else None
+                    runner.attention(qq, kk, vv, mask=mask, attrs=wgsl_attrs(d, mask_kind), kernel=kernel)
+                    compiled += 1
+    q, k, v = inputs(s, args.dims[0])
+    warm_up(lambda: runner.attention(q, k, v, attrs=wgsl_attrs(args.dims[0], "none")), args.prewarm_s)
+    seconds = time.perf_counter() - t0
+    log(f"pre-warm: {compiled} (kernel, D, dtype, mask) calls at S={s}, then {args.prewarm_s} s busy: {seconds:.1f} s")
+    return {"calls": compiled, "S": s, "busy_s": args.prewarm_s, "seconds": seconds}
 
 
 # --------------------------------------------------------------------------- PyTorch
@@ -521,8 +583,11 @@ def ablation(args: argparse.Namespace, tiles: dict[tuple[int, str], Any], log: L
 # --------------------------------------------------------------------------- main
 
 
-def sizes_for(args: argparse.Namespace, mask_kind: str) -> list[int]:
-    return args.sizes if mask_kind == "none" else [s for s in args.sizes if s <= args.mask_max_s]
+def sizes_for(args: argparse.Namespace, mask_kind: str, d: int) -> list[int]:
+    sizes = args.sizes if mask_kind == "none" else [s for s in args.sizes if s <= args.mask_max_s]
+    if d > 64 and args.large_d_max_s:
+        sizes = [s for s in sizes if s <= args.large_d_max_s]
+    return sizes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -534,6 +599,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup-s", type=float, default=0.3, help="warm-up seconds per contender and shape")
     ap.add_argument("--naive-max-s", type=int, default=8192, help="largest S for the naive kernel")
+    ap.add_argument("--large-d-max-s", type=int, default=None, help="largest S for D > 64 (default: all sizes)")
+    ap.add_argument("--prewarm-s", type=float, default=2.0, help="seconds of GPU work before the first timing")
+    ap.add_argument("--no-resident", action="store_true", help="skip the rows whose tensors stay on the GPU")
     ap.add_argument("--ort-site", default=None, help="PYTHONPATH folder holding onnxruntime (+ onnxruntime_ep_webgpu)")
     ap.add_argument("--ort-max-s", type=int, default=16384)
     ap.add_argument("--ort-sizes", type=int, nargs="+", default=None, help="S for ORT (default: --sizes)")
@@ -615,6 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ort_records, ort_header = run_ort(args, log)
         log(f"ORT: {json.dumps(ort_header)}; {len(ort_records)} records")
 
+    meta["prewarm"] = prewarm(runner, args, log)
     use_torch, torch_note = (False, "disabled") if args.no_torch else torch_available()
     log(f"torch: {torch_note}, cuda={use_torch}")
     meta.update(torch=torch_note, ort=ort_header, ort_records=ort_records)
@@ -628,7 +697,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for d in args.dims:
         for mask_kind in args.masks:
-            for s in sizes_for(args, mask_kind):
+            for s in sizes_for(args, mask_kind, d):
                 q, k, v = inputs(s, d)
                 ref = reference64(q, k, v, mask_kind)
                 reps = reps_for(s, args.reps)
@@ -657,6 +726,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                         rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                     results.append(rec)
                     log(fmt(rec))
+                if not args.no_resident:
+                    for name, dtype in (
+                        ("flash WGSL f32 resident", np.float32),
+                        ("flash WGSL f16 resident", np.float16),
+                    ):
+                        rec = {"what": name, "S": s, "D": d, "mask": mask_kind}
+                        try:
+                            tile = best_tiles.get((d, np.dtype(dtype).name))
+                            out, timing = bench_wgsl_resident(
+                                runner, q, k, v, dtype, mask_kind, reps, args.warmup_s, tile
+                            )
+                            rec.update(host_ms=timing.host_ms, device_ms=timing.device_ms, **errors(out, ref, s))
+                            del out
+                        except Exception as e:  # noqa: BLE001 -- recorded, the run goes on
+                            rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                        results.append(rec)
+                        log(fmt(rec))
                 if use_torch:
                     for dt in ("f32", "f16"):
                         rec = {"what": f"torch SDPA CUDA {dt}", "S": s, "D": d, "mask": mask_kind}
@@ -726,8 +812,14 @@ def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         f"{CHECK_ROWS} query rows of heads {CHECK_HEADS}. padding: bool key mask hiding the last "
         f"{PADDED_FRACTION:.0%} of the keys",
         "",
-        "| what | mask | D | S | host ms | device ms | device TFLOP/s | host / device | rel. error vs f64 | note |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "- resident rows: Q, K, V and O stay on the GPU (DeviceTensor, uploaded once before timing); host ms is "
+        "the call plus sync() (submit, kernel, wait), device ms the timestamps of the same calls",
+        "- host stages (WGSL numpy rows, medians, ms): prepare+stage = host layout and memcpy into the mapped "
+        "staging buffers; wait = uploads, kernel and read-back copy on the device; read = copy out of the mapped buffer",
+        "",
+        "| what | mask | D | S | host ms | device ms | device TFLOP/s | host / device | rel. error vs f64 "
+        "| host stages: prepare+stage / wait / read | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         s, d = r["S"], r["D"]
@@ -738,9 +830,15 @@ def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             dev_txt = f"({dev:.3f})"
         ratio = f(host / dev) if host and dev else ""
         err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
+        st = r.get("stages") or {}
+        stages = (
+            f"{st['prepare_ms'] + st['stage_ms']:.2f} / {st['wait_ms']:.2f} / {st['read_ms']:.2f}"
+            if {"prepare_ms", "stage_ms", "wait_ms", "read_ms"} <= set(st)
+            else ""
+        )
         out.append(
             f"| {r['what']} | {r['mask']} | {d} | {s} | {f(host)} | {dev_txt} | {f(tflops(s, d, dev))} "
-            f"| {ratio} | {err} | {r.get('error', '') or r.get('resident_error', '')} |"
+            f"| {ratio} | {err} | {stages} | {r.get('error', '') or r.get('resident_error', '')} |"
         )
     return "\n".join(out) + "\n"
 
@@ -763,6 +861,11 @@ def summary(results: list[dict[str, Any]]) -> str:
                     f"  flash {dt} D={d}: {tflops(4096, d, dev):.1f} TFLOP/s device, host/device "
                     f"{host / dev:.2f}" + (f", causal speed-up {dev / causal:.2f}x" if causal else "")
                 )
+    for dt in ("f32", "f16"):
+        dev = get(f"flash WGSL {dt} resident", 4096, 64, "none", "device_ms")
+        host = get(f"flash WGSL {dt} resident", 4096, 64, "none", "host_ms")
+        if dev and host:
+            lines.append(f"  resident flash {dt} D=64: host (call + sync) / device {host / dev:.2f}")
     ort = get("ORT WebGPU MHA f32", 4096, 64, "none", "host_ms")
     host = get("flash WGSL f32", 4096, 64, "none", "host_ms")
     if ort and host:

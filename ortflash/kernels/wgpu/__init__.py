@@ -1,6 +1,8 @@
 """The WGSL backend: the attention kernels in ``shaders/*.wgsl``, run through wgpu.
 
-- ``kernel``: ``flash_attention`` (the numpy-in, numpy-out entry point), ``available()``;
+- ``kernel``: ``flash_attention`` (the numpy-in, numpy-out entry point), ``available()``, and for
+  tensors that stay on the GPU ``to_device``, ``run_resident``, ``to_host``;
+- ``resident``: ``DeviceTensor``, a [B, H, S, D] operand or result in a wgpu buffer, and its layout;
 - ``runner``: one wgpu device: buffers, pipelines, upload, dispatch, read-back;
 - ``params``: the shapes of a call and the uniform ``Params`` record of common.wgsl;
 - ``plan``: which dispatches a call runs (grids, naive score chunks);
@@ -13,3 +15,8 @@
 
 Importing this package does not import wgpu.
 """
+
+from .kernel import available, flash_attention, run_resident, to_device, to_host
+from .resident import DeviceTensor
+
+__all__ = ["DeviceTensor", "available", "flash_attention", "run_resident", "to_device", "to_host"]

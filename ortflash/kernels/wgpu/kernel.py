@@ -13,6 +13,10 @@ The WGSL kernels choose their own key tile from the adapter's limits, so the
 ``block_size`` attribute does not change which keys share a tile there (the
 results agree with the reference to float32 rounding either way).
 
+``to_device``, ``run_resident`` and ``to_host`` are the same kernels for a pipeline
+whose tensors stay on the GPU (DeviceTensor, resident.py): Q, K, V in wgpu buffers,
+O left in one.
+
 One ``Runner`` (one wgpu device) serves the whole process; ``runner()`` makes
 it on first use. ``available()`` says whether wgpu finds an adapter at all.
 
@@ -33,6 +37,7 @@ import numpy as np
 from ... import spec
 from ...policy import SoftmaxPolicy
 from .params import Problem
+from .resident import DeviceTensor
 from .runner import Runner
 
 
@@ -106,11 +111,64 @@ def flash_attention(
     mask: np.ndarray | None = None,
     *,
     policy: SoftmaxPolicy | None = None,
+    bias_after_mask: int = 0,
     **attrs: Any,
 ) -> np.ndarray:
-    """Run FlashAttention in WGSL. Same arguments and results as the numpy reference."""
-    attrs = spec.validate(attrs)
+    """Run FlashAttention in WGSL. Same arguments and results as the numpy reference.
+
+    bias_after_mask=1 adds the bias after the mask and the causal fill (the
+    contract's attribute that the bridge passes as a keyword).
+    """
+    attrs = _validated(attrs, bias_after_mask)
     policy = policy or SoftmaxPolicy.from_attributes(attrs)
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     kernel = "flash" if policy.choose(Problem.of(q, k, v).seq_k) == "online" else "naive"
     return runner().attention(q, k, v, bias, mask, attrs=attrs, kernel=kernel)
+
+
+def _validated(attrs: dict[str, Any], bias_after_mask: int) -> dict[str, Any]:
+    """spec.validate(attrs) with the bias_after_mask keyword (how the bridge passes it) added."""
+    return spec.validate({**attrs, "bias_after_mask": bias_after_mask})
+
+
+# ------------------------------------------------------------------------- resident tensors
+
+
+def to_device(array: np.ndarray) -> DeviceTensor:
+    """Upload a [B, H, S, D] array once to the process's GPU device (see resident.py for the layout)."""
+    return runner().to_device(array)
+
+
+def to_host(tensor: DeviceTensor, dtype: Any = None) -> np.ndarray:
+    """Read a DeviceTensor back into numpy (its dtype, or `dtype`), waiting for the work that writes it."""
+    return runner().to_host(tensor, dtype)
+
+
+def run_resident(
+    q: np.ndarray | DeviceTensor,
+    k: np.ndarray | DeviceTensor,
+    v: np.ndarray | DeviceTensor,
+    bias: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    *,
+    policy: SoftmaxPolicy | None = None,
+    bias_after_mask: int = 0,
+    out: DeviceTensor | None = None,
+    **attrs: Any,
+) -> DeviceTensor:
+    """FlashAttention whose result stays on the GPU: the arguments of ``flash_attention``, with Q, K
+    and V numpy arrays or DeviceTensors (``to_device``), and O returned as a DeviceTensor (written
+    into ``out`` when given). Nothing is read back and nothing waited for; ``to_host(O)`` reads it.
+
+    A pipeline that keeps its tensors resident uploads K and V once and passes the same
+    DeviceTensors to every call that reads them::
+
+        k_dev, v_dev = to_device(k), to_device(v)
+        o1 = run_resident(q1, k_dev, v_dev, scale=0.125)
+        o2 = run_resident(q2, k_dev, v_dev, scale=0.125, is_causal=1)
+        result = to_host(o2)
+    """
+    attrs = _validated(attrs, bias_after_mask)
+    policy = policy or SoftmaxPolicy.from_attributes(attrs)
+    kernel = "flash" if policy.choose(Problem.of(q, k, v).seq_k) == "online" else "naive"
+    return runner().attention_resident(q, k, v, bias, mask, attrs=attrs, kernel=kernel, out=out)

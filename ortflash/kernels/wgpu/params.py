@@ -10,6 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from .resident import DeviceTensor
+
+# An operand: a numpy array, or a tensor already on the device (resident.py).
+Operand = np.ndarray | DeviceTensor
+
 # Uniform block layout; must match `struct Params` in common.wgsl.
 PARAMS_DTYPE = np.dtype(
     [
@@ -26,7 +31,9 @@ PARAMS_DTYPE = np.dtype(
         ("mask_fill", "<f4"),
         ("neg_inf", "<f4"),
         ("empty_row", "<f4"),
-        ("_pad", "<f4", (3,)),
+        ("causal_row_shift", "<u4"),
+        ("causal_key_shift", "<u4"),
+        ("_pad", "<f4"),
         ("bias_stride", "<u4", (4,)),
         ("mask_stride", "<u4", (4,)),
     ]
@@ -34,7 +41,35 @@ PARAMS_DTYPE = np.dtype(
 assert PARAMS_DTYPE.itemsize == 96
 
 # Bits of Params.flags; the same values as the FLAG_* constants of common.wgsl.
-FLAG_BIAS, FLAG_MASK, FLAG_CAUSAL, FLAG_SOFTCAP, FLAG_SKIP_CAUSAL_TILES = 1, 2, 4, 8, 16
+FLAG_BIAS, FLAG_MASK, FLAG_CAUSAL, FLAG_SOFTCAP, FLAG_SKIP_CAUSAL_TILES, FLAG_BIAS_AFTER_MASK = 1, 2, 4, 8, 16, 32
+
+
+def causal_shifts(is_causal: int, seq_q: int, seq_k: int) -> tuple[int, int]:
+    """(row shift, key shift) of the causal test ``key + key_shift > row + row_shift`` (masked).
+
+    is_causal 1 (top-left): query i sees keys j <= i. is_causal 2 (bottom-right):
+    query i sees keys j <= i + (Sk - Sq); the offset is split into two unsigned
+    shifts so that Sq > Sk (the first Sq - Sk rows see no key) needs no signed
+    arithmetic in the shader.
+    """
+    if is_causal != 2:
+        return 0, 0
+    return (seq_k - seq_q, 0) if seq_k >= seq_q else (0, seq_q - seq_k)
+
+
+def causal_tiles_skippable(attrs: Mapping[str, Any], bias: np.ndarray | None) -> bool:
+    """True when key tiles wholly right of the causal diagonal add exactly nothing.
+
+    They do when the causal fill is -inf and nothing is added after it: with
+    bias_after_mask=1 a bias is added to the fill, and -inf + (+inf or NaN) is
+    NaN, which the reference propagates; a bias with neither (one pass over it)
+    leaves -inf at -inf.
+    """
+    if attrs["mask_fill"] != -math.inf:
+        return False
+    if bias is None or not attrs.get("bias_after_mask", 0):
+        return True
+    return bool(np.all(np.asarray(bias) < np.inf))  # False for +inf and for NaN
 
 
 @dataclass(frozen=True)
@@ -50,7 +85,7 @@ class Problem:
     value_dim: int
 
     @classmethod
-    def of(cls, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> Problem:
+    def of(cls, q: Operand, k: Operand, v: Operand) -> Problem:
         """The problem of Q, K, V; ValueError when their shapes do not make one."""
         if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
             raise ValueError(f"FlashAttention wants 4D Q, K, V; got {q.shape}, {k.shape}, {v.shape}")
@@ -89,9 +124,9 @@ class HostOperands:
 
     io: str  # which io_*.wgsl reads Q/K/V/O: 'f32' or 'f16'
     host_dtype: type[np.floating[Any]]  # the dtype of Q/K/V/O on the device
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
+    q: Operand  # numpy arrays are laid out for upload; DeviceTensors are bound as they are
+    k: Operand
+    v: Operand
     bias: np.ndarray | None  # float32, broadcast dims kept at size 1
     mask: np.ndarray | None  # one uint8 per element, broadcast dims kept at size 1
     params: np.ndarray  # one PARAMS_DTYPE record; the planner sets bh0/row0/rows per dispatch
@@ -99,9 +134,9 @@ class HostOperands:
 
 def prepare(
     problem: Problem,
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
+    q: Operand,
+    k: Operand,
+    v: Operand,
     bias: np.ndarray | None,
     mask: np.ndarray | None,
     attrs: Mapping[str, Any],
@@ -111,12 +146,23 @@ def prepare(
     """Lay out the operands of one call; attrs as spec.validate gives them.
 
     float16 stays float16 on the way in when the shader can read it
-    (``f16_on_device``); otherwise the host widens it to float32.
+    (``f16_on_device``); otherwise the host widens it to float32. Operands
+    already on the device fix the dtype: every DeviceTensor of a call has the
+    same one, and numpy operands beside them are converted to it.
     """
-    f16 = f16_on_device and all(t.dtype == np.float16 for t in (q, k, v))
+    resident = {np.dtype(t.dtype) for t in (q, k, v) if isinstance(t, DeviceTensor)}
+    if len(resident) > 1:
+        raise ValueError(f"the DeviceTensors of one call must share a dtype, got {sorted(map(str, resident))}")
+    if resident:
+        f16 = resident.pop() == np.float16
+        if f16 and not f16_on_device:
+            raise ValueError("a float16 DeviceTensor needs a device with shader-f16")
+    else:
+        f16 = f16_on_device and all(t.dtype == np.float16 for t in (q, k, v))
     host_dtype = np.float16 if f16 else np.float32
     qh, kh, vh = (
-        _pad_last(np.asarray(t, host_dtype), 4 * n) for t, n in ((q, problem.d4), (k, problem.d4), (v, problem.dv4))
+        t if isinstance(t, DeviceTensor) else _pad_last(np.asarray(t, host_dtype), 4 * n)
+        for t, n in ((q, problem.d4), (k, problem.d4), (v, problem.dv4))
     )
     full_shape = (problem.batch, problem.heads_q, problem.seq_q, problem.seq_k)
     params = np.zeros(1, PARAMS_DTYPE)
@@ -130,10 +176,17 @@ def prepare(
         mask_arr, params["mask_stride"] = _broadcast_operand(mask, full_shape, "mask")
         mask_arr = mask_arr.astype(bool, copy=False).astype(np.uint8)
         flags |= FLAG_MASK
+    if attrs["is_causal"] not in (0, 1, 2):
+        raise ValueError(f"is_causal must be 0, 1 or 2, got {attrs['is_causal']}")
     if attrs["is_causal"]:
         flags |= FLAG_CAUSAL
-        if attrs["mask_fill"] == -math.inf:
+        if causal_tiles_skippable(attrs, bias):
             flags |= FLAG_SKIP_CAUSAL_TILES
+        params["causal_row_shift"], params["causal_key_shift"] = causal_shifts(
+            attrs["is_causal"], problem.seq_q, problem.seq_k
+        )
+    if attrs.get("bias_after_mask", 0):
+        flags |= FLAG_BIAS_AFTER_MASK
     if attrs["softcap"] > 0:
         flags |= FLAG_SOFTCAP
     params["heads_q"] = problem.heads_q

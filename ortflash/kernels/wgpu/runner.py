@@ -10,15 +10,20 @@ when the adapter has them. ``last_timing`` splits the host-to-host time of the
 last call into its stages.
 
 One call goes: host operands and Params (params.py), the dispatch plan
-(plan.py), upload and bind, encode and submit, read back. Over 400 lines because
-the device, its buffer cache and those four steps share one wgpu device's state;
-everything that needs no device lives in the modules beside it.
+(plan.py), upload and bind, encode and submit, read back. ``attention_resident``
+is the same call with DeviceTensors (resident.py) bound instead of uploaded and
+O left on the device; ``to_device``, ``to_host`` and ``sync`` go with it.
+
+About 700 lines because the device, its buffer cache, those four steps and the
+resident calls share one wgpu device's state (buffers, the lock, the pending
+timestamps); everything that needs no device lives in the modules beside it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -29,8 +34,9 @@ from .adapter import find_adapter, no_adapter_message
 from .assemble import assemble, read_shader
 from .hostcopy import HostCopier
 from .limits import WANTED_FEATURES, WANTED_LIMITS, DeviceLimits
-from .params import PARAMS_DTYPE, HostOperands, Problem, prepare
+from .params import PARAMS_DTYPE, HostOperands, Operand, Problem, prepare
 from .plan import Plan, check_kernel, plan
+from .resident import DeviceTensor, padded_host_array
 from .tiles import FlashTile, choose_flash_tile
 from .trusted import create_trusted_module
 from .tuner import TileCache, TuneKey, tune
@@ -140,6 +146,10 @@ class Runner:
         self._modules: dict[tuple[Any, ...], wgpu.GPUShaderModule] = {}
         self._pipelines: dict[tuple[Any, ...], wgpu.GPUComputePipeline] = {}
         self._buffers: dict[str, wgpu.GPUBuffer] = {}
+        self._placeholders: dict[str, wgpu.GPUBuffer] = {}  # bound for an absent bias or mask
+        self.uploads: Counter[str] = Counter()  # host-to-device uploads so far, per role (q, k, v, bias, ...)
+        # The timestamp read-back of the last attention_resident call, until sync() reads it.
+        self._pending_timestamps: wgpu.GPUBuffer | None = None
         self._copier = HostCopier()  # host <-> staging copies on several threads
         self._lock = threading.RLock()
         self._bind_group_layout, self._layout = self._make_layouts()
@@ -318,6 +328,7 @@ class Runner:
             del mapped  # no view of the mapped range may outlive unmap
         staging.unmap()
         uploads.append(_Upload(staging, buf, -(-data.nbytes // 4) * 4))
+        self.uploads[role] += 1
         return BoundBuffer(buf, data.nbytes)
 
     @staticmethod
@@ -358,29 +369,20 @@ class Runner:
             check_kernel(kernel)
             if problem.is_empty:
                 return np.zeros((problem.batch, problem.heads_q, problem.seq_q, problem.value_dim), q.dtype)
-            operands = prepare(problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16)
-            if kernel == "flash" and tile is None:
-                tile = self.cached_flash_tile(problem.d4, problem.dv4, operands.io)
-            call_plan = plan(
-                kernel,
-                problem,
-                operands.io,
-                operands.params,
-                tile=tile,
-                score_chunk_bytes=score_chunk_bytes,
-                limits=self.device_limits,
-                subgroup_size=self.subgroup_size,
+            operands, call_plan = self._prepare_call(
+                problem, q, k, v, bias, mask, attrs, kernel, tile, score_chunk_bytes
             )
-            self.last_plan = call_plan.summary
             t_prepared = time.perf_counter()
-            bound = self._upload_and_bind(problem, operands, call_plan)
+            bound = self._upload_and_bind(problem, operands, call_plan, None)
             t_staged = time.perf_counter()
-            staging, timestamps = self._encode_and_submit(call_plan, bound)
+            staging, timestamps = self._encode_and_submit(call_plan, bound, read_back=True)
+            assert staging is not None
             t_submitted = time.perf_counter()
             staging.map_sync(self.wgpu.MapMode.READ, 0, staging.size)  # waits for the device
             t_done = time.perf_counter()
             out = self._read_output(staging, bound.output.size, problem, operands.host_dtype, q.dtype)
             self.last_device_ms = self._read_device_ms(timestamps) if timestamps is not None else None
+            self._pending_timestamps = None  # read just now, with the last call's
             t_end = time.perf_counter()
             self.last_host_ms = (t_end - t_start) * 1e3
             self.last_timing = {
@@ -392,11 +394,169 @@ class Runner:
             }
             return out
 
-    def _upload_and_bind(self, problem: Problem, operands: HostOperands, call_plan: Plan) -> _Bound:
-        """Upload the operands and Params, size the output and score buffers, make one bind group per dispatch."""
+    def _prepare_call(
+        self,
+        problem: Problem,
+        q: Operand,
+        k: Operand,
+        v: Operand,
+        bias: np.ndarray | None,
+        mask: np.ndarray | None,
+        attrs: Mapping[str, Any],
+        kernel: str,
+        tile: FlashTile | None,
+        score_chunk_bytes: int | None,
+    ) -> tuple[HostOperands, Plan]:
+        """The host operands and the dispatch plan of one call (nothing touches the device)."""
+        operands = prepare(problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16)
+        return operands, self._plan_call(problem, operands, kernel, tile, score_chunk_bytes)
+
+    def _plan_call(
+        self,
+        problem: Problem,
+        operands: HostOperands,
+        kernel: str,
+        tile: FlashTile | None,
+        score_chunk_bytes: int | None,
+    ) -> Plan:
+        """The dispatch plan of one call whose operands are laid out (a non-empty problem)."""
+        if kernel == "flash" and tile is None:
+            tile = self.cached_flash_tile(problem.d4, problem.dv4, operands.io)
+        call_plan = plan(
+            kernel,
+            problem,
+            operands.io,
+            operands.params,
+            tile=tile,
+            score_chunk_bytes=score_chunk_bytes,
+            limits=self.device_limits,
+            subgroup_size=self.subgroup_size,
+        )
+        self.last_plan = call_plan.summary
+        return call_plan
+
+    # ---------------------------------------------------------------- resident tensors
+
+    def to_device(self, array: np.ndarray) -> DeviceTensor:
+        """A new DeviceTensor holding `array` [B, H, S, D] (float16 stays float16 where the device
+        has shader-f16; anything else becomes float32). One upload; the tensor is then reused by
+        every call it is passed to."""
+        array = np.asarray(array)
+        if array.ndim != 4:
+            raise ValueError(f"a DeviceTensor is [B, H, S, D]; got shape {array.shape}")
+        dtype = np.dtype(np.float16 if array.dtype == np.float16 and self.has_f16 else np.float32)
+        data = padded_host_array(array, dtype)
+        self.device_limits.check_binding("tensor", data.nbytes)
+        usage = self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC | self.wgpu.BufferUsage.COPY_DST
+        with self._lock:
+            buffer = self.device.create_buffer(size=max(_BUFFER_GRANULE, -(-data.nbytes // 4) * 4), usage=usage)
+            if data.nbytes:
+                self.queue.write_buffer(buffer, 0, data.reshape(-1).view(np.uint8))
+        return DeviceTensor(buffer, tuple(int(n) for n in array.shape), dtype, self.device)  # type: ignore[arg-type]
+
+    def empty_tensor(self, shape: tuple[int, int, int, int], dtype: np.dtype[Any]) -> DeviceTensor:
+        """An uninitialised DeviceTensor, say for ``attention_resident(out=...)`` to write into."""
+        b, h, s, d = shape
+        nbytes = b * h * s * (-(-d // 4) * 4) * np.dtype(dtype).itemsize
+        self.device_limits.check_binding("tensor", nbytes)
+        usage = self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC | self.wgpu.BufferUsage.COPY_DST
+        buffer = self.device.create_buffer(size=max(_BUFFER_GRANULE, -(-nbytes // 4) * 4), usage=usage)
+        return DeviceTensor(buffer, (b, h, s, d), np.dtype(dtype), self.device)
+
+    def to_host(self, tensor: DeviceTensor, dtype: Any = None) -> np.ndarray:
+        """The tensor's values as a numpy array (its own dtype, or `dtype`); waits for the work that
+        writes it. The read-back buffer is reused across calls."""
+        self._check_own(tensor)
+        b, h, s, d = tensor.shape
+        out = np.empty(tensor.shape, dtype or tensor.dtype)
+        if not tensor.nbytes:
+            return out
+        with self._lock:
+            usage = self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST
+            staging = self._buffer("staging", tensor.nbytes, usage)
+            encoder = self.device.create_command_encoder()
+            encoder.copy_buffer_to_buffer(tensor.buffer, 0, staging, 0, -(-tensor.nbytes // 4) * 4)
+            self.queue.submit([encoder.finish()])
+            staging.map_sync(self.wgpu.MapMode.READ, 0, staging.size)
+            view = staging.read_mapped(0, tensor.nbytes, copy=False)
+            rows = b * h * s
+            mapped = np.frombuffer(view, dtype=tensor.dtype).reshape(rows, tensor.padded_dim)[:, :d]
+            self._copier.copy(out.reshape(rows, d), mapped)
+            del mapped, view
+            staging.unmap()
+        return out
+
+    def sync(self) -> float | None:
+        """Wait until the work submitted so far is done; returns (and sets) last_device_ms, the device
+        time of the last attention call, when the device has timestamps."""
+        with self._lock:
+            if self._pending_timestamps is not None:
+                self.last_device_ms = self._read_device_ms(self._pending_timestamps)
+                self._pending_timestamps = None
+            else:
+                self.queue.on_submitted_work_done_sync()
+            return self.last_device_ms
+
+    def _check_own(self, tensor: DeviceTensor) -> None:
+        if tensor.device is not self.device:
+            raise ValueError("this DeviceTensor belongs to another wgpu device than the runner's")
+
+    def attention_resident(
+        self,
+        q: Operand,
+        k: Operand,
+        v: Operand,
+        bias: np.ndarray | None = None,
+        mask: np.ndarray | None = None,
+        *,
+        attrs: Mapping[str, Any],
+        kernel: str = "flash",
+        tile: FlashTile | None = None,
+        score_chunk_bytes: int | None = None,
+        out: DeviceTensor | None = None,
+    ) -> DeviceTensor:
+        """O = attention(Q, K, V) with O left on the device: a DeviceTensor [B, Hq, Sq, Dv].
+
+        Q, K and V may be DeviceTensors (bound as they are: no upload) or numpy
+        arrays (staged and uploaded as ``attention`` does); bias and mask are
+        numpy. The work is submitted and not waited for: WebGPU orders it before
+        anything submitted later (a next call, ``to_host``), and ``sync()`` waits
+        for it. O is written into ``out`` when given (same shape and dtype; not an
+        input of this call), else into a new buffer.
+        """
+        with self._lock:
+            t_start = time.perf_counter()
+            for t in (q, k, v, out):
+                if isinstance(t, DeviceTensor):
+                    self._check_own(t)
+            problem = Problem.of(q, k, v)
+            check_kernel(kernel)
+            operands = prepare(problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16)
+            shape = (problem.batch, problem.heads_q, problem.seq_q, problem.value_dim)
+            dtype = np.dtype(operands.host_dtype)
+            if out is None:
+                out = self.empty_tensor(shape, dtype)
+            elif out.shape != shape or out.dtype != dtype:
+                raise ValueError(f"out is {out.shape} {out.dtype}; this call writes {shape} {dtype}")
+            elif any(t.buffer is out.buffer for t in (q, k, v) if isinstance(t, DeviceTensor)):
+                raise ValueError("out may not be an input of the same call (WebGPU binds it read-only there)")
+            if problem.is_empty:
+                return out
+            call_plan = self._plan_call(problem, operands, kernel, tile, score_chunk_bytes)
+            bound = self._upload_and_bind(problem, operands, call_plan, out)
+            _, self._pending_timestamps = self._encode_and_submit(call_plan, bound, read_back=False)
+            self.last_device_ms = None
+            self.last_host_ms = (time.perf_counter() - t_start) * 1e3  # host time to submit, not to finish
+            return out
+
+    def _upload_and_bind(
+        self, problem: Problem, operands: HostOperands, call_plan: Plan, out: DeviceTensor | None
+    ) -> _Bound:
+        """Upload the operands and Params, size the output (or bind `out`) and score buffers, make
+        one bind group per dispatch."""
         uploads: list[_Upload] = []
         bufs = self._upload_operands(operands, uploads)
-        bufs["o"] = self._output_buffer(problem, operands)
+        bufs["o"] = BoundBuffer(out.buffer, out.nbytes) if out is not None else self._output_buffer(problem, operands)
         bufs["scores"] = self._scores_buffer(call_plan)
         uniform, align = self._write_params(call_plan)
 
@@ -420,16 +580,28 @@ class Runner:
         """Q, K, V, bias and mask staged for upload; an absent bias or mask binds a small placeholder
         under its own role (every binding needs a buffer)."""
         qkv = (("q", operands.q), ("k", operands.k), ("v", operands.v))
-        bufs = {role: self._upload(role, array, uploads) for role, array in qkv}
+        bufs = {
+            role: BoundBuffer(t.buffer, t.nbytes) if isinstance(t, DeviceTensor) else self._upload(role, t, uploads)
+            for role, t in qkv
+        }
         if operands.bias is not None:
             bufs["bias"] = self._upload("bias", operands.bias, uploads)
         else:
-            bufs["bias"] = self._upload("no_bias", np.zeros(4, np.float32), uploads)
+            bufs["bias"] = self._placeholder("no_bias", np.zeros(4, np.float32))
         if operands.mask is not None:
             bufs["mask"] = self._upload("mask", operands.mask, uploads)
         else:
-            bufs["mask"] = self._upload("no_mask", np.ones(4, np.uint8), uploads)
+            bufs["mask"] = self._placeholder("no_mask", np.ones(4, np.uint8))
         return bufs
+
+    def _placeholder(self, role: str, data: np.ndarray) -> BoundBuffer:
+        """A small constant buffer bound where an operand is absent: written once, never uploaded again
+        (staging it every call cost a map, a memcpy and a copy per call for 16 bytes)."""
+        buf = self._placeholders.get(role)
+        if buf is None:
+            buf = self.device.create_buffer_with_data(data=data.tobytes(), usage=self.wgpu.BufferUsage.STORAGE)
+            self._placeholders[role] = buf
+        return BoundBuffer(buf, data.nbytes)
 
     def _output_buffer(self, problem: Problem, operands: HostOperands) -> BoundBuffer:
         """The device buffer O is written to (head dims padded to vec4s, the device dtype)."""
@@ -456,9 +628,12 @@ class Runner:
         self.queue.write_buffer(uniform, 0, blob)
         return uniform, align
 
-    def _encode_and_submit(self, call_plan: Plan, bound: _Bound) -> tuple[wgpu.GPUBuffer, wgpu.GPUBuffer | None]:
+    def _encode_and_submit(
+        self, call_plan: Plan, bound: _Bound, *, read_back: bool
+    ) -> tuple[wgpu.GPUBuffer | None, wgpu.GPUBuffer | None]:
         """Record the uploads, the dispatches and the read-back copies; submit. Returns the
-        mapped-read buffers of the output and of the timestamps (None without timestamps)."""
+        mapped-read buffers of the output (None unless read_back) and of the timestamps (None
+        without timestamps)."""
         wgpu = self.wgpu
         pipelines = [
             self.pipeline(call_plan.kernel, dispatch.entry, call_plan.io, call_plan.constants)
@@ -484,9 +659,11 @@ class Runner:
         cpass.end()
 
         usage_read = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
-        out_nbytes = bound.output.size
-        staging = self._buffer("staging", out_nbytes, usage_read)
-        encoder.copy_buffer_to_buffer(bound.output.buffer, 0, staging, 0, out_nbytes)
+        staging = None
+        if read_back:
+            out_nbytes = bound.output.size
+            staging = self._buffer("staging", out_nbytes, usage_read)
+            encoder.copy_buffer_to_buffer(bound.output.buffer, 0, staging, 0, out_nbytes)
         ts_read = None
         if self.has_timestamps:
             resolve = self._buffer(

@@ -2,7 +2,7 @@
 ranks them, and the tiles measured best on real hardware.
 
 The numbers here come from the H200 sweep (``benchmarks/gpu_attention.py --sweep``, results in
-``benchmarks/results/gpu_sweep_nvidia-h200.json`` and ``gpu_attention_nvidia-h200.md``).
+``benchmarks/results/gpu_sweep_nvidia-h200.json`` and ``gpu_attention_nvidia-h200_0815.md``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,12 @@
 // score of one (query row, key) pair exactly as ortflash/spec.py defines it:
 //
 //     s = scale * q.k ; s = softcap * tanh(s / softcap) ; s += bias
-//     s = mask ? s : mask_fill ; s = (key <= row or not causal) ? s : mask_fill
+//     s = mask ? s : mask_fill ; s = (key <= row + Sk - Sq or not causal) ? s : mask_fill
+//
+// with the bias added after the mask and the causal fill instead when
+// bias_after_mask = 1 (FLAG_BIAS_AFTER_MASK), and the causal diagonal at the
+// top left (is_causal 1: shifts 0) or bottom right (is_causal 2) as the two
+// shifts of Params say.
 
 struct Params {
     heads_q: u32,     // Hq
@@ -18,9 +23,11 @@ struct Params {
     mask_fill: f32,   // may be -inf
     neg_inf: f32,     // -inf, given at run time: a WGSL constant may not be infinite
     empty_row: f32,   // what a fully masked row yields: NaN (masked_rows=nan) or 0
+    // Causal: key is masked when key + causal_key_shift > row + causal_row_shift
+    // (params.py causal_shifts: both 0 top-left; Sk - Sq or Sq - Sk bottom-right).
+    causal_row_shift: u32,
+    causal_key_shift: u32,
     _pad0: f32,
-    _pad1: f32,
-    _pad2: f32,
     // Element strides of bias / mask per dimension (batch, head, row, key);
     // a broadcast dimension has stride 0, so no broadcast copy is ever made.
     bias_stride: vec4<u32>,
@@ -36,6 +43,8 @@ const FLAG_SOFTCAP: u32 = 8u;
 const FLAG_SKIP_CAUSAL_TILES: u32 = 16u;
 // Any of bias, mask, causal or softcap: the plain path (scale only) is not enough.
 const FLAG_ANY_EXTRA: u32 = 15u;
+// The bias is added after the mask and the causal fill (bias_after_mask = 1).
+const FLAG_BIAS_AFTER_MASK: u32 = 32u;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> bias_buf: array<f32>;
@@ -75,7 +84,8 @@ fn score_of(dot: f32, bbase: u32, mbase: u32, row: u32, key: u32) -> f32 {
     if ((flags & FLAG_SOFTCAP) != 0u) {
         s = params.softcap * soft_tanh(s / params.softcap);
     }
-    if ((flags & FLAG_BIAS) != 0u) {
+    let bias_first = (flags & (FLAG_BIAS | FLAG_BIAS_AFTER_MASK)) == FLAG_BIAS;
+    if (bias_first) {
         s += bias_buf[bbase + row * params.bias_stride.z + key * params.bias_stride.w];
     }
     if ((flags & FLAG_MASK) != 0u) {
@@ -83,8 +93,11 @@ fn score_of(dot: f32, bbase: u32, mbase: u32, row: u32, key: u32) -> f32 {
             s = params.mask_fill;
         }
     }
-    if ((flags & FLAG_CAUSAL) != 0u && key > row) {
+    if ((flags & FLAG_CAUSAL) != 0u && key + params.causal_key_shift > row + params.causal_row_shift) {
         s = params.mask_fill;
+    }
+    if ((flags & FLAG_BIAS) != 0u && !bias_first) {
+        s += bias_buf[bbase + row * params.bias_stride.z + key * params.bias_stride.w];
     }
     return s;
 }

@@ -33,7 +33,8 @@
 // (f16 products with f32 sums would need a conversion per product on SIMT
 // cores; the H200 measurements are in benchmarks/results.)
 //
-// Causal: key tiles right of the diagonal are skipped (mask_fill -inf), tiles
+// Causal (top-left or bottom-right diagonal, common.wgsl's shifts): key tiles
+// right of the diagonal are skipped (mask_fill -inf, params.py says when), tiles
 // wholly left of it take the plain path (no per-element check), and only the
 // tiles that cross the diagonal evaluate score_of per element.
 //
@@ -146,10 +147,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         running_max[r] = neg_inf;
     }
 
-    // Causal, top-left aligned: rows q0..q0+BR-1 see no key past q0+BR-1.
+    // Causal: rows q0..q0+BR-1 see no key past q0+BR-1 + row shift - key shift
+    // (top-left: shifts 0; bottom-right: the diagonal moved by Sk - Sq). When
+    // that is below key 0 no tile runs and the rows end fully masked.
+    let row_shift = params.causal_row_shift;
+    let key_shift = params.causal_key_shift;
     var k_end = sk;
     if ((params.flags & FLAG_SKIP_CAUSAL_TILES) != 0u) {
-        k_end = min(sk, q0 + BR);
+        let past_last = q0 + BR + row_shift;   // one past the last visible key, before the key shift
+        k_end = select(0u, min(sk, past_last - key_shift), past_last > key_shift);
     }
     let k_base = bkv * sk * D4;
     let v_base = bkv * sk * DV4;
@@ -171,8 +177,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
         // Off the diagonal, a causal-only tile needs no per-element check:
-        // every key is at or before every row (k0 + BC - 1 <= q0).
-        let plain = extra == 0u || (extra == FLAG_CAUSAL && k0 + BC <= q0 + 1u);
+        // every key is visible to every row (k0 + BC - 1 + key shift <= q0 + row shift).
+        let plain = extra == 0u || (extra == FLAG_CAUSAL && k0 + BC + key_shift <= q0 + 1u + row_shift);
 
         // Scores: s[kk * RV + r] = q.k of row block r with key kk*C + c.
         // Zeroed explicitly: a `var` declared in a loop body is not reliably
