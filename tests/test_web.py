@@ -1,7 +1,8 @@
 """web-check: lowered models give ONNX Runtime's answers in onnxruntime-web (wasm) and onnxruntime-node.
 
-Node.js is required here: without it these tests fail (web_check raises), they do not skip.
-Only the zoo tests skip, and only while ortflash/rewrites/lower.py does not exist yet.
+Node.js is required here: without it these tests fail (web_check raises), they do not skip; so are
+Debian's chromium and chromium-driver for the browser tests (.ci/run installs them). Python's
+WebGPU plugin EP runs where installed with an adapter; elsewhere its error must be one clean line.
 """
 
 import json
@@ -16,9 +17,10 @@ from attention_graphs import Variant, build
 from onnx import TensorProto, helper
 
 import ortflash
-from ortflash import spec
 from ortflash.checks import web_check as wc
+from ortflash.checks.compare import compare_outputs, tolerance
 from ortflash.checks.feeds import make_feeds
+from ortflash.checks.run import run_model
 from ortflash.errors import OrtflashError
 
 ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
@@ -73,7 +75,7 @@ def _zoo_feeds(model, entry):
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e["file"][:-5] for e in ENTRIES])
 def test_zoo_lowered_runs_in_js_runtimes(entry, target, runtime):
     model, kept = _lowered(entry, target)
-    if any(n.op_type == spec.OP_TYPE for n in model.graph.node):
+    if kept:  # a kept block may sit in a subgraph (an If branch of a merged decoder)
         # Lowering kept some blocks (it may, where the target op would compute something else):
         # such a model cannot run in the JS runtimes, and web_check must say so before starting Node.
         with pytest.raises(OrtflashError, match="--target contrib"):
@@ -376,3 +378,85 @@ def test_failed_install_is_a_clean_error(monkeypatch):
     )
     with pytest.raises(OrtflashError, match="npm ci in .* failed: npm error code E404"):
         wc.ensure_node_packages()
+
+
+# ------------------------------------------------------------------------------------------
+# A real browser (headless Chromium through selenium) and Python's WebGPU plugin EP
+
+BROWSER_ZOO = ("gpt2_eager_dynamo", "llama_sdpa_dynamo", "t5_eager_dynamo", "whisper_sdpa_torchscript")
+# the issue-11 zoo: seven families x {eager, sdpa} x {dynamo, torchscript}; later additions (KV cache
+# models) have their own tests
+ZOO_FAMILIES = ("bert", "gpt2", "vit", "t5", "bart", "whisper", "llama")
+ZOO_28 = [e for e in ENTRIES if e["file"].split("_")[0] in ZOO_FAMILIES and e["file"].count("_") == 2]
+
+
+def test_zoo_lowered_runs_in_the_browser():
+    """Every lowered zoo model (contrib) and a few lowered to webgpu, in one headless Chromium
+    (onnxruntime-web, wasm), against Python's onnxruntime."""
+    from ortflash.checks.browser import run_browser
+
+    jobs, expected = [], []
+    picked = [(e, "contrib") for e in ZOO_28] + [(e, "webgpu") for e in ZOO_28 if e["file"][:-5] in BROWSER_ZOO]
+    for entry, target in picked:
+        model, kept = _lowered(entry, target)
+        if kept:
+            continue  # kept blocks: test_zoo_lowered_runs_in_js_runtimes says why
+        feed_sets = _zoo_feeds(model, entry)
+        jobs.append((model, feed_sets))
+        expected.append([run_model(model, f) for f in feed_sets])
+    assert len(ZOO_28) == 28 and len(jobs) == 28 + len(BROWSER_ZOO)
+    results = run_browser(jobs, "browser-wasm")
+    bad = []
+    for (model, _), want_sets, got_sets in zip(jobs, expected, results):
+        rtol, atol = tolerance(model, None, None)
+        for want, got in zip(want_sets, got_sets):
+            bad += [(model.graph.name, d) for d in compare_outputs(want, got, rtol, atol) if not d.ok]
+    assert not bad, bad[:3]
+
+
+def test_browser_wasm_web_check_on_hand_built_ops():
+    model = _mha_model(TensorProto.FLOAT16, True)
+    diffs = wc.web_check(model, [_random_feeds(model, {"B": 2, "S": 5}, 0)], runtime="browser-wasm")
+    assert [d.name for d in diffs] == ["o"] and diffs[0].ok and diffs[0].max_abs < 2e-3
+
+
+def test_browser_page_ships_in_the_package():
+    import tomllib
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+        data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["ortflash"]
+    page = os.path.join(wc.PACKAGED_WEB_DIR, "browser")
+    assert sorted(os.listdir(page)) == ["index.html", "page.mjs"]
+    assert {f"checks/web/browser/{n}" for n in os.listdir(page)} <= set(data)
+
+
+def test_python_webgpu_runs_or_exits_2_with_one_line(tmp_path, capsys):
+    from ortflash.cli import main
+
+    path = str(tmp_path / "mha.onnx")
+    onnx.save_model(_mha_model(TensorProto.FLOAT, True), path)
+    code = main(["web-check", path, "--runtime", "python-webgpu"])
+    out = capsys.readouterr()
+    if code == 2:
+        lines = [ln for ln in out.err.splitlines() if ln.strip()]
+        assert len(lines) == 1, lines
+        assert "onnxruntime-ep-webgpu" in lines[0] or "WebGPU adapter" in lines[0]
+    else:
+        assert code == 0, out
+
+
+def test_python_webgpu_names_what_is_missing(monkeypatch):
+    """Without the plugin package: one line naming it (the import is what fails first)."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_plugin(name, *args, **kwargs):
+        if name == "onnxruntime_ep_webgpu":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_plugin)
+    with pytest.raises(OrtflashError, match="needs the onnxruntime-ep-webgpu package") as err:
+        wc.web_check(_mha_model(TensorProto.FLOAT, True), runtime="python-webgpu")
+    assert "\n" not in str(err.value)

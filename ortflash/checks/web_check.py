@@ -32,7 +32,11 @@ from .compare import OutputDiff, compare_outputs, tolerance
 from .feeds import make_feeds
 from .run import MESSAGE_CHARS, ModelSource, clean_ort_message, one_line, run_model
 
-RUNTIMES = ("web-wasm", "node-cpu", "node-webgpu")
+NODE_RUNTIMES = ("web-wasm", "node-cpu", "node-webgpu")
+# python-webgpu: the stock onnxruntime wheel with onnxruntime-ep-webgpu registered (plugin EP);
+# browser-*: onnxruntime-web in headless Chromium driven by selenium (web/browser/ is the page).
+BROWSER_RUNTIMES = ("browser-wasm", "browser-webgpu")
+RUNTIMES = (*NODE_RUNTIMES, "python-webgpu", *BROWSER_RUNTIMES)
 
 # The Node runner and its pinned packages, shipped as package data.
 PACKAGED_WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
@@ -271,8 +275,8 @@ def run_node(
     threads: int = 1,
 ) -> list[dict[str, np.ndarray]]:
     """Run the model in one Node process on every set of feeds; outputs per set."""
-    if runtime not in RUNTIMES:
-        raise OrtflashError(f"unknown runtime {runtime!r} (one of {', '.join(RUNTIMES)})")
+    if runtime not in NODE_RUNTIMES:
+        raise OrtflashError(f"unknown runtime {runtime!r} (one of {', '.join(NODE_RUNTIMES)})")
     node = ensure_node_packages()
     folder = web_dir()
     with tempfile.TemporaryDirectory(prefix="ortflash-web-") as tmp:
@@ -349,8 +353,9 @@ def web_check(
     `feeds`: one dict of inputs, a list of dicts (all run in one Node process; the output names
     then carry the index, `logits#1`), or None for random inputs from `make_feeds`.
     `runtime`: `web-wasm` (onnxruntime-web, wasm backend, under Node), `node-cpu` (onnxruntime-node,
-    CPU EP) or `node-webgpu` (onnxruntime-node, WebGPU EP). Tolerances default to
-    `compare.default_tolerance`.
+    CPU EP), `node-webgpu` (onnxruntime-node, WebGPU EP), `python-webgpu` (Python's onnxruntime with
+    the onnxruntime-ep-webgpu plugin), `browser-wasm` / `browser-webgpu` (onnxruntime-web in headless
+    Chromium). Tolerances default to `compare.default_tolerance`.
     """
     if runtime not in RUNTIMES:
         raise OrtflashError(f"unknown runtime {runtime!r} (one of {', '.join(RUNTIMES)})")
@@ -358,9 +363,26 @@ def web_check(
     check_web_compatible(model)
     feed_sets = _feed_sets(model, feeds)
     rtol, atol = tolerance(model, rtol, atol)
-    _node_tools(need_npm=not _installed())  # fail on a missing Node before spending time in Python's runtime
+    if runtime == "python-webgpu":
+        from .webgpu_ep import webgpu_session
+
+        session = webgpu_session(model)  # fails on a missing plugin or adapter before any run
+    elif runtime in BROWSER_RUNTIMES:
+        from .browser import browser_tools
+
+        browser_tools()  # fail on a missing Chromium, chromedriver or selenium first
+    else:
+        _node_tools(need_npm=not _installed())  # fail on a missing Node before spending time in Python's runtime
     expected = [run_model(model, f, what="the model in Python") for f in feed_sets]
-    actual = run_node(model, feed_sets, runtime)
+    if runtime == "python-webgpu":
+        names = [o.name for o in session.get_outputs()]
+        actual = [dict(zip(names, session.run(names, dict(f)))) for f in feed_sets]
+    elif runtime in BROWSER_RUNTIMES:
+        from .browser import run_browser
+
+        actual = run_browser([(model, feed_sets)], runtime)[0]
+    else:
+        actual = run_node(model, feed_sets, runtime)
     diffs = []
     many = len(feed_sets) > 1
     for i, (want, got) in enumerate(zip(expected, actual)):

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On the GPU machine (the `run` device tool, carry: .whl/ep .gl build/webgpu_run), from the repo root:
+# ONNX Runtime's WebGPU plugin EP (stock onnxruntime + onnxruntime-ep-webgpu, /work/shared/GPU.md)
+# on the capability probe's models, the defect reproductions and the lowered zoo. Writes under $OUT.
+#   bash benchmarks/webgpu_gpu_run.sh caps|zoo|defects ...
+set -uo pipefail
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+python3 -m pip install -q --no-index --no-deps --target /tmp/epw .whl/ep/onnxruntime-*.whl .whl/ep/onnxruntime_ep_webgpu-*.whl
+export PYTHONPATH=/tmp/epw VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+python3 - <<'PY' | tee -a "$OUT/device.txt"
+import onnxruntime as ort, onnxruntime_ep_webgpu as wep
+ort.register_execution_provider_library("webgpu", wep.get_library_path())
+print("onnxruntime", ort.__version__, ort.__file__, "ep", wep.get_ep_name(), getattr(wep, "__version__", "?"))
+print([(d.ep_name, d.device.type, dict(d.ep_metadata)) for d in ort.get_ep_devices()])
+PY
+for what in "$@"; do
+  case $what in
+    caps) timeout 420 python3 benchmarks/webgpu_capabilities.py run build/webgpu_run/caps --out "$OUT/caps" > "$OUT/caps.log" 2>&1; echo "caps rc=$?" ;;
+    zoo) timeout 420 python3 benchmarks/webgpu_zoo.py run build/webgpu_run/zoo --out "$OUT/zoo" > "$OUT/zoo.log" 2>&1; echo "zoo rc=$?" ;;
+    defects) for s in tests/data/webgpu_defects/[a-z]*.py; do case $s in */make_models.py) continue;; esac; echo "=== $s"; timeout 120 python3 "$s" 2>&1 | tail -15; done > "$OUT/defects.log" 2>&1 ;;
+  esac
+done
+for f in "$OUT"/*.log; do tail -n 5 "$f"; done

@@ -1,0 +1,255 @@
+"""FlashAttention -> the form ONNX Runtime's WebGPU EP both runs on the GPU and computes right.
+
+The choice per block rests on CAPABILITIES below: what one H200 run measured for each candidate
+form (benchmarks/webgpu_capabilities.py; the table is benchmarks/results/webgpu_capabilities.md,
+the raw rows webgpu_capabilities.json, and tests/test_webgpu_target.py checks the two agree).
+
+- Causal blocks with no bias or mask, Sq == Sk proved: GroupQueryAttention (its own causal mask;
+  on the GPU and right, and at S=4096 faster than MultiHeadAttention with the causal mask written
+  as a bias). GroupQueryAttention with an ``attention_bias`` is not used: rows whose keys are all
+  masked come out wrong on the EP.
+- Everything else: MultiHeadAttention with the mask and causality folded into ``attention_bias``,
+  as the contrib target writes it. Its ``key_padding_mask`` input is not used (the EP refuses
+  it at run time), nor ONNX Attention (the EP does not take it: it runs on the CPU), nor the
+  decomposed MatMul/Softmax/MatMul graph (wrong at S=8192, where the score tensor passes 4 GiB).
+- Rows with every key masked are written out by the lowering instead of left to the EP: a row whose
+  bias is -inf everywhere is NaN (FlashAttention and the CPU EP; the EP gave finite values at S=96),
+  by out + 0·ReduceMax(bias row); a row whose bias is one value <= -2**127 everywhere
+  (float32-lowest, what transformers writes) is the mean of V, by Where. The probe found the EP
+  right on such rows, but the zoo's GPT-2 and Llama blocks lowered to plain MultiHeadAttention
+  were wrong on it (benchmarks/results/webgpu_zoo.md, error 1.2 and 1.4, the fill float32-lowest
+  in every failing block, -inf in every passing causal one); whether the written-out rows make
+  them right there is not yet measured.
+
+Every exactness argument of the contrib target (ortflash/lowering/__init__.py) holds here: the same
+additive bias, the same float32 computation between casts for float16 blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import onnx_ir as ir
+
+from .. import spec
+from ..errors import NotLowered
+from ..fusion.call import FlashAttentionCall
+from ..graph.emitter import Emitter
+from ..graph.shapes import same_dim
+from . import layout
+from .contrib import CONTRIB_DOMAIN, MIN_CONTRIB_OPSET, OP_GQA, OP_MHA
+from .read import ABSORBING_FILL, aligned_batch, call_dims
+
+_CASTLIKE_OPSET = 15
+_REDUCE_AXES_INPUT_OPSET = 18  # ReduceMax takes its axes as an input from here on
+_GQA_HEAD_SIZE_MULTIPLE = 8  # the CPU EP's GroupQueryAttention kernel: the form must also run there
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One measured row: does the EP run the form on the GPU, and does it match the CPU EP."""
+
+    on_gpu: bool
+    right: bool
+
+
+# (form, case) -> what the WebGPU EP did, measured 2026-11-30 on an NVIDIA H200 with onnxruntime
+# 1.32.0 + onnxruntime-ep-webgpu 0.4.0 (benchmarks/results/webgpu_capabilities.md). Forms and cases
+# are benchmarks/webgpu_capabilities.py's; only the rows the choices below read are copied here.
+CAPABILITIES: dict[tuple[str, str], Capability] = {
+    ("mha_bias", "padding"): Capability(on_gpu=True, right=True),
+    ("mha_bias", "causal"): Capability(on_gpu=True, right=True),
+    ("mha_bias", "causal_leftpad"): Capability(on_gpu=True, right=True),
+    ("mha_bias", "dead_rows"): Capability(on_gpu=True, right=True),
+    ("mha_bias", "dead_rows_neginf"): Capability(on_gpu=True, right=False),
+    ("mha_bias", "causal_leftpad_neginf"): Capability(on_gpu=True, right=False),
+    ("mha_bias", "nomask_s8192"): Capability(on_gpu=True, right=True),
+    ("mha_bias", "causal_s8192"): Capability(on_gpu=True, right=True),
+    ("mha_kpm", "padding"): Capability(on_gpu=False, right=False),  # "not implemented for webgpu"
+    ("gqa", "causal"): Capability(on_gpu=True, right=True),
+    ("gqa", "causal_s8192"): Capability(on_gpu=True, right=True),
+    ("gqa", "causal_leftpad"): Capability(on_gpu=True, right=False),
+    ("attn23", "padding"): Capability(on_gpu=False, right=True),
+    ("unfused", "nomask_s8192"): Capability(on_gpu=True, right=False),
+}
+
+
+def usable(form: str, case: str) -> bool:
+    cap = CAPABILITIES.get((form, case))
+    return cap is not None and cap.on_gpu and cap.right
+
+
+def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[str, str]:
+    """Write the WebGPU-safe form of call and reroute output to it: (op, how)."""
+    if e.opset < MIN_CONTRIB_OPSET:
+        raise NotLowered(
+            f"the model's opset {e.opset} is below {MIN_CONTRIB_OPSET}, which the reshaping ops are written for"
+        )
+    attrs = _node_attributes(e.anchor)
+    if attrs.get("is_causal", 0) not in (0, 1):
+        raise NotLowered(
+            "is_causal 2 (bottom-right aligned) is not in the WebGPU capability table; "
+            "kept rather than lowered unmeasured"
+        )
+    if attrs.get("bias_after_mask", 0) and call.bias is not None and call.masked:
+        raise NotLowered("bias_after_mask: the bias is added after the fills, which one additive bias does not express")
+    if call.softcap > 0:
+        raise NotLowered(
+            "softcap: MultiHeadAttention has none, and GroupQueryAttention's softcap is not in the WebGPU capability table"
+        )
+    dims = call_dims(call)
+    hq, hkv = dims.hq, dims.hkv
+    if hq is None or hkv is None:
+        raise NotLowered("the head counts (dim 1 of Q and K) are not static; MultiHeadAttention needs num_heads")
+    if hkv < 1 or hq % hkv:
+        raise NotLowered(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+    if call.dtype is None and e.opset < _CASTLIKE_OPSET:
+        raise NotLowered("Q's element type is not known and the model's opset has no CastLike (15) to restore it")
+    # GroupQueryAttention's own causal mask: top-left when Sq == Sk; no bias or mask, since
+    # GroupQueryAttention with attention_bias is wrong on the EP for fully masked rows.
+    use_gqa = (
+        usable("gqa", "causal")
+        and bool(call.is_causal)
+        and call.bias is None
+        and call.mask is None
+        and same_dim(dims.sq, dims.sk)
+        and same_dim(dims.dk, dims.dv)
+        and same_dim(dims.d, dims.dv)
+        and isinstance(dims.d, int)
+        and dims.d % _GQA_HEAD_SIZE_MULTIPLE == 0
+    )
+    if not use_gqa and not usable("mha_bias", "padding"):
+        raise NotLowered("no form in the WebGPU capability table is right on the GPU for this block")
+
+    f16 = call.dtype != ir.DataType.FLOAT  # float16, or not known: computed in float32 between casts
+    call, broadcast = aligned_batch(e, call, dims)
+    q, k, v = (e.cast(x, ir.DataType.FLOAT) for x in (call.q, call.k, call.v))
+    reuse = not f16  # with casts around, the surrounding Transposes are not the inputs
+    parts = [f"{hq} query / {hkv} key-value heads"] + ([broadcast] if broadcast else [])
+    if use_gqa:
+        op = OP_GQA
+        out = _group_query_attention(e, call, q, k, v, hq, hkv, reuse)
+        parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask)")
+    else:
+        op = OP_MHA
+        out, guard = _multi_head_attention(e, call, q, k, v, hq, hkv, reuse, parts)
+        parts += layout.mask_parts(call, causal_folded=True)
+        if guard:
+            parts.append(guard)
+    if f16:
+        out, note = layout.cast_back(e, out, call)
+        parts.append(note)
+    layout.replace_bsd_output(e, out, hq, output, reuse)
+    why = (
+        "GroupQueryAttention: on the GPU and right for causal blocks, faster than MultiHeadAttention with a causal bias"
+        if use_gqa
+        else "MultiHeadAttention with attention_bias: on the GPU and right (key_padding_mask is refused by the EP, "
+        "Attention-23 runs on the CPU, the unfused graph is wrong at S=8192)"
+    )
+    return op, f"{why}; " + "; ".join(parts)
+
+
+def _node_attributes(node: ir.Node) -> dict[str, Any]:
+    """The node's attributes as the spec reads them, side channel included (read_call reads only
+    what the contrib and onnx targets need)."""
+    raw = {name: a.value for name, a in node.attributes.items()}
+    try:
+        return spec.validate(spec.resolve_exact_floats(raw))
+    except spec.SpecError as exc:
+        raise NotLowered(f"attributes outside the FlashAttention contract: {exc}") from None
+
+
+def _multi_head_attention(
+    e: Emitter,
+    call: FlashAttentionCall,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    hq: int,
+    hkv: int,
+    reuse: bool,
+    parts: list[str],
+) -> tuple[ir.Value, str]:
+    """MultiHeadAttention [B, Sq, Hq·Dv] with every mask in attention_bias, and the -inf rows guard."""
+    q3 = layout.to_bsd(e, q, hq, reuse)
+    if hkv != hq:
+        r = hq // hkv
+        k3, v3 = layout.repeat_bsd(e, k, hkv, r, reuse), layout.repeat_bsd(e, v, hkv, r, reuse)
+        parts.append(f"key/value heads repeated {r}x")
+    else:
+        k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
+    lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
+    bias = layout.additive_bias(e, call, lengths, fold_causal=True, avoid_lowest=False)
+    inputs = [q3, k3, v3] + ([None, None, bias] if bias is not None else [])
+    out = e.node("MultiHeadAttention", inputs, domain=CONTRIB_DOMAIN, num_heads=hq, scale=call.scale)
+    if bias is None:
+        if call.masked_rows == "zero":  # no fully masked rows; the guard as the contrib target writes it
+            return e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out]), "NaN guard -> Where(IsNaN(out), 0, out)"
+        return out, ""
+    # Rows with every key masked, written out by the lowering rather than left to the EP:
+    # - a row whose bias is one value c <= -2**127 everywhere (float32-lowest: what transformers
+    #   writes): FlashAttention's scores are all c (s + c rounds to c), so the row is the mean of V.
+    #   The EP was right on such rows in the probe but wrong in the zoo's GPT-2 and Llama blocks
+    #   (benchmarks/results/webgpu_zoo.md), so the mean is selected by Where.
+    # - a row whose bias is -inf everywhere: NaN in FlashAttention and on the CPU EP; not always on
+    #   the WebGPU EP. Written in float arithmetic, which stays on the GPU: out + 0·max(bias row) is
+    #   out where the maximum is finite (0·finite = 0, x + 0 = x) and NaN where it is -inf.
+    row_max = e.transpose(_reduce(e, "ReduceMax", bias), layout.SWAP_SH)  # [B|1, Sq, H|1, 1]
+    row_min = e.transpose(_reduce(e, "ReduceMin", bias), layout.SWAP_SH)
+    uniform = e.node(
+        "And",
+        [
+            e.node("Equal", [row_max, row_min]),
+            e.node(
+                "And",
+                [
+                    e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]),
+                    e.node("Greater", [row_max, e.f32(-math.inf)]),
+                ],
+            ),
+        ],
+    )
+    mean_v = e.reshape(_reduce(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+    out4 = e.node("Where", [uniform, mean_v, e.reshape(out, [0, 0, hq, -1])])
+    poison = e.node("Mul", [row_max, e.f32(0.0)])
+    out4 = e.node("Add", [out4, poison])
+    guard = (
+        "fully masked rows written out: one value <= -2**127 everywhere -> mean of V by Where, "
+        "-inf everywhere -> NaN by out + 0·max(bias row) (the EP gets either wrong in some shapes)"
+    )
+    if call.masked_rows == "zero":
+        out4 = e.node("Where", [e.node("IsNaN", [out4]), e.f32(0.0), out4])
+        guard += "; NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)"
+    return e.reshape(out4, [0, 0, -1]), guard
+
+
+def _reduce(e: Emitter, op: str, x: ir.Value, axis: int = -1) -> ir.Value:
+    """op (ReduceMax, ReduceMin, ReduceMean) over one axis, keepdims, in the model's opset's form."""
+    if e.opset >= _REDUCE_AXES_INPUT_OPSET:
+        return e.node(op, [x, e.i64([axis])], keepdims=1)
+    return e.node(op, [x], axes=[axis], keepdims=1)
+
+
+def _group_query_attention(
+    e: Emitter, call: FlashAttentionCall, q: ir.Value, k: ir.Value, v: ir.Value, hq: int, hkv: int, reuse: bool
+) -> ir.Value:
+    """GroupQueryAttention without past: causal with seqlens_k = Sk - 1 for every row is the
+    top-left mask when Sq == Sk."""
+    q3, k3, v3 = (layout.to_bsd(e, x, h, reuse) for x, h in ((q, hq), (k, hkv), (v, hkv)))
+    sk = e.dim(k3, 1, scalar=True)
+    seqlens = e.node("Cast", [e.node("Sub", [sk, e.i64(1)])], to=ir.DataType.INT32)
+    seqlens = e.node("Expand", [seqlens, e.dim(q3, 0)])
+    total = e.node("Cast", [sk], to=ir.DataType.INT32)
+    out = e.node(
+        "GroupQueryAttention",
+        [q3, k3, v3, None, None, seqlens, total],
+        domain=CONTRIB_DOMAIN,
+        num_heads=hq,
+        kv_num_heads=hkv,
+        scale=call.scale,
+    )
+    if call.masked_rows == "zero":
+        out = e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out])
+    return out
