@@ -26,6 +26,11 @@ class OutputDiff:
     # the worst error as a fraction of what the tolerance allows there, max |a - e| / (atol + rtol |e|):
     # within tolerance where <= 1 (max_rel alone can exceed rtol on values near zero, where atol rules)
     of_tolerance: float = 0.0
+    # where that worst error is (an index into the output; None when no element differs or the outputs
+    # are incomparable), and the two values there: what a failed assertion shows (a NaN mismatch first)
+    worst_index: tuple[int, ...] | None = None
+    worst_expected: float = float("nan")
+    worst_actual: float = float("nan")
 
 
 def _incomparable(name: str, problem: str) -> OutputDiff:
@@ -48,7 +53,21 @@ def compare(expected: np.ndarray, actual: np.ndarray, name: str, rtol: float, at
         return _incomparable(name, f"dtype changed from {expected.dtype} to {actual.dtype}")
     if not np.issubdtype(expected.dtype, np.floating):
         bad = int(np.sum(expected != actual))
-        return OutputDiff(name, float(bad), float(bad), 0, bad == 0, "", 0.0 if bad == 0 else float("inf"))
+        if bad == 0:
+            return OutputDiff(name, 0.0, 0.0, 0, True, "", 0.0)
+        first = tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(expected != actual)[0]), expected.shape))
+        return OutputDiff(
+            name,
+            float(bad),
+            float(bad),
+            0,
+            False,
+            "",
+            float("inf"),
+            first,
+            float(expected[first]),
+            float(actual[first]),
+        )
     e, a = expected.astype(np.float64), actual.astype(np.float64)
     nan_mismatch = int(np.sum(np.isnan(e) != np.isnan(a)))
     # equal infinities agree (inf - inf would be NaN); an infinity against anything else does
@@ -68,7 +87,31 @@ def compare(expected: np.ndarray, actual: np.ndarray, name: str, rtol: float, at
     max_rel = float(rel.max()) if rel.size else 0.0
     of_tolerance = float(ratio.max()) if ratio.size else 0.0
     within = bool(np.all(diff <= allowed)) and not np.isinf(want).any()
-    return OutputDiff(name, max_abs, max_rel, nan_mismatch, nan_mismatch == 0 and within, "", of_tolerance)
+    worst = _worst_index(e, a, both, ratio)
+    return OutputDiff(
+        name,
+        max_abs,
+        max_rel,
+        nan_mismatch,
+        nan_mismatch == 0 and within,
+        "",
+        of_tolerance,
+        worst,
+        float(e[worst]) if worst is not None else float("nan"),
+        float(a[worst]) if worst is not None else float("nan"),
+    )
+
+
+def _worst_index(e: np.ndarray, a: np.ndarray, both: np.ndarray, ratio: np.ndarray) -> tuple[int, ...] | None:
+    """The index of the first NaN mismatch, else of the largest error / tolerance; None where none differs."""
+    mismatched = np.flatnonzero(np.isnan(e) != np.isnan(a))
+    if mismatched.size:
+        flat = int(mismatched[0])
+    elif ratio.size and float(ratio.max()) > 0:
+        flat = int(np.flatnonzero(both)[int(np.argmax(ratio))])
+    else:
+        return None
+    return tuple(int(i) for i in np.unravel_index(flat, e.shape))
 
 
 def compare_outputs(
