@@ -1,5 +1,7 @@
 """ortflash: fuse attention in exported ONNX transformers into one FlashAttention op."""
 
+from typing import TYPE_CHECKING, Any
+
 from .errors import OrtflashError
 from .lowering import LoweringNote, lower
 from .model_io import save
@@ -7,6 +9,24 @@ from .optimize import optimize
 from .policy import SoftmaxPolicy
 from .report import Block, Report
 from .session import InferenceSession, session_options
+
+if TYPE_CHECKING:
+    from .api import NodeCheck, OutputDiff, ValidateResult, VerifyResult, make_feeds, validate, verify
+
+# The checking API imports onnxruntime-extensions, whose import pulls in torch where torch is
+# installed (several seconds); `import ortflash` and the CLI load it only when it is used.
+_API_NAMES = frozenset(
+    {"verify", "validate", "make_feeds", "VerifyResult", "ValidateResult", "OutputDiff", "NodeCheck"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API_NAMES:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'ortflash' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 __all__ = [
@@ -20,4 +40,11 @@ __all__ = [
     "OrtflashError",
     "lower",
     "LoweringNote",
+    "verify",
+    "validate",
+    "make_feeds",
+    "VerifyResult",
+    "ValidateResult",
+    "OutputDiff",
+    "NodeCheck",
 ]

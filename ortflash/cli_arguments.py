@@ -6,7 +6,6 @@ The commands themselves (what each does with its arguments) are in ``ortflash.cl
 from __future__ import annotations
 
 import argparse
-import inspect
 import signal
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -16,9 +15,9 @@ from .checks.compare import (
     FLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
 )
-from .errors import OrtflashError
 from .kernels.config import BACKENDS, DEFAULT_BACKEND
-from .optimize import optimize
+from .lowering import TARGETS
+from .optimize import AUTO, EP_TARGETS, EXECUTION_PROVIDERS
 from .policy import SoftmaxPolicy
 
 if TYPE_CHECKING:
@@ -158,13 +157,9 @@ def _add_num_heads(p: argparse.ArgumentParser) -> None:
 
 
 def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
-    """What ortflash.optimize takes beyond the policy and the target: --num-heads, where given."""
-    if getattr(args, "num_heads", None) is None:
-        return {}
-    # the pipeline grows the parameter on its own schedule; until then the flag says so in one line
-    if "num_heads" not in inspect.signature(optimize).parameters:
-        raise OrtflashError("--num-heads: this ortflash's optimize() does not take a head count yet")
-    return {"num_heads": args.num_heads}
+    """What ortflash.optimize takes beyond the policy and the target: --num-heads, where given, and
+    --no-causal-proof."""
+    return {"num_heads": getattr(args, "num_heads", None), "prove_causal": not getattr(args, "no_causal_proof", False)}
 
 
 def _output_options() -> _Parser:
@@ -199,11 +194,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_policy(p, overrides=False)
     p.add_argument(
         "--target",
-        choices=("ortflash", "contrib", "onnx"),
-        default="ortflash",
+        choices=(*TARGETS, AUTO),
+        default=None,
         help="ortflash: FlashAttention nodes (run with ortflash.session_options()); contrib: ONNX Runtime's "
-        "com.microsoft MultiHeadAttention/GroupQueryAttention; onnx: ONNX Attention (opset 23). A block no "
-        "native op computes exactly stays FlashAttention (default %(default)s)",
+        "com.microsoft MultiHeadAttention/GroupQueryAttention; onnx: ONNX Attention (opset 23); webgpu: per "
+        "block the form ONNX Runtime's WebGPU EP runs on the GPU and right. A block no "
+        "native op computes exactly stays FlashAttention. auto (with --ep): per model, the first target that "
+        "runs natively on that EP, lowers every block and loads (default: ortflash, or contrib / onnx where "
+        "fused blocks feed a quantizer)",
+    )
+    p.add_argument(
+        "--ep",
+        choices=EXECUTION_PROVIDERS,
+        help="the ONNX Runtime execution provider the model is for; without --target, or with --target auto, "
+        "it picks the target "
+        "(in order: " + "; ".join(f"{ep}: {', '.join(order)}" for ep, order in EP_TARGETS.items()) + ")",
     )
     p.add_argument(
         "--verify",
@@ -214,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_feeds(p)
     _add_opt_level(p, " with --verify")
+    p.add_argument(
+        "--no-causal-proof",
+        action="store_true",
+        help="keep every block's mask tensor as the graph computes it: no is_causal read from the mask "
+        "subgraph (for comparisons, and as an escape hatch)",
+    )
 
     _add_num_heads(p)
 
@@ -245,10 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--runtime",
-        choices=("web-wasm", "node-cpu", "node-webgpu"),
+        choices=("web-wasm", "node-cpu", "node-webgpu", "python-webgpu", "browser-wasm", "browser-webgpu"),
         default="web-wasm",
         help="web-wasm: onnxruntime-web's wasm backend under Node; node-cpu / node-webgpu: onnxruntime-node's "
-        "CPU / WebGPU execution provider (default %(default)s)",
+        "CPU / WebGPU execution provider; python-webgpu: onnxruntime with the onnxruntime-ep-webgpu plugin; "
+        "browser-wasm / browser-webgpu: onnxruntime-web in headless Chromium (selenium) (default %(default)s)",
     )
     _add_feeds(p)
 
@@ -258,6 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="latency and peak memory of each variant against sequence length, one process each"
     )
     _bench.add_arguments(p)
+
+    from .regress.command import add_arguments as _regress_arguments
+
+    p = sub.add_parser(
+        "regress",
+        parents=common,
+        help="check a manifest of models: blocks fused, loadable, same outputs (and speed) per target",
+    )
+    _regress_arguments(p)
 
     p = sub.add_parser("verify", parents=common, help="compare an optimized model with its original in ONNX Runtime")
     p.add_argument("original")

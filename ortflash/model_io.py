@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Union
 
 import onnx
@@ -28,6 +29,30 @@ def external_locations(model: onnx.ModelProto) -> list[str]:
 
 
 ModelLike = Union[onnx.ModelProto, ir.Model, str, "os.PathLike[str]"]
+
+
+# The domains whose operator sets the installed onnx defines: a model importing a newer version
+# of one uses operators (or meanings) that neither the rules nor the version converter know.
+_KNOWN_OPSETS: Mapping[str, Callable[[], int]] = MappingProxyType(
+    {
+        "": onnx.defs.onnx_opset_version,
+        "ai.onnx": onnx.defs.onnx_opset_version,
+        "ai.onnx.ml": onnx.defs.onnx_ml_opset_version,
+    }
+)
+
+
+def check_opsets(model: onnx.ModelProto, where: str = "the model") -> None:
+    """Refuse a model importing an opset of the default domain or ai.onnx.ml newer than the
+    installed onnx knows (OrtflashError, one line)."""
+    for opset in model.opset_import:
+        newest = _KNOWN_OPSETS.get(opset.domain)
+        if newest is not None and opset.version > newest():
+            name = opset.domain or "ai.onnx"
+            raise OrtflashError(
+                f"{where} imports {name} opset {opset.version}, newer than the installed onnx "
+                f"{onnx.__version__} knows (up to {newest()}): upgrade onnx, or export at opset {newest()} or lower"
+            )
 
 
 def load(model_or_path: ModelLike) -> onnx.ModelProto:

@@ -17,6 +17,9 @@ NO_INFERENCE = "none"
 
 # The ops whose operands the rules need ranks of (the attention block's own ops).
 _RANK_READERS = frozenset({"Softmax", "MatMul", "Attention"})
+# ONNX Runtime's symbolic inference: the lowest opset it takes, and its default bound for unknown ints
+_SYMBOLIC_MIN_OPSET = 7
+_SYMBOLIC_INT_MAX = 2**31 - 1
 
 
 def unknown_ranks(model: onnx.ModelProto) -> list[str]:
@@ -48,13 +51,28 @@ def _onnx_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
 
 
 def _symbolic_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    """ONNX Runtime's symbolic inference, or None where it cannot infer every shape.
 
-        inferred: onnx.ModelProto | None = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    Its ``SymbolicShapeInference.infer_shapes`` saves an incomplete result as
+    ``sym_shape_infer_temp.onnx`` in the process's current folder before raising: a library must
+    not write into its user's folder, so its own steps are run here, in memory, and an incomplete
+    result is dropped exactly where ``infer_shapes`` would have raised."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_opset
+
+        opset = get_opset(model)
+        if not opset or opset < _SYMBOLIC_MIN_OPSET:
+            return None
+        inference = SymbolicShapeInference(_SYMBOLIC_INT_MAX, True, False, 0)
+        inference._preprocess(model)
+        complete = False
+        while inference.run_:
+            complete = inference._infer_impl()
+        inference._update_output_from_vi()
     except Exception:  # noqa: BLE001 - it raises on ops and external weights it cannot read
         return None
-    return inferred
+    inferred: onnx.ModelProto = inference.out_mp_
+    return inferred if complete else None
 
 
 def with_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:

@@ -1,9 +1,11 @@
 """ortflash.optimize: the whole pass from a model to a model with FlashAttention nodes (or, with a
-target, with the native ops they lower to)."""
+target, with the native ops they lower to), and the choice of target where the user leaves it open."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 
 import onnx
 import onnx_ir as ir
@@ -15,14 +17,41 @@ from .fusion.emit import BLOCK_ID
 from .fusion.onnx_attention import fuse_attention_ops
 from .fusion.walker import fuse_softmax_blocks
 from .graph import ir_utils as u
+from .graph import shapes
+from .graph.emitter import Emitter
 from .lowering import TARGETS, LoweringNote, lower
-from .lowering.contrib import MIN_CONTRIB_OPSET
-from .model_io import ModelLike, load, save
+from .model_io import ModelLike, check_opsets, load, save
 from .model_shapes import graphs_of, with_shapes
 from .policy import SoftmaxPolicy
-from .report import Report
+from .report import Report, TargetChoice
 
-__all__ = ["OrtflashError", "load", "optimize", "save"]
+__all__ = ["AUTO", "EP_TARGETS", "EXECUTION_PROVIDERS", "LoadCheck", "OrtflashError", "load", "optimize", "save"]
+
+AUTO = "auto"  # target: the first of EP_TARGETS[ep] that loads and lowers every fused block
+# Per execution provider, the targets whose ops run there natively, in order of preference
+# (README, "Choosing a target"). contrib first everywhere: ONNX Runtime's own MultiHeadAttention /
+# GroupQueryAttention kernels exist on the CPU, CUDA and WebGPU EPs, need nothing but onnxruntime at
+# run time, were bit-identical to the original graph on the CPU EP for most zoo models and 1.16-1.27x
+# faster than it (benchmarks/results/cpu_attention_*.md). onnx next: Attention-23 is the standard
+# form, but on the WebGPU EP it falls back to the CPU (issue 11), so it is not offered there. On the
+# CPU the last resort is ortflash's own op: faster still at long sequences (1.19-1.95x over contrib at
+# S >= 2048) but a Python custom op that needs ortflash and onnxruntime-extensions wherever the model
+# runs, and only on the CPU; users who want that ask for --target ortflash (the default).
+EP_TARGETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "cpu": ("contrib", "onnx", "ortflash"),
+        "cuda": ("contrib", "onnx"),
+        "webgpu": ("webgpu", "contrib"),
+    }
+)
+EXECUTION_PROVIDERS = tuple(EP_TARGETS)
+# Blocks whose output reaches a quantizer prefer these (README, "Quantized models"): ONNX Runtime's
+# own kernels computing the whole block, as the original graph's ops did, rather than ortflash's.
+_EXACT_TARGETS = ("contrib", "onnx")
+_DEFAULT_TARGET = "ortflash"
+
+# Why ONNX Runtime cannot load (or, lowered, run once) a candidate model; None when it can.
+LoadCheck = Callable[[onnx.ModelProto, Report], "str | None"]
 
 
 def optimize(
@@ -33,17 +62,33 @@ def optimize(
     block_size: int = spec.ATTRIBUTES["block_size"].default,  # type: ignore[assignment]
     min_seq_len: int = spec.ATTRIBUTES["min_seq_len"].default,  # type: ignore[assignment]
     policy: SoftmaxPolicy | None = None,
-    target: str = "ortflash",
+    target: str | None = None,
+    ep: str | None = None,
+    num_heads: int | None = None,
+    load_check: LoadCheck | None = None,
+    prove_causal: bool = True,
 ) -> tuple[onnx.ModelProto, Report]:
     """Fuse every provable attention block into FlashAttention, in every graph of the model
     (If branches, Loop and Scan bodies included: their rows are named ``If_0.then_branch/...``).
 
     Returns the new model and a Report with one Block per Softmax; when nothing is fused, the
     input model itself (never a rewritten copy). Shapes come from ONNX shape inference, or
-    ONNX Runtime's symbolic one where ONNX's leaves ranks unknown (``Report.shape_inference``);
-    for ``target="contrib"`` a model below opset 13 is converted to 13 (``Report.notes``). The softmax
-    policy comes from ``policy``, else ``softmax`` (naive|online|auto), else the
+    ONNX Runtime's symbolic one where ONNX's leaves ranks unknown (``Report.shape_inference``).
+    The softmax policy comes from ``policy``, else ``softmax`` (naive|online|auto), else the
     proposal's switch ``online_softmax`` (True -> auto, False/None -> naive).
+
+    ``target``: ``ortflash``, ``contrib``, ``onnx`` (any of ``lowering.TARGETS``); ``"auto"``
+    with ``ep`` (``cpu | cuda | webgpu``): the first target of ``EP_TARGETS[ep]`` that lowers every
+    fused block and that ONNX Runtime loads (an ``ep`` without a target means auto); None (the
+    default): ``ortflash``, unless fused blocks feed a quantizer, where ``contrib``, else ``onnx``,
+    is taken when it lowers every such block and loads. ``Report.target`` says which was chosen and why. ``load_check`` is how a
+    candidate is proved loadable (default: opened in ONNX Runtime, and run once on random inputs
+    when blocks were lowered). ``num_heads``: the query head count of blocks whose count no shape
+    or initializer proves; a count that is proved and differs raises OrtflashError.
+    Opsets newer than the installed onnx knows are refused; opset conversions are in ``Report.notes``.
+    ``prove_causal``: read each block's mask subgraph for a causal frontier (fusion/causal_mask) and,
+    where proved, set is_causal with a [B, 1, 1, Sk] padding part; False keeps every block's mask
+    tensor as the graph computes it (for comparisons, and as an escape hatch).
     """
     if policy is None:
         mode = softmax or ("auto" if online_softmax else "naive")
@@ -51,25 +96,175 @@ def optimize(
             policy = SoftmaxPolicy(mode, block_size, min_seq_len)
         except spec.SpecError as exc:
             raise OrtflashError(str(exc)) from None
-    if target not in TARGETS:
-        raise OrtflashError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+    if target is None and ep is not None:
+        target = AUTO  # naming the execution provider is asking for the target that fits it
+    _check_target(target, ep)
+    if num_heads is not None and num_heads < 1:
+        raise OrtflashError(f"num_heads must be a positive integer, got {num_heads}")
     proto = load(model_or_path)
-    work, conversion = _for_target(proto, target)
+    check_opsets(proto)
+
+    def run(candidate: str) -> tuple[onnx.ModelProto, Report]:
+        return _optimize_for(proto, policy, candidate, num_heads, prove_causal)
+
+    if target is not None and target != AUTO:
+        model, report = run(target)
+        report.target = TargetChoice(requested=target, ep=ep, chosen=target, why="asked for")
+        return model, report
+    check = load_check or _default_load_check(model_or_path, proto)
+    if target == AUTO:
+        assert ep is not None
+        return _choose_for_ep(ep, run, check)
+    return _choose_default(run, check)
+
+
+def _check_target(target: str | None, ep: str | None) -> None:
+    if target is not None and target != AUTO and target not in TARGETS:
+        raise OrtflashError(f"target must be one of {', '.join((*TARGETS, AUTO))}, got {target!r}")
+    if ep is not None and ep not in EP_TARGETS:
+        raise OrtflashError(f"ep must be one of {', '.join(EXECUTION_PROVIDERS)}, got {ep!r}")
+    if target == AUTO and ep is None:
+        raise OrtflashError(f"target auto picks per execution provider: name one ({', '.join(EXECUTION_PROVIDERS)})")
+
+
+def _default_load_check(model_or_path: ModelLike, original: onnx.ModelProto) -> LoadCheck:
+    """Opened in ONNX Runtime at its default optimization level; lowered models run once on random inputs."""
+    weights_dir = (
+        os.path.dirname(os.path.abspath(os.fspath(model_or_path)))
+        if isinstance(model_or_path, (str, os.PathLike))
+        else None
+    )
+
+    def check(model: onnx.ModelProto, report: Report) -> str | None:
+        from .checks.feeds import make_feeds
+        from .checks.first_run import first_run
+
+        if not any(b.fused and b.target != "ortflash" for b in report.blocks):
+            return first_run(model, weights_dir=weights_dir).problem
+        try:
+            feeds = make_feeds(original)
+        except OrtflashError:
+            return first_run(model, weights_dir=weights_dir).problem
+        return first_run(model, weights_dir=weights_dir, original=original, feeds=feeds).problem
+
+    return check
+
+
+def _unlowered(report: Report, rows: list[int] | None = None) -> list[str]:
+    """Names of the fused blocks (of ``rows``, default all) that stay FlashAttention."""
+    chosen = range(len(report.blocks)) if rows is None else rows
+    return [report.blocks[i].name for i in chosen if report.blocks[i].fused and report.blocks[i].target == "ortflash"]
+
+
+def _choose_for_ep(
+    ep: str, run: Callable[[str], tuple[onnx.ModelProto, Report]], check: LoadCheck
+) -> tuple[onnx.ModelProto, Report]:
+    """The first target of EP_TARGETS[ep] (those this ortflash has) that lowers every fused block
+    and loads; else the loadable candidate keeping the fewest blocks FlashAttention."""
+    candidates = [t for t in EP_TARGETS[ep] if t in TARGETS]
+    tried: list[str] = []
+    fallback: tuple[onnx.ModelProto, Report, str] | None = None
+    first: tuple[onnx.ModelProto, Report] | None = None
+    for candidate in candidates:
+        model, report = run(candidate)
+        first = first or (model, report)
+        if not report.fused:
+            report.target = TargetChoice(AUTO, ep, candidate, "no block fused: the model is unchanged", tried)
+            return model, report
+        kept = [] if candidate == "ortflash" else _unlowered(report)
+        problem = check(model, report)
+        if problem is None and not kept:
+            why = f"the first of {', '.join(candidates)} (the order for {ep}) that lowers every block and loads"
+            report.target = TargetChoice(AUTO, ep, candidate, why, tried)
+            return model, report
+        if problem is not None:
+            tried.append(f"{candidate}: ONNX Runtime cannot take it ({problem})")
+            continue
+        tried.append(f"{candidate}: {len(kept)} of {report.fused} fused blocks not lowered ({', '.join(kept[:3])})")
+        if fallback is None or len(kept) < len(_unlowered(fallback[1])):
+            fallback = model, report, candidate
+    if fallback is None:  # the caller's own load check says why, with nothing written (exit 1 in the CLI)
+        assert first is not None
+        model, report = first
+        why = f"ONNX Runtime cannot load the model for any of {', '.join(candidates)}"
+        report.target = TargetChoice(AUTO, ep, candidates[0], why, tried)
+        return model, report
+    model, report, candidate = fallback
+    why = (
+        f"no target of {', '.join(candidates)} lowers every block; {candidate} lowers the most, "
+        f"and {len(_unlowered(report))} block(s) stay FlashAttention (they need ortflash, on the CPU)"
+    )
+    report.target = TargetChoice(AUTO, ep, candidate, why, tried)
+    return model, report
+
+
+def _choose_default(
+    run: Callable[[str], tuple[onnx.ModelProto, Report]], check: LoadCheck
+) -> tuple[onnx.ModelProto, Report]:
+    """ortflash; where fused blocks feed a quantizer, contrib or else onnx when it lowers every such block
+    and loads: there a float32 rounding difference can become a different integer downstream."""
+    model, report = run(_DEFAULT_TARGET)
+    sensitive = [i for i, b in enumerate(report.blocks) if b.fused and b.rounding]
+    if not sensitive:
+        report.target = TargetChoice(None, None, _DEFAULT_TARGET, "the default")
+        return model, report
+    names = ", ".join(report.blocks[i].name for i in sensitive[:3]) + (" ..." if len(sensitive) > 3 else "")
+    tried: list[str] = []
+    for candidate in _EXACT_TARGETS:
+        lowered_model, lowered_report = run(candidate)
+        kept = _unlowered(lowered_report, sensitive)
+        problem = None if kept else check(lowered_model, lowered_report)
+        if not kept and problem is None:
+            why = (
+                f"{len(sensitive)} fused block(s) feed a quantizer ({names}), where a float32 rounding "
+                f"difference can flip an integer downstream: {candidate} lowers them all to ONNX Runtime's "
+                "own ops, which matched the original graph bit for bit on the CPU EP where measured; "
+                "ortflash's kernel rounds differently (--target ortflash keeps it)"
+            )
+            lowered_report.target = TargetChoice(None, None, candidate, why, tried)
+            return lowered_model, lowered_report
+        tried.append(
+            f"{candidate}: "
+            + (f"does not lower {', '.join(kept[:3])}" if kept else f"ONNX Runtime cannot take it ({problem})")
+        )
+    why = (
+        f"{len(sensitive)} fused block(s) feed a quantizer ({names}), but neither contrib nor onnx lowers "
+        "them all and loads: they stay FlashAttention; check with real inputs (--verify --feeds)"
+    )
+    report.target = TargetChoice(None, None, _DEFAULT_TARGET, why, tried)
+    return model, report
+
+
+def _optimize_for(
+    proto: onnx.ModelProto, policy: SoftmaxPolicy, target: str, num_heads: int | None, prove_causal: bool = True
+) -> tuple[onnx.ModelProto, Report]:
+    """The pass for one concrete target."""
+    from .checks.rounding import mark_rounding_sensitive
+
+    # Opset conversions a target needs (to 13 for contrib/webgpu, 23 for onnx) happen in lower(),
+    # after fusion: converting first lets the 12 -> 13 adapter wrap Softmax in Reshapes where
+    # shapes are unknown, and then no block fuses.
+    work = proto
     opset = u.default_opset(work)
     shaped, inference = with_shapes(work)
     model = ir.serde.deserialize_model(shaped)
     report = Report(proto.graph.name or "model", shape_inference=inference)
-    if conversion:
-        report.notes.append(conversion)
     for graph, scope in _scopes(model.graph, ""):
         _forget_earlier_blocks(graph)
         # ONNX Attention ops (opset 23+) first: their Softmax is inside the op, not in the graph.
         rows = fuse_attention_ops(graph, opset, policy, first_row=len(report.blocks))
-        rows += fuse_softmax_blocks(graph, opset, policy, first_row=len(report.blocks) + len(rows))
+        rows += fuse_softmax_blocks(
+            graph, opset, policy, first_row=len(report.blocks) + len(rows), prove_causal=prove_causal
+        )
         for row in rows:
             row.name = scope + row.name
         report.blocks += rows
+        _prove_heads(graph, report, num_heads, assert_given=target != "ortflash", opset=opset)
 
+    for block in report.blocks:  # rows not fused: what the rules read, where it is a number
+        block.heads, block.kv_heads, block.head_dim = (
+            d if isinstance(d, int) else None for d in (block.heads, block.kv_heads, block.head_dim)
+        )
     if not report.fused:
         # Nothing to write differently: the input itself, not a round trip of it through the IR
         # (which would carry inferred shapes that change what ONNX Runtime's optimizer does).
@@ -78,35 +273,66 @@ def optimize(
     model.opset_imports.setdefault(spec.DOMAIN, spec.DOMAIN_VERSION)
     out = ir.serde.serialize_model(model)
     out.ir_version = work.ir_version
+    mark_rounding_sensitive(out, report)
     if target != "ortflash":
         # the lowering proves from the shapes the rules proved from (subgraphs' included)
+        before = u.default_opset(out)
         out, notes = lower(out, target)
         _note_lowering(report, notes, target)
+        after = u.default_opset(out)
+        if after != before:
+            report.notes.append(
+                f"converted from opset {before} to {after} for --target {target} (onnx.version_converter)"
+            )
     _keep_declared_value_info(work, out)
     return out, report
 
 
-def _for_target(proto: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, str]:
-    """The model the pass works on, and a note when it is not the input: the contrib target writes
-    opset-13 forms, so an older model is converted to opset 13 first, where the converter can."""
-    opset = u.default_opset(proto)
-    if target != "contrib" or opset >= MIN_CONTRIB_OPSET:
-        return proto, ""
-    # The adapters from 12 to 13 move attributes to inputs (Unsqueeze, Squeeze, ReduceSum, Split)
-    # or keep Softmax's meaning (a last-axis Softmax stays one; another axis gets reshapes): each
-    # computes the same, so a conversion that succeeds is exact; one that cannot raises.
-    try:
-        converted = onnx.version_converter.convert_version(proto, MIN_CONTRIB_OPSET)
-    except Exception as exc:  # noqa: BLE001 - the converter raises several types
-        first_line = (str(exc).splitlines() or [""])[0][:160]
-        return proto, (
-            f"opset {opset} could not be converted to {MIN_CONTRIB_OPSET} for --target contrib "
-            f"({type(exc).__name__}: {first_line}); blocks stay FlashAttention"
-        )
-    return (
-        converted,
-        f"converted from opset {opset} to {MIN_CONTRIB_OPSET} for --target contrib (onnx.version_converter)",
-    )
+def _prove_heads(graph: ir.Graph, report: Report, num_heads: int | None, *, assert_given: bool, opset: int) -> None:
+    """Heads, kv heads and head dim of each block fused in ``graph``, as numbers where the fused
+    node's operands prove them (resolved through Reshapes, Transposes and computed shapes, which
+    the rules' own reading leaves symbolic in TorchScript exports), else None.
+
+    ``num_heads`` fills the query head count where nothing proves it; where something does and
+    it differs, OrtflashError. With ``assert_given`` (a lowering follows, which needs the count),
+    Q, and K and V where their head dim is the same unknown as Q's, are reshaped to ``[0, N, 0, 0]``
+    before the node: the identity when the count is right, an error at run time (caught before
+    anything is written) when it is not, and a static count the lowering can prove from.
+    """
+    for node in list(graph):
+        if node.domain != spec.DOMAIN or node.op_type != spec.OP_TYPE or BLOCK_ID not in node.metadata_props:
+            continue
+        row = int(node.metadata_props[BLOCK_ID])
+        block = report.blocks[row]
+        three_d = block.heads == "B·H"  # [B·H, S, D]: the node sees one head per batch-head pair
+        q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
+        if q is None or k is None or v is None:
+            continue  # the op's contract requires all three; a node without them is not ours to read
+        hq, hkv = shapes.resolved_dim(q, 1), shapes.resolved_dim(k, 1)
+        block.head_dim = shapes.static(shapes.resolved_dim(q, 3))
+        block.heads = None if three_d else shapes.static(hq)
+        block.kv_heads = None if three_d else shapes.static(hkv)
+        if num_heads is None or three_d:
+            continue
+        if isinstance(hq, int):
+            if hq != num_heads:
+                raise OrtflashError(
+                    f"--num-heads {num_heads}: block {block.name} has {hq} query heads, proved from its "
+                    "shapes; the count is given only for blocks whose count nothing proves"
+                )
+            continue
+        block.heads = num_heads
+        same_kv = hq is not None and shapes.same_dim(hq, hkv)
+        if same_kv:
+            block.kv_heads = num_heads
+        block.reason = "; ".join(filter(None, [block.reason, f"{num_heads} heads given (--num-heads), not proved"]))
+        if not assert_given:
+            continue
+        e = Emitter(graph, node, f"ortflash/num_heads_{row}", opset)
+        node.replace_input_with(0, e.reshape(q, [0, num_heads, 0, 0]))
+        for index, x in ((1, k), (2, v)):
+            if same_kv and shapes.same_dim(hq, shapes.resolved_dim(x, 1)):
+                node.replace_input_with(index, e.reshape(x, [0, num_heads, 0, 0]))
 
 
 def _scopes(graph: ir.Graph, scope: str) -> Iterator[tuple[ir.Graph, str]]:

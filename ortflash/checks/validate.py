@@ -10,6 +10,7 @@ two are compared with the one comparison every check uses.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -18,10 +19,12 @@ from .. import spec
 from ..errors import OrtflashError
 from ..fusion.emit import REPLACES
 from ..kernels.config import DEFAULT_BACKEND, KernelConfig
-from ..kernels.ort_bridge import Kernel, kernel_for
 from ..policy import SoftmaxPolicy
 from .compare import compare, tolerance
 from .run import run_model
+
+if TYPE_CHECKING:
+    from ..kernels.ort_bridge import Kernel
 
 
 @dataclass
@@ -85,6 +88,18 @@ def capture_model(
     return model, fused
 
 
+def in_subgraphs(optimized: onnx.ModelProto) -> int:
+    """FlashAttention nodes inside If/Loop/Scan bodies: validate cannot check them node by node,
+    because ONNX Runtime gives no way to read a subgraph's intermediate values (verify checks them
+    end to end)."""
+    from ..model_io import graphs_of
+
+    every = sum(
+        n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN for g in graphs_of(optimized.graph) for n in g.node
+    )
+    return every - sum(n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN for n in optimized.graph.node)
+
+
 def _kernel(backend: str) -> Kernel:
     """The kernel a backend runs, after checking that it can run here."""
     if backend == "wgpu":
@@ -92,6 +107,9 @@ def _kernel(backend: str) -> Kernel:
 
         if not wgpu_kernel.available():
             raise OrtflashError(f"no WebGPU adapter: {wgpu_kernel.unavailable_reason()}")
+    # imported here: onnxruntime-extensions is slow to import (it pulls in torch where installed)
+    from ..kernels.ort_bridge import kernel_for
+
     return kernel_for(KernelConfig(backend=backend))
 
 
