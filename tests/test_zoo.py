@@ -37,24 +37,34 @@ def test_zoo_is_small():
     assert "bert_shapeless" in archs
 
 
-@pytest.mark.parametrize("mode", ["naive", "online"])
-def test_zoo_model_fuses_every_block_and_verifies(zoo_model, mode):
+def test_zoo_model_fuses_every_block(zoo_model):
+    """Numerics are checked by `ortflash regress models/regress.toml` in .ci/run (both softmaxes,
+    two input sizes, every target), the command users run; here: the structure of the result."""
     entry, model = zoo_model
-    fused, report = ortflash.optimize(model, softmax=mode, block_size=8, min_seq_len=0)
+    fused, report = ortflash.optimize(model, softmax="online", block_size=8, min_seq_len=0)
     reasons = [b.reason for b in report.blocks if not b.fused]
     assert report.fused == entry["attention_blocks"], reasons
     # every graph: a merged decoder's blocks sit in its If branches
     nodes = [n for g in graphs_of(fused.graph) for n in g.node]
     assert sum(n.op_type == "FlashAttention" for n in nodes) == entry["attention_blocks"]
     assert not any(n.op_type == "Softmax" for n in nodes)
-    cases = [(1, 7), (2, 21)] if entry.get("dynamic", {}).get("seq", True) else [(2, None)]
-    for batch, seq_len in cases:
-        if not entry.get("dynamic", {}).get("batch", True):
-            batch = 1
-        feeds = _feeds(model, entry, seq_len or 16, batch)
-        diffs = verify(model, fused, feeds)
-        assert all(d.ok for d in diffs), [(d.name, d.max_abs, d.nan_mismatch) for d in diffs]
-        assert max(d.max_abs for d in diffs) < 1e-3
+
+
+def test_zoo_model_verifies_in_both_softmaxes():
+    """One model per family end to end in pytest too (the whole zoo runs through regress in CI)."""
+    picked = {}
+    for entry in ENTRIES:
+        picked.setdefault(entry["arch"], entry)
+    import onnx
+
+    for entry in picked.values():
+        model = onnx.load(os.path.join(ZOO, entry["file"]))
+        for mode in ("naive", "online"):
+            fused, _ = ortflash.optimize(model, softmax=mode, block_size=8, min_seq_len=0)
+            batch = 2 if entry.get("dynamic", {}).get("batch", True) else 1
+            diffs = verify(model, fused, _feeds(model, entry, 21, batch))
+            assert all(d.ok for d in diffs), (entry["file"], [(d.name, d.max_abs, d.nan_mismatch) for d in diffs])
+            assert max(d.max_abs for d in diffs) < 1e-3
 
 
 @pytest.mark.parametrize("entry", [e for e in ENTRIES if e["kv_heads"] < e["num_heads"]], ids=lambda e: e["file"])
