@@ -640,3 +640,24 @@ def test_the_readme_python_snippet_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for code in snippets:
         exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own code
+
+
+def test_the_load_check_opens_without_weight_prepacking(monkeypatch):
+    """ORT's pre-packing copies every MatMul weight when a session opens: the check before writing
+    took a 1.2 GiB model to 1.5 GiB of memory and 2x load+save's time with it (large_model.md)."""
+    from ortflash.checks import first_run as fr
+    from ortflash.checks import run as run_mod
+
+    seen = []
+    real_open = run_mod.open_session
+
+    def open_and_record(*args, **kwargs):
+        session = real_open(*args, **kwargs)
+        options = session._session.get_session_options()
+        seen.append(options.get_session_config_entry("session.disable_prepacking"))
+        return session
+
+    monkeypatch.setattr(fr, "open_session", open_and_record)
+    model = onnx.load(os.path.join(ZOO, "bert_sdpa_dynamo.onnx"))
+    assert fr.first_run(model).problem is None
+    assert seen == ["1"]
