@@ -9,6 +9,8 @@
 // softmax runs over that tile (online) or over the whole score row (naive), and P x V is a
 // second register-blocked product with Dv across the vector lanes. K^T and V are packed once
 // per kv head and shared by the grouped query heads. Nothing here is proportional to Sq * Sk.
+// A call with few query rows per kv head (a decode step: (Hq / Hkv) * Sq <= DIRECT_MAX_ROWS)
+// packs nothing: work is split over (batch, kv head), and K and V are read in place (run_direct).
 //
 // The discrete edge cases follow ortflash/kernels/reference.py operation by operation: NaN
 // propagates through the row max, a fully -inf row yields NaN (or 0 with masked_rows="zero"),
@@ -985,7 +987,192 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
     write_output(pb, acc, dvp, b, h, i0, rows);
 }
 
+// ---- few query rows (a decode step): K and V read in place, nothing packed ----
+// With one or a few query rows per kv head, packing K^T and V would read and write the whole
+// cache once more than the attention itself reads it. Here the rows of all query heads of one
+// kv head (contiguous in Q and in the output) share one pass over that head's keys: a score is
+// a dot product over D of a row-major K row, and P x V reads V rows where they lie (staged in
+// small chunks only for float16 or a Dv that is not a whole number of vectors). No padding
+// skip (a skipped tile adds exactly 0, so leaving it in changes nothing) and no closed form for
+// the causal keys of a finite fill (they are scored as fill, as the spec writes them); causal
+// keys right of every row's frontier under a -inf fill are still never read.
+constexpr int DIRECT_MAX_ROWS = 16;   // (query heads per kv head) x Sq at most, for this path
+constexpr int DIRECT_KEY_CHUNK = 256;  // keys staged at a time (float16 K or V, padded V)
+
+struct DirectScratch {
+    AlignedFloats q, s, acc, kstage, vstage;
+    std::vector<float> running_max, running_sum, tile_max, row;
+    DirectScratch(const Problem& pb, int rows, int ld_s, int dvp)
+        : q(pb.q_half ? size_t(rows) * pb.D : 0),
+          s(size_t(rows) * ld_s),
+          acc(size_t(rows) * dvp),
+          kstage(pb.k_half ? size_t(DIRECT_KEY_CHUNK) * pb.D : 0),
+          vstage(size_t(DIRECT_KEY_CHUNK) * dvp),
+          running_max(rows),
+          running_sum(rows),
+          tile_max(rows) {}
+};
+
+// s[r][j] = scale * (q row r) . (k row j), for `keys` row-major keys (row stride D).
+void direct_scores(int rows, const float* q, int D, const float* k, int keys, float* s, int ld_s, float scale) {
+    for (int j = 0; j < keys; ++j) {
+        const float* kj = k + size_t(j) * D;
+        for (int r = 0; r < rows; ++r) {
+            const float* qr = q + size_t(r) * D;
+            vf c0 = vf{}, c1 = vf{};
+            int d = 0;
+            for (; d + 2 * W <= D; d += 2 * W) {
+                c0 += loadu(qr + d) * loadu(kj + d);
+                c1 += loadu(qr + d + W) * loadu(kj + d + W);
+            }
+            if (d + W <= D) {
+                c0 += loadu(qr + d) * loadu(kj + d);
+                d += W;
+            }
+            float tail = 0.0f;
+            for (; d < D; ++d) tail += qr[d] * kj[d];
+            s[size_t(r) * ld_s + j] = (lanes_sum(c0 + c1) + tail) * scale;
+        }
+    }
+}
+
+// Keys [j0, j0 + keys) of kv head `head` as float32 rows (in place, or converted into scratch).
+const float* direct_keys(const Problem& pb, DirectScratch& sc, size_t head, int j0, int keys) {
+    const size_t at = (head * pb.Sk + j0) * pb.D;
+    if (!pb.k_half) return static_cast<const float*>(pb.k) + at;
+    halves_to_floats(static_cast<const uint16_t*>(pb.k) + at, sc.kstage.ptr, keys * pb.D);
+    return sc.kstage.ptr;
+}
+
+// V rows [j0, j0 + keys) of kv head `head` as float32 rows of dvp floats (in place when they are).
+const float* direct_values(const Problem& pb, DirectScratch& sc, size_t head, int j0, int keys, int dvp) {
+    const size_t at = (head * pb.Sk + j0) * pb.Dv;
+    if (!pb.v_half && pb.Dv == dvp) return static_cast<const float*>(pb.v) + at;
+    for (int j = 0; j < keys; ++j) {
+        float* dst = sc.vstage.ptr + size_t(j) * dvp;
+        if (pb.v_half)
+            halves_to_floats(static_cast<const uint16_t*>(pb.v) + at + size_t(j) * pb.Dv, dst, pb.Dv);
+        else
+            std::memcpy(dst, static_cast<const float*>(pb.v) + at + size_t(j) * pb.Dv, sizeof(float) * pb.Dv);
+        std::fill(dst + pb.Dv, dst + dvp, 0.0f);
+    }
+    return sc.vstage.ptr;
+}
+
+// Scores of keys [j0, j0 + keys) into s (column 0 is key j0).
+void direct_score_keys(const Problem& pb, DirectScratch& sc, size_t head, const float* q, int rows, int j0, int keys,
+                       float* s, int ld_s) {
+    for (int c = 0; c < keys; c += DIRECT_KEY_CHUNK) {
+        const int n = std::min(DIRECT_KEY_CHUNK, keys - c);
+        direct_scores(rows, q, pb.D, direct_keys(pb, sc, head, j0 + c, n), n, s + c, ld_s, pb.scale);
+    }
+}
+
+// acc += P x V over keys [j0, j0 + keys) (p column 0 is key j0).
+void direct_pv_keys(const Problem& pb, DirectScratch& sc, size_t head, int rows, const float* p, int ld_p, int j0,
+                    int keys, int dvp, float* acc) {
+    for (int c = 0; c < keys; c += DIRECT_KEY_CHUNK) {
+        const int n = std::min(DIRECT_KEY_CHUNK, keys - c);
+        pv_tile(rows, p + c, ld_p, n, direct_values(pb, sc, head, j0 + c, n, dvp), dvp, acc);
+    }
+}
+
+// Every query row of kv head `kv` of batch b: rows r = (query head - first head) * Sq + i.
+void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
+    const int group = pb.Hq / pb.Hkv, rows = group * pb.Sq, h0 = kv * group;
+    const size_t head = size_t(b) * pb.Hkv + kv;
+    const int dvp = round_up(pb.Dv, W);
+    auto head_of = [&](int r) { return h0 + r / pb.Sq; };
+    auto query_of = [&](int r) { return r % pb.Sq; };
+    const size_t q_at = (size_t(b) * pb.Hq + h0) * pb.Sq * pb.D;
+    const float* q = static_cast<const float*>(pb.q) + q_at;
+    if (pb.q_half) {
+        halves_to_floats(static_cast<const uint16_t*>(pb.q) + q_at, sc.q.ptr, rows * pb.D);
+        q = sc.q.ptr;
+    }
+    // Under a -inf fill (or none skipped at all) keys right of the last row's frontier weigh 0.
+    const bool skip_right = skips_causal_keys(pb) && !skipped_keys_count(pb);
+    const int keys = skip_right ? causal_keys(pb, pb.Sq - 1) : pb.Sk;
+    float* acc = sc.acc.ptr;
+    if (keys == 0) {  // no row sees a key (is_causal 2, Sq > Sk) and fill is -inf: 0/0
+        const float value = pb.zero_rows ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+        std::fill(acc, acc + size_t(rows) * dvp, value);
+        write_output(pb, acc, dvp, b, h0, 0, rows);
+        return;
+    }
+    float* s = sc.s.ptr;
+    std::fill(acc, acc + size_t(rows) * dvp, 0.0f);
+    if (!pb.online) {
+        const int ld_s = round_up(pb.Sk, W), width = round_up(keys, W);
+        direct_score_keys(pb, sc, head, q, rows, 0, keys, s, ld_s);
+        const bool diagonal = pb.causal && keys - 1 > pb.causal_offset;  // row i = 0 has the nearest frontier
+        for (int r = 0; r < rows; ++r) {
+            float* sr = s + size_t(r) * ld_s;
+            const float mx = finish_scores_max(pb, sr, keys, width, b, head_of(r), query_of(r), 0, diagonal, sc.row);
+            const vf total = splat(exp_row(sr, width, mx));
+            for (int j = 0; j < width; j += W) {
+                vf p = loadu(sr + j) / total;
+                if (pb.zero_rows) p = p != p ? splat(0.0f) : p;
+                storeu(sr + j, p);
+            }
+        }
+        direct_pv_keys(pb, sc, head, rows, s, ld_s, 0, keys, dvp, acc);
+        write_output(pb, acc, dvp, b, h0, 0, rows);
+        return;
+    }
+    // Online: one pass over key tiles of `block`, running max m and sum l per row, as online_tile.
+    const int block = pb.block, ld_s = round_up(block, W);
+    float* m = sc.running_max.data();
+    float* l = sc.running_sum.data();
+    float* tile_max = sc.tile_max.data();
+    std::fill(m, m + rows, NEG_INF);
+    std::fill(l, l + rows, 0.0f);
+    const int tiles = ceil_div(keys, block);
+    for (int t = 0; t < tiles; ++t) {
+        const int j0 = t * block;
+        const int tile_keys = std::min(block, pb.Sk - j0);
+        const int width = round_up(tile_keys, W);
+        direct_score_keys(pb, sc, head, q, rows, j0, tile_keys, s, ld_s);
+        const bool diagonal = pb.causal && j0 + tile_keys - 1 > pb.causal_offset;
+        for (int r = 0; r < rows; ++r)
+            tile_max[r] = finish_scores_max(pb, s + size_t(r) * ld_s, tile_keys, width, b, head_of(r), query_of(r), j0,
+                                            diagonal, sc.row);
+        for (int r = 0; r < rows; ++r) {
+            float* sr = s + size_t(r) * ld_s;
+            const float new_max = nan_max(m[r], tile_max[r]);
+            const float ref = new_max == NEG_INF ? 0.0f : new_max;  // as online_tile: all -inf so far
+            const float rescale = new_max == m[r] && ref == new_max ? 1.0f : scalar_exp(m[r] - ref);
+            const float tile_sum = exp_row(sr, width, ref);
+            l[r] = l[r] * rescale + tile_sum;
+            if (rescale != 1.0f) {
+                float* ar = acc + size_t(r) * dvp;
+                const vf f = splat(rescale);
+                for (int c = 0; c < dvp; c += W) storeu(ar + c, loadu(ar + c) * f);
+            }
+            m[r] = new_max;
+        }
+        direct_pv_keys(pb, sc, head, rows, s, ld_s, j0, tile_keys, dvp, acc);
+    }
+    for (int r = 0; r < rows; ++r) {
+        float* ar = acc + size_t(r) * dvp;
+        const bool zero = pb.zero_rows && l[r] == 0.0f;
+        for (int c = 0; c < dvp; ++c) ar[c] = zero ? 0.0f : ar[c] / l[r];
+    }
+    write_output(pb, acc, dvp, b, h0, 0, rows);
+}
+
+bool run_direct(const Problem& pb) {
+    const int rows = pb.Hq / pb.Hkv * pb.Sq, dvp = round_up(pb.Dv, W);
+    const int ld_s = pb.online ? round_up(pb.block, W) : round_up(pb.Sk, W);
+    return parallel_items(pb.B * pb.Hkv, pb.threads, [&]() {
+        return [&, sc = std::make_shared<DirectScratch>(pb, rows, ld_s, dvp)](int item) {
+            direct_head(pb, *sc, item / pb.Hkv, item % pb.Hkv);
+        };
+    });
+}
+
 bool run_problem(const Problem& pb) {
+    if (pb.Hq / pb.Hkv * pb.Sq <= DIRECT_MAX_ROWS) return run_direct(pb);
     const int key_tile = pb.online ? std::min(pb.block, pb.Sk) : pb.Sk;
     Packed pk(pb, key_tile, pb.online ? key_tile : NAIVE_GROUP_KEYS, skipped_keys_count(pb));
     const bool packed = parallel_items(pb.B * pb.Hkv, pb.threads, [&]() {

@@ -386,3 +386,58 @@ def test_missing_build_falls_back_to_reference_with_one_warning(monkeypatch: pyt
     assert not cpu.available() and cpu.isa() == "reference"
     np.testing.assert_array_equal(first, reference.flash_attention(q, k, v, softmax="online", block_size=2))
     np.testing.assert_array_equal(second, reference.flash_attention(q, k, v, softmax="naive"))
+
+
+def decode_cases(
+    b: int, hq: int, sq: int, sk: int, seed: int
+) -> list[tuple[np.ndarray | None, np.ndarray | None, dict]]:
+    """(bias, mask, attributes) covering every feature of the kernel, for a few query rows."""
+    rng = np.random.default_rng(seed)
+    keep = rng.random((b, 1, 1, sk)) > 0.3
+    keep[..., -1] = True
+    row_bias = rng.standard_normal((b, hq, sq, sk)).astype(np.float32)
+    padded = np.zeros((b, 1, 1, sk), np.float32)
+    padded[0, ..., sk // 2 + 1 :] = LOWEST  # item 0 padded at the end: its tail weighs exactly 0
+    blind = rng.random((b, hq, sq, sk)) > 0.4
+    blind[0, 1, 0] = False  # one query row sees no key
+    strided_mask = np.ones((b, 1, sq, 2 * sk), bool)[..., ::2]
+    strided_mask[..., : sk // 3] = False
+    cases: list[tuple[np.ndarray | None, np.ndarray | None, dict]] = [
+        (None, None, {}),
+        (row_bias[:1, :1, :1], None, {}),  # [1, 1, 1, Sk] broadcast
+        (row_bias.astype(np.float16), None, {}),
+        (np.asfortranarray(row_bias), None, {"softcap": 2.0, "scale": 3.0}),
+        (padded, None, {}),
+        (None, keep, {"mask_fill": -1e4}),
+        (None, strided_mask, {"mask_fill": LOWEST}),
+        (row_bias, keep, {"bias_after_mask": 1, "is_causal": 1}),
+        (row_bias[:, :1], keep, {"bias_after_mask": 1, "mask_fill": -1e4}),
+    ]
+    for rows in ("nan", "zero"):
+        cases.append((None, blind, {"masked_rows": rows}))
+        cases.append((row_bias, blind, {"masked_rows": rows, "mask_fill": LOWEST, "softcap": 1.5}))
+    for causal in (1, 2):
+        for fill in (-np.inf, -1e4, LOWEST):
+            cases.append((None, None, {"is_causal": causal, "mask_fill": fill}))
+            cases.append((row_bias, keep, {"is_causal": causal, "mask_fill": fill, "masked_rows": "zero"}))
+    return cases
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("sq", [1, 2, 3])
+@pytest.mark.parametrize("sk", [1, 2, 9, 64, 257, 3000])
+def test_decode_rows_read_the_cache_in_place(isa: str, mode: str, sq: int, sk: int) -> None:
+    """A few query rows per kv head (a decode step: the kernel then reads K and V where they lie,
+    all query heads of a kv head in one pass) against the float64 truth, with every feature."""
+    b, hq, hkv, d, dv = 2, 8, 2, 20, 12  # D and Dv not whole vectors: the tails and the staged V
+    q, k, v = inputs(b, hq, hkv, sq, sk, d, dv, seed=sk)
+    for bias, mask, attrs in decode_cases(b, hq, sq, sk, seed=sq):
+        for block in (16, 1000):
+            check(q, k, v, bias, mask, softmax=mode, block_size=block, **{"scale": d**-0.5, **attrs})
+    q16, k16, v16 = (t.astype(np.float16) for t in (q, k, v))
+    check(q16, k16, v16, softmax=mode, block_size=16, scale=d**-0.5)
+    check(q16, k16, v16, None, np.ones((1, 1, 1, sk), bool), softmax=mode, is_causal=2)
+    qw, kw, vw = inputs(1, 8, 2, sq, sk, 64, 64, seed=1)  # D, Dv whole vectors: V read in place
+    check(qw, kw, vw, softmax=mode, block_size=64, scale=0.125)
+    one = cpu.flash_attention(qw, kw, vw, softmax=mode, threads=1)
+    np.testing.assert_array_equal(one, cpu.flash_attention(qw, kw, vw, softmax=mode, threads=2))
