@@ -35,7 +35,48 @@ ATTENTION_OPS = ("MultiHeadAttention", "GroupQueryAttention", "Attention", "MatM
 CHECK = {"seq": 37, "batch": 2}
 LATENCY_SEQ = 128
 ZOO_FAMILIES = ("bert", "gpt2", "vit", "t5", "bart", "whisper", "llama")
-LONG = [(kind, s) for s in caps.LONG_LENGTHS for kind in ("nomask", "causal")]
+LONG = [(kind, s) for s in caps.LONG_LENGTHS for kind in ("nomask", "causal", "causal_in_graph")]
+
+
+def causal_in_graph(model: Any) -> Any:
+    """The probe's unmasked block with a causal mask built inside the graph, as exporters write it
+    (Range over the sequence, j <= i, Where(keep, 0, -inf) added to the scores): a block ortflash
+    proves causal, so `--target webgpu` can pick GroupQueryAttention, where a mask that arrives as a
+    graph input (the probe's `causal` case) proves nothing."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    scores = next(n for n in g.node if n.op_type == "Softmax").input[0]
+    consts = {
+        "ci_zero": helper.make_tensor("ci_zero", TensorProto.INT64, [], [0]),
+        "ci_one": helper.make_tensor("ci_one", TensorProto.INT64, [], [1]),
+        "ci_axis0": helper.make_tensor("ci_axis0", TensorProto.INT64, [1], [0]),
+        "ci_axis1": helper.make_tensor("ci_axis1", TensorProto.INT64, [1], [1]),
+        "ci_fzero": helper.make_tensor("ci_fzero", TensorProto.FLOAT, [], [0.0]),
+        "ci_fill": helper.make_tensor("ci_fill", TensorProto.FLOAT, [], [float("-inf")]),
+    }
+    g.initializer.extend(consts.values())
+    mask_nodes = [
+        helper.make_node("Shape", ["q"], ["ci_shape"], start=2, end=3),
+        helper.make_node("Squeeze", ["ci_shape", "ci_axis0"], ["ci_len"]),
+        helper.make_node("Range", ["ci_zero", "ci_len", "ci_one"], ["ci_pos"]),
+        helper.make_node("Unsqueeze", ["ci_pos", "ci_axis1"], ["ci_rows"]),  # i: [S, 1]
+        helper.make_node("Unsqueeze", ["ci_pos", "ci_axis0"], ["ci_cols"]),  # j: [1, S]
+        helper.make_node("LessOrEqual", ["ci_cols", "ci_rows"], ["ci_keep"]),
+        helper.make_node("Where", ["ci_keep", "ci_fzero", "ci_fill"], ["ci_bias"]),
+        helper.make_node("Add", [scores, "ci_bias"], ["ci_scores"]),
+    ]
+    softmax = next(n for n in g.node if n.op_type == "Softmax")
+    softmax.input[0] = "ci_scores"
+    position = list(g.node).index(softmax)
+    nodes = list(g.node)
+    g.ClearField("node")
+    g.node.extend(nodes[:position] + mask_nodes + nodes[position:])
+    onnx.checker.check_model(m)
+    return m
 
 
 def _save(model: Any, path: str) -> None:
@@ -154,9 +195,12 @@ def make(folder: str, manifest: str = "models/manifest.json") -> None:
     caps_dir = os.path.join(folder, "long")
     os.makedirs(caps_dir, exist_ok=True)
     for kind, s in LONG:
-        case = next(c for c in caps.cases() if c.name == f"{kind}_s{s}")
+        in_graph = kind == "causal_in_graph"
+        case = next(c for c in caps.cases() if c.name == f"{'nomask' if in_graph else kind}_s{s}")
         original = caps.build("unfused", case)
-        stem = f"unfused__{case.name}"
+        if in_graph:
+            original = causal_in_graph(original)
+        stem = f"unfused__{kind}_s{s}"
         _save(original, os.path.join(caps_dir, f"{stem}.original.onnx"))
         fused, report = ortflash.optimize(original)
         for target in ("contrib", "webgpu"):
@@ -331,8 +375,9 @@ def table(json_path: str, md_path: str, device: str) -> None:
         "",
         "## Long sequences: one attention block (B=1, H=16, D=64, float32)",
         "",
-        "The capability probe's decomposed `MatMul -> Softmax -> MatMul` block (no mask; causal as an additive bias input), "
-        "as the original, and `ortflash optimize` + lowering of it.",
+        "The capability probe's decomposed `MatMul -> Softmax -> MatMul` block (no mask; causal as an additive bias input; "
+        "causal_in_graph: the causal mask built inside the graph from a Range, LessOrEqual and Where, as exporters "
+        "write it, which ortflash proves causal), as the original, and `ortflash optimize` + lowering of it.",
         "",
         "| block | S | variant | result | WebGPU ms | speed-up vs original |",
         "|---|---|---|---|---|---|",
