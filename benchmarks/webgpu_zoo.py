@@ -17,6 +17,7 @@ MatMul/Softmax/MatMul models (benchmarks/webgpu_capabilities.py), fused and lowe
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import glob
 import json
 import os
@@ -149,7 +150,7 @@ def _timing_feeds(model: Any, entry: dict[str, Any], make_feeds: Any) -> tuple[d
             seq //= 2
 
 
-def make(folder: str, manifest: str = "models/manifest.json") -> None:
+def make(folder: str, manifest: str = "models/manifest.json", only: str | None = None, long: bool = True) -> None:
     import onnx
 
     import ortflash
@@ -160,10 +161,16 @@ def make(folder: str, manifest: str = "models/manifest.json") -> None:
     index: dict[str, Any] = {"zoo": [], "long": []}
     # issue 11's zoo: seven families x {eager, sdpa} x {dynamo, torchscript}; the KV-cache models
     # added later make the carry to the GPU machine too big (64 MiB with the wheels)
+    # (--only GLOB picks other zoo files instead, e.g. the KV-cache decoders on their own)
     entries = [
         e
         for e in json.load(open(manifest))["models"]
-        if e.get("file") and e["file"].split("_")[0] in ZOO_FAMILIES and e["file"].count("_") == 2
+        if e.get("file")
+        and (
+            fnmatch.fnmatch(e["file"], only)
+            if only
+            else e["file"].split("_")[0] in ZOO_FAMILIES and e["file"].count("_") == 2
+        )
     ]
     for entry in entries:
         stem = entry["file"][: -len(".onnx")]
@@ -194,7 +201,7 @@ def make(folder: str, manifest: str = "models/manifest.json") -> None:
         print(stem, {t: row["blocks"][t]["lowered"] for t in TARGETS}, flush=True)
     caps_dir = os.path.join(folder, "long")
     os.makedirs(caps_dir, exist_ok=True)
-    for kind, s in LONG:
+    for kind, s in LONG if long else []:
         in_graph = kind == "causal_in_graph"
         case = next(c for c in caps.cases() if c.name == f"{'nomask' if in_graph else kind}_s{s}")
         original = caps.build("unfused", case)
@@ -402,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
     m.add_argument("folder")
+    m.add_argument("--only", help="zoo files matching this glob instead of the 28 original exports")
+    m.add_argument("--no-long", action="store_true", help="skip the long single-block models")
     r = sub.add_parser("run")
     r.add_argument("folder")
     r.add_argument("--out", required=True)
@@ -411,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--device", default="NVIDIA H200")
     args = p.parse_args(argv)
     if args.cmd == "make":
-        make(args.folder)
+        make(args.folder, only=args.only, long=not args.no_long)
     elif args.cmd == "run":
         run(args.folder, args.out)
     else:

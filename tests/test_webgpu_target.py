@@ -107,6 +107,13 @@ CHOSEN = {
     "causal_mask_grouped": (dict(hkv=2, is_causal=1, mask=("B", 1, "S", "S")), OP_MHA, SQ_EQ_SK),
     "per_head_bias_and_mask": (dict(bias=("B", 4, "S", "S"), mask=("B", 1, 1, "S")), OP_MHA, SQ_EQ_SK),
     "opset_13": (dict(mask=("B", 1, 1, "S"), opset=13), OP_MHA, SQ_EQ_SK),
+    # bottom-right causal (a decoder's block after cached keys): folded into attention_bias
+    "bottom_right_causal_cache": (dict(is_causal=2, k_len="T"), OP_MHA, [{"B": 2, "S": 5, "T": 9}]),
+    "bottom_right_causal_decode": (
+        dict(hkv=2, is_causal=2, k_len="T", bias=("B", 1, 1, "T"), mask_fill=LOWEST),
+        OP_MHA,
+        [{"B": 2, "S": 1, "T": 9}],
+    ),
 }
 
 
@@ -190,7 +197,6 @@ def test_rows_masked_with_lowest_are_the_mean_of_v_whatever_the_native_op_gives(
     "kwargs, why",
     [
         (dict(is_causal=1, softcap=2.0), "softcap"),
-        (dict(is_causal=2, k_len="T"), "is_causal 2"),
         (dict(mask=("B", 1, 1, "S"), mask_fill=-1e4), "mask_fill"),
     ],
 )

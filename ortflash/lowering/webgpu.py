@@ -88,11 +88,9 @@ def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tupl
             f"the model's opset {e.opset} is below {MIN_CONTRIB_OPSET}, which the reshaping ops are written for"
         )
     attrs = _node_attributes(e.anchor)
-    if attrs.get("is_causal", 0) not in (0, 1):
-        raise NotLowered(
-            "is_causal 2 (bottom-right aligned) is not in the WebGPU capability table; "
-            "kept rather than lowered unmeasured"
-        )
+    # is_causal 2 (bottom-right: decoders with a cache) takes the MultiHeadAttention path below, its
+    # causal part folded into attention_bias like any mask: the form the table measures right for
+    # causal masks given as a bias; GroupQueryAttention's own mask is used for top-left only.
     if attrs.get("bias_after_mask", 0) and call.bias is not None and call.masked:
         raise NotLowered("bias_after_mask: the bias is added after the fills, which one additive bias does not express")
     if call.softcap > 0:
@@ -111,7 +109,7 @@ def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tupl
     # GroupQueryAttention with attention_bias is wrong on the EP for fully masked rows.
     use_gqa = (
         usable("gqa", "causal")
-        and bool(call.is_causal)
+        and call.is_causal == 1
         and call.bias is None
         and call.mask is None
         and same_dim(dims.sq, dims.sk)
