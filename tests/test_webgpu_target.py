@@ -245,7 +245,14 @@ def test_capability_table_is_the_measured_one():
 # ------------------------------------------------------------------------------------------------
 # The zoo (CPU EP here; benchmarks/results/webgpu_zoo.md on the WebGPU EP)
 
-ZOO = ("gpt2_eager_dynamo", "llama_sdpa_dynamo", "t5_eager_dynamo")
+# (the two cache decoders: bottom-right causal blocks, one decode step by make_feeds' default)
+ZOO = (
+    "gpt2_eager_dynamo",
+    "llama_sdpa_dynamo",
+    "t5_eager_dynamo",
+    "llama_cache_sdpa_dynamo",
+    "gpt2_cache_eager_torchscript",
+)
 
 
 @pytest.mark.parametrize("stem", ZOO)
