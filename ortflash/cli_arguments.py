@@ -56,7 +56,8 @@ def _int_at_least(text: str, minimum: int, requirement: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (also the regress and bench parsers')."""
     return _int_at_least(text, 1, "must be a positive integer")
 
 
@@ -80,7 +81,7 @@ def _add_policy(p: argparse.ArgumentParser, overrides: bool) -> None:
     keep = " with a softmax option; alone it overrides only this, each node keeping its softmax" if overrides else ""
     p.add_argument(
         "--block-size",
-        type=_positive_int,
+        type=positive_int,
         help=f"keys per tile in the online softmax (default {spec.ATTRIBUTES['block_size'].default}{keep})",
     )
     p.add_argument(
@@ -121,9 +122,9 @@ def _add_feeds(p: argparse.ArgumentParser) -> None:
         "follows its past and new lengths unless set too)",
     )
     p.add_argument(
-        "--seq-len", type=_positive_int, default=16, help="sequence length of random inputs (default %(default)s)"
+        "--seq-len", type=positive_int, default=16, help="sequence length of random inputs (default %(default)s)"
     )
-    p.add_argument("--batch", type=_positive_int, default=2, help="batch size of random inputs (default %(default)s)")
+    p.add_argument("--batch", type=positive_int, default=2, help="batch size of random inputs (default %(default)s)")
     (rtol, atol), (rtol16, atol16) = FLOAT32_TOLERANCE, FLOAT16_TOLERANCE
     p.add_argument(
         "--rtol", type=float, default=None, help=f"relative tolerance (default {rtol:g}; {rtol16:g} for float16 models)"
@@ -150,7 +151,7 @@ def _add_opt_level(p: argparse.ArgumentParser, when: str = "") -> None:
 def _add_num_heads(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--num-heads",
-        type=_positive_int,
+        type=positive_int,
         help="head count of blocks whose count cannot be proved from shapes or initializers (for "
         "instance MultiHeadAttention nodes ONNX Runtime's optimizer wrote without it)",
     )
@@ -243,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         "wgsl is another name for it) (default %(default)s)",
     )
     p.add_argument("--softmax", choices=("naive", "online"), help="softmax to run (default: each node's own)")
-    p.add_argument("--block-size", type=_positive_int, help="keys per tile for online (default: each node's own)")
+    p.add_argument("--block-size", type=positive_int, help="keys per tile for online (default: each node's own)")
     _add_feeds(p)
 
     p = sub.add_parser(

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ..cli_arguments import positive_int
 from ..errors import OrtflashError
 from . import baseline as baseline_check
 from .report import write_results
@@ -14,16 +15,6 @@ from .variants import DEFAULT_BLOCK_SIZE, DEFAULT_VARIANTS, VARIANTS, parse_vari
 
 ISAS = ("avx512", "avx2", "generic")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
 
 
 def _slowdown(text: str) -> float:
@@ -73,15 +64,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated: {','.join(VARIANTS)} (naive/online/reference@BLOCK for another tile, "
         "e.g. online@512) or LABEL=PATH.onnx (default %(default)s)",
     )
-    p.add_argument("--batch", type=_positive_int, default=1, help="batch size (default %(default)s)")
-    p.add_argument("--repeats", type=_positive_int, default=5, help="timed runs per measurement (default %(default)s)")
-    p.add_argument("--warmup", type=_positive_int, default=1, help="untimed runs first (default %(default)s)")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch size (default %(default)s)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per measurement (default %(default)s)")
+    p.add_argument("--warmup", type=positive_int, default=1, help="untimed runs first (default %(default)s)")
     p.add_argument(
-        "--block-size", type=_positive_int, default=DEFAULT_BLOCK_SIZE, help="online softmax tile (default %(default)s)"
+        "--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE, help="online softmax tile (default %(default)s)"
     )
     p.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="ONNX Runtime intra-op, kernel and BLAS threads per worker (default: the libraries' own)",
     )
@@ -93,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--rounds",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="measure each (variant, S) this many times, alternating the order (default %(default)s)",
     )

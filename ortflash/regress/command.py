@@ -13,6 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from ..cli_arguments import positive_int
 from ..errors import OrtflashError
 from ..report import result_document
 from . import reports, update
@@ -26,21 +27,15 @@ EXIT_OK, EXIT_REGRESSED = 0, 1
 STDOUT = "-"
 
 
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``ortflash regress`` (--quiet and --json come from the shared parent parser)."""
     p.add_argument("manifest", help="a .toml or .json manifest of models and what each must do (see the README)")
     p.add_argument(
-        "-j", "--jobs", type=_jobs, default=1, help="check this many models at once, in worker processes (default 1)"
+        "-j",
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="check this many models at once, in worker processes (default 1)",
     )
     p.add_argument("--junit-xml", metavar="PATH", help="also write the results as JUnit XML (one testcase per row)")
     p.add_argument(
