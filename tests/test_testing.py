@@ -105,7 +105,12 @@ def test_the_plugin_runs_each_model_and_target_of_a_manifest_as_a_test(tmp_path,
     )
     out = capsys.readouterr().out
     assert code == pytest.ExitCode.TESTS_FAILED, out
-    outcomes = {line.split("::")[-1]: line.split()[0] for line in out.splitlines() if "test_models.py::" in line}
+    # "-rA" lines read "STATUS path::id", and a wide terminal appends " - message" to failures
+    outcomes = {
+        line.split()[1].split("::")[-1]: line.split()[0]
+        for line in out.splitlines()
+        if line.split()[:1] in (["PASSED"], ["FAILED"]) and "test_models.py::" in line
+    }
     assert outcomes == {
         "test_green[good.onnx[ortflash]]": "PASSED",
         "test_green[good.onnx[onnx]]": "PASSED",
