@@ -478,3 +478,23 @@ def test_python_webgpu_names_what_is_missing(monkeypatch):
     with pytest.raises(OrtflashError, match="needs the onnxruntime-ep-webgpu package") as err:
         wc.web_check(_mha_model(TensorProto.FLOAT, True), runtime="python-webgpu")
     assert "\n" not in str(err.value)
+
+
+def test_browser_runtimes_name_the_extra_when_selenium_is_missing(monkeypatch, tmp_path, capsys):
+    """selenium is the `browser` extra, not a core dependency: without it, exit 2 and one line naming it."""
+    import sys
+
+    import tomllib
+
+    from ortflash.cli import main
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    assert not any(d.startswith("selenium") for d in project["dependencies"])
+    assert project["optional-dependencies"]["browser"] == ["selenium==4.51.0"]
+    monkeypatch.setitem(sys.modules, "selenium", None)  # what `import selenium` sees when it is not installed
+    path = str(tmp_path / "mha.onnx")
+    onnx.save_model(_mha_model(TensorProto.FLOAT, True), path)
+    assert main(["web-check", path, "--runtime", "browser-wasm"]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "pip install 'ortflash[browser]'" in lines[0], lines

@@ -55,7 +55,7 @@ def browser_tools() -> tuple[str, str]:
     try:
         import selenium  # noqa: F401
     except ImportError:
-        raise OrtflashError("the browser runtimes need selenium (pip install selenium)") from None
+        raise OrtflashError("the browser runtimes need selenium: pip install 'ortflash[browser]'") from None
     chromium = os.environ.get("ORTFLASH_CHROMIUM") or _first(CHROMIUM_PATHS, "chromium")
     driver = os.environ.get("ORTFLASH_CHROMEDRIVER") or _first(CHROMEDRIVER_PATHS, "chromedriver")
     if not chromium or not driver:
