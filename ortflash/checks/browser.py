@@ -28,7 +28,7 @@ import onnx
 from ..errors import OrtflashError
 from .run import one_line
 
-PAGE_FILES = ("index.html", "page.mjs")
+PAGE_FILES = ("browser/index.html", "browser/page.mjs", "safetensors.mjs")  # under web/, served side by side
 ORT_FILES = (
     "ort.wasm.min.mjs",
     "ort-wasm-simd-threaded.mjs",
@@ -98,7 +98,7 @@ def _stage(folder: str, web_dir: str, jobs: Sequence[Job]) -> list[tuple[str, li
     from .web_check import PACKAGED_WEB_DIR, write_tensors
 
     for name in PAGE_FILES:
-        shutil.copyfile(os.path.join(PACKAGED_WEB_DIR, "browser", name), os.path.join(folder, name))
+        shutil.copyfile(os.path.join(PACKAGED_WEB_DIR, name), os.path.join(folder, os.path.basename(name)))
     dist = os.path.join(web_dir, "node_modules", "onnxruntime-web", "dist")
     os.makedirs(os.path.join(folder, "ort"))
     for name in ORT_FILES:

@@ -41,7 +41,8 @@ RUNTIMES = (*NODE_RUNTIMES, "python-webgpu", *BROWSER_RUNTIMES)
 # The Node runner and its pinned packages, shipped as package data.
 PACKAGED_WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
 RUNNER_NAME = "run.mjs"
-WEB_FILES = (RUNNER_NAME, "package.json", "package-lock.json")  # what a cache copy needs (npm ci and the runner)
+# what a cache copy needs (npm ci, the runner and its module)
+WEB_FILES = (RUNNER_NAME, "safetensors.mjs", "package.json", "package-lock.json")
 NODE_PACKAGES = ("onnxruntime-web", "onnxruntime-node")
 
 # What onnxruntime-web / onnxruntime-node 1.30 load, found by experiment (web/README.md):

@@ -16,6 +16,7 @@
 import { readFileSync, writeFileSync, renameSync } from 'node:fs';
 import { endianness } from 'node:os';
 import v8 from 'node:v8';
+import { decodeTensors, encodeTensors, firstLine } from './safetensors.mjs';
 
 const RUNTIMES = {
   'web-wasm': { pkg: 'onnxruntime-web', providers: ['wasm'] },
@@ -23,33 +24,11 @@ const RUNTIMES = {
   'node-webgpu': { pkg: 'onnxruntime-node', providers: ['webgpu'] },
 };
 
-// safetensors dtype -> [onnxruntime-js type, typed array, bytes per element]
-const DTYPES = {
-  F32: ['float32', Float32Array, 4],
-  F64: ['float64', Float64Array, 8],
-  F16: ['float16', Uint16Array, 2],
-  I64: ['int64', BigInt64Array, 8],
-  I32: ['int32', Int32Array, 4],
-  I16: ['int16', Int16Array, 2],
-  I8: ['int8', Int8Array, 1],
-  U64: ['uint64', BigUint64Array, 8],
-  U32: ['uint32', Uint32Array, 4],
-  U16: ['uint16', Uint16Array, 2],
-  U8: ['uint8', Uint8Array, 1],
-  BOOL: ['bool', Uint8Array, 1],
-};
-const FROM_ORT = Object.fromEntries(Object.entries(DTYPES).map(([st, [ortType]]) => [ortType, st]));
-
 class Failure extends Error {
   constructor(stage, message) {
     super(message);
     this.stage = stage;
   }
-}
-
-function firstLine(err) {
-  const text = String((err && err.message) || err || 'unknown error');
-  return text.split('\n').map((s) => s.trim()).find((s) => s) || text;
 }
 
 function parseArgs(argv) {
@@ -86,58 +65,23 @@ function readTensors(ort, path) {
   } catch (e) {
     throw new Failure('io', `${path}: ${firstLine(e)}`);
   }
-  if (buf.length < 8) throw new Failure('io', `${path}: not a safetensors file (too short)`);
-  const headerLen = Number(buf.readBigUInt64LE(0));
-  if (8 + headerLen > buf.length) throw new Failure('io', `${path}: not a safetensors file (bad header length)`);
-  let header;
   try {
-    header = JSON.parse(buf.subarray(8, 8 + headerLen).toString('utf8'));
+    return decodeTensors(ort.Tensor, new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength));
   } catch (e) {
-    throw new Failure('io', `${path}: bad safetensors header (${firstLine(e)})`);
+    throw new Failure('io', `${path}: ${firstLine(e)}`);
   }
-  const base = 8 + headerLen;
-  const feeds = {};
-  for (const [name, info] of Object.entries(header)) {
-    if (name === '__metadata__') continue;
-    const spec = DTYPES[info.dtype];
-    if (!spec) throw new Failure('io', `${path}: tensor ${name} has unsupported dtype ${info.dtype}`);
-    const [ortType, Typed, size] = spec;
-    const [begin, end] = info.data_offsets;
-    const count = info.shape.reduce((a, b) => a * b, 1);
-    if (end - begin !== count * size || base + end > buf.length) {
-      throw new Failure('io', `${path}: tensor ${name}: byte range does not match its shape and dtype`);
-    }
-    // Copy into a fresh, aligned buffer: typed arrays need offsets that are multiples of their size.
-    const bytes = new Uint8Array(end - begin);
-    bytes.set(buf.subarray(base + begin, base + end));
-    feeds[name] = new ort.Tensor(ortType, new Typed(bytes.buffer, 0, count), info.shape.map(Number));
-  }
-  return feeds;
 }
 
 function writeTensors(path, names, results) {
-  const header = {};
-  const chunks = [];
-  let offset = 0;
-  for (const name of names) {
-    const t = results[name];
-    const dtype = FROM_ORT[t.type];
-    if (!dtype) throw new Failure('run', `output ${name} has type ${t.type}, which cannot be written back`);
-    const data = t.data;
-    const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
-    header[name] = { dtype, shape: Array.from(t.dims), data_offsets: [offset, offset + bytes.length] };
-    chunks.push(bytes);
-    offset += bytes.length;
+  let bytes;
+  try {
+    bytes = encodeTensors(names, results);
+  } catch (e) {
+    throw new Failure('run', firstLine(e));
   }
-  header.__metadata__ = { order: JSON.stringify(names) };
-  let jsonBytes = Buffer.from(JSON.stringify(header), 'utf8');
-  // Pad the header with spaces so the data starts 8-byte aligned (the safetensors convention).
-  jsonBytes = Buffer.concat([jsonBytes, Buffer.alloc((8 - (jsonBytes.length % 8)) % 8, 0x20)]);
-  const head = Buffer.alloc(8);
-  head.writeBigUInt64LE(BigInt(jsonBytes.length));
   const tmp = `${path}.tmp`;
   try {
-    writeFileSync(tmp, Buffer.concat([head, jsonBytes, ...chunks.map((c) => Buffer.from(c.buffer, c.byteOffset, c.byteLength))]));
+    writeFileSync(tmp, bytes);
     renameSync(tmp, path);
   } catch (e) {
     throw new Failure('io', `${path}: ${firstLine(e)}`);
