@@ -592,7 +592,10 @@ def test_the_node_runner_and_py_typed_ship_as_package_data():
     patterns = _pyproject()["tool"]["setuptools"]["package-data"]["ortflash"]
     package = os.path.join(ROOT, "ortflash")
     shipped = {os.path.relpath(p, package) for pattern in patterns for p in glob.glob(os.path.join(package, pattern))}
-    assert {"py.typed", "checks/web/run.mjs", "checks/web/package.json", "checks/web/package-lock.json"} <= shipped
+    from ortflash.checks import browser
+    from ortflash.checks import web_check as wc
+
+    assert {"py.typed", *(f"checks/web/{n}" for n in (*wc.WEB_FILES, *browser.PAGE_FILES))} <= shipped
     assert not any("node_modules" in p for p in shipped)
 
 
