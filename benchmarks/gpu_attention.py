@@ -15,8 +15,14 @@ once per shape, float16 made from them):
                            when that folder has it, else the onnxruntime-webgpu build
 
 Method (the reasons are in benchmarks/results/gpu_attention_nvidia-h200.md):
-- before any timing, every (kernel, D, dtype, mask) pipeline is compiled on the smallest size and
-  the GPU kept busy for --prewarm-s (the first size of a run used to be measured 2-4x slow);
+- torch is imported and asked for CUDA first (seconds, with the GPU idle); then every (kernel, D,
+  dtype, mask) pipeline is compiled on the smallest size and the GPU kept busy for --prewarm-s with
+  resident S<=4096 calls (the first size of a run used to be measured 2-5x slow: an idle GPU
+  between the pre-warm and the first row); the first shape is timed once more at the end
+  ("re-timed last") to show it was not cold;
+- --tune: the tile sweep (resident tensors) fills a tuner cache (tuner.py: adapter, driver, D,
+  dtype) and every WGSL row takes its tile from it, as a user's Runner(tile_cache=...) would;
+  the ablation times each kernel option off in turn, causal heaviest-first order included;
 - every (contender, shape, dtype, mask) is warmed up before it is timed: calls repeat until at
   least --warmup-s seconds and 2 calls have passed, so compilation, allocation and the GPU's
   clock ramp stay out of the numbers (the first size of a run used to be measured cold);
@@ -34,8 +40,9 @@ Method (the reasons are in benchmarks/results/gpu_attention_nvidia-h200.md):
     python benchmarks/gpu_attention.py --tune --ort-site /tmp/epw          # as recorded
     python benchmarks/gpu_attention.py --sweep-only                          # only the tile sweep
 
-Results go to benchmarks/results/gpu_attention_<device><tag>.{md,json} and the sweep to
-gpu_sweep_<device><tag>.json.
+Results go to benchmarks/results/gpu_attention_<device><tag>.{md,json}, the sweep to
+gpu_sweep_<device><tag>.json and the tuner cache it filled to gpu_sweep_<device><tag>_tile_cache.json.
+On the H200 device machine: GPU_ATTENTION_ARGS="..." bash benchmarks/webgpu_gpu_run.sh wgsl-tests attention
 """
 
 from __future__ import annotations
@@ -77,7 +84,7 @@ class Timing:
 
     host_ms: float | None
     device_ms: float | None
-    extra: dict[str, float]
+    extra: dict[str, Any]
 
 
 def inputs(s: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -218,7 +225,15 @@ def bench_wgsl_resident(
     result = runner.to_host(out, np.float32)
     for t in (qd, kd, vd, out):
         t.destroy()
-    return result, Timing(median(host), median(dev), {})
+    return result, Timing(median(host), median(dev), {"tile": tile_text(runner.last_plan)})
+
+
+def tile_text(plan: dict[str, Any]) -> str:
+    """The flash tile of a plan, short (br/bc/c/rv/vpt/K-V split, sg: subgroup reductions)."""
+    t = plan.get("tile")
+    if plan.get("kernel") != "flash" or t is None:
+        return ""
+    return f"{t.br}x{t.bc} c{t.c} rv{t.rv} vpt{t.vpt} kvs{t.kv_split} sg{plan.get('subgroups', 0)}"
 
 
 def prewarm(runner: Any, args: argparse.Namespace, log: Log) -> dict[str, Any]:
@@ -238,11 +253,26 @@ def prewarm(runner: Any, args: argparse.Namespace, log: Log) -> dict[str, Any]:
                     mask = padding_mask(s) if mask_kind == "padding" else None
                     runner.attention(qq, kk, vv, mask=mask, attrs=wgsl_attrs(d, mask_kind), kernel=kernel)
                     compiled += 1
-    q, k, v = inputs(s, args.dims[0])
-    warm_up(lambda: runner.attention(q, k, v, attrs=wgsl_attrs(args.dims[0], "none")), args.prewarm_s)
+    # Busy with tensors that stay on the GPU: numpy calls leave it idle during their host copies,
+    # and an idle GPU clocks down again (the first rows of earlier runs came out slow so).
+    busy_s = min(4096, max(args.sizes))  # a shape that keeps the GPU loaded between calls
+    q, k, v = (runner.to_device(t) for t in inputs(busy_s, args.dims[0]))
+    out = runner.empty_tensor(q.shape, q.dtype)
+    attrs = wgsl_attrs(args.dims[0], "none")
+
+    def busy() -> None:
+        runner.attention_resident(q, k, v, attrs=attrs, kernel="flash", out=out)
+        runner.sync()
+
+    warm_up(busy, args.prewarm_s)
+    for t in (q, k, v, out):
+        t.destroy()
     seconds = time.perf_counter() - t0
-    log(f"pre-warm: {compiled} (kernel, D, dtype, mask) calls at S={s}, then {args.prewarm_s} s busy: {seconds:.1f} s")
-    return {"calls": compiled, "S": s, "busy_s": args.prewarm_s, "seconds": seconds}
+    log(
+        f"pre-warm: {compiled} (kernel, D, dtype, mask) calls at S={s}, then {args.prewarm_s} s busy "
+        f"(resident, S={busy_s}): {seconds:.1f} s"
+    )
+    return {"calls": compiled, "S": s, "busy_S": busy_s, "busy_s": args.prewarm_s, "seconds": seconds}
 
 
 # --------------------------------------------------------------------------- PyTorch
@@ -484,17 +514,23 @@ def sweep(args: argparse.Namespace, runner: Any, log: Log) -> list[dict[str, Any
     rows = []
     for d in args.dims:
         q, k, v = inputs(s, d)
-        tiles = flash_tiles(
+        ranked = flash_tiles(
             d // 4,
             d // 4,
             s,
             runner.limits["max-compute-workgroup-storage-size"],
             runner.limits["max-compute-invocations-per-workgroup"],
             max_registers=args.max_registers,
+            subgroup_size=runner.subgroup_size,
         )
-        tiles = [t for t in tiles if t.br >= 32 and 32 <= t.workgroup_size <= 256 and t.bc // t.c >= 2][
-            : args.sweep_top
-        ]
+        # One key per invocation starves the score phase, except where the head dim leaves no room
+        # for more (D=128 with 64 query rows: 16 keys a tile).
+        tiles = [
+            t for t in ranked if t.br >= 32 and 32 <= t.workgroup_size <= 256 and (t.bc // t.c >= 2 or t.br >= 64)
+        ][: args.sweep_top]
+        # Always timed, whatever the cost model says: the family of the D=64 winner (one row block,
+        # 16 lanes a row group) at every row count that fits.
+        tiles += [t for t in ranked if t.c == 16 and t.rv == 1 and t.br >= 32 and t not in tiles]
         for io in ("f32", "f16"):  # the tiles measured best before, whatever the cost model says
             tuned = TUNED_TILES.get((d // 4, d // 4, io))
             if tuned is not None and tuned not in tiles:
@@ -502,15 +538,19 @@ def sweep(args: argparse.Namespace, runner: Any, log: Log) -> list[dict[str, Any
         smem = runner.limits["max-compute-workgroup-storage-size"]
         candidates = [
             *tiles,
-            *(replace(t, kv_split=1) for t in tiles if replace(t, kv_split=1).smem_bytes(d // 4) <= smem),
+            *(
+                replace(t, kv_split=1)
+                for t in tiles
+                if replace(t, kv_split=1).smem_bytes(d // 4, runner.subgroup_size) <= smem
+            ),
         ]
         for dtype in (np.float32, np.float16):
             timed = []
             for t in candidates:
                 try:
-                    _, timing, plan = bench_wgsl(
-                        runner, q, k, v, "flash", dtype, "none", 3, args.sweep_warmup_s, tile=t
-                    )
+                    # Resident tensors: the kernel without host copies around it, the GPU kept loaded.
+                    _, timing = bench_wgsl_resident(runner, q, k, v, dtype, "none", 5, args.sweep_warmup_s, tile=t)
+                    plan = dict(runner.last_plan)
                 except Exception as e:  # noqa: BLE001 -- a tile that fails is logged and skipped
                     log(f"sweep D={d} {t} failed: {type(e).__name__}: {e}")
                     continue
@@ -549,17 +589,25 @@ def ablation(args: argparse.Namespace, tiles: dict[tuple[int, str], Any], log: L
         if tile is None:
             continue
         variants = [
-            ("as tuned", {}, tile),
-            ("naga run-time checks on", {"trusted_shaders": False}, tile),
-            ("no subgroups", {"use_subgroups": False}, tile),
-            ("K/V tiles shared" if tile.kv_split else "K/V tiles split", {}, replace(tile, kv_split=1 - tile.kv_split)),
+            ("as tuned", {}, tile, "none"),
+            ("naga run-time checks on", {"trusted_shaders": False}, tile, "none"),
+            ("no subgroups", {"use_subgroups": False}, tile, "none"),
+            (
+                "K/V tiles shared" if tile.kv_split else "K/V tiles split",
+                {},
+                replace(tile, kv_split=1 - tile.kv_split),
+                "none",
+            ),
+            ("causal, heaviest row tiles first", {}, tile, "causal"),
+            ("causal, grid order", {"causal_heavy_first": False}, tile, "causal"),
         ]
-        for name, options, t in variants:
+        for name, options, t, mask_kind in variants:
             try:
                 dev_runner = Runner(**options)
-                _, timing, plan = bench_wgsl(
-                    dev_runner, q, k, v, "flash", np.dtype(dtype_name).type, "none", 3, args.sweep_warmup_s, tile=t
+                _, timing = bench_wgsl_resident(
+                    dev_runner, q, k, v, np.dtype(dtype_name).type, mask_kind, 5, args.sweep_warmup_s, tile=t
                 )
+                plan = dict(dev_runner.last_plan)
                 rows.append(
                     {
                         "variant": name,
@@ -612,10 +660,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tune", action="store_true", help="sweep tiles first, then run flash with the best per D, dtype")
     ap.add_argument("--sweep-only", action="store_true", help="only the tile sweep and the ablation")
     ap.add_argument("--sweep-s", type=int, default=4096)
-    ap.add_argument("--sweep-top", type=int, default=12)
+    ap.add_argument("--sweep-top", type=int, default=16)
     ap.add_argument("--sweep-f16-top", type=int, default=6)
     ap.add_argument("--sweep-warmup-s", type=float, default=0.1)
     ap.add_argument("--max-registers", type=int, default=200)
+    ap.add_argument("--tile-cache", default=None, help="the tuner cache file --tune fills (default: in --out-dir)")
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--tag", default="", help="suffix for the results file names")
     ap.add_argument("--ort-worker", action="store_true", help=argparse.SUPPRESS)
@@ -671,6 +720,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             best_tiles[key] = FlashTile(**r["tile"])
             log(f"best D={key[0]} {key[1]}: {best_tiles[key]} {r['device_ms']:.3f} ms {r['tflops_device']:.2f} TFLOP/s")
         meta["tiles"] = {f"D={d} {dt}": asdict(t) for (d, dt), t in best_tiles.items()}
+        # The rows below take their tiles the way a user's runner does: from the tuner's cache,
+        # keyed by adapter, driver, head dims and dtype (tuner.py), which the sweep fills here.
+        from ortflash.kernels.wgpu.tuner import TileCache, TuneKey
+
+        cache = TileCache(
+            Path(args.tile_cache) if args.tile_cache else out_dir / f"gpu_sweep_{slug}{args.tag}_tile_cache.json"
+        )
+        for (d, dt), t in best_tiles.items():
+            io = "f16" if dt == "float16" else "f32"
+            ms = next(r["device_ms"] for r in rows if r["D"] == d and r["dtype"] == dt and FlashTile(**r["tile"]) == t)
+            cache.put(TuneKey.of(info, d // 4, d // 4, io), t, ms)
+        runner.tile_cache = cache
+        meta["tile_cache"] = str(cache.path)
         meta["ablation"] = ablation(args, best_tiles, log)
         path = out_dir / f"gpu_sweep_{slug}{args.tag}.json"
         path.write_text(json.dumps({"meta": meta, "S": args.sweep_s, "rows": rows}, indent=1))
@@ -683,9 +745,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ort_records, ort_header = run_ort(args, log)
         log(f"ORT: {json.dumps(ort_header)}; {len(ort_records)} records")
 
-    meta["prewarm"] = prewarm(runner, args, log)
+    # torch first: its import and CUDA start-up take seconds, during which the GPU would idle and
+    # clock down again after the pre-warm (the first rows of the 13:05 run read 2-5x slow so).
     use_torch, torch_note = (False, "disabled") if args.no_torch else torch_available()
     log(f"torch: {torch_note}, cuda={use_torch}")
+    meta["prewarm"] = prewarm(runner, args, log)
     meta.update(torch=torch_note, ort=ort_header, ort_records=ort_records)
     results: list[dict[str, Any]] = []
     stem = f"gpu_attention_{slug}{args.tag}"
@@ -710,15 +774,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for name, kernel, dtype in variants:
                     rec: dict[str, Any] = {"what": name, "S": s, "D": d, "mask": mask_kind}
                     try:
-                        tile = best_tiles.get((d, np.dtype(dtype).name)) if kernel == "flash" else None
-                        out, timing, plan = bench_wgsl(
-                            runner, q, k, v, kernel, dtype, mask_kind, reps, args.warmup_s, tile
-                        )
+                        out, timing, plan = bench_wgsl(runner, q, k, v, kernel, dtype, mask_kind, reps, args.warmup_s)
                         rec.update(
                             host_ms=timing.host_ms,
                             device_ms=timing.device_ms,
                             stages=timing.extra,
                             plan={key: str(val) for key, val in plan.items()},
+                            tile=tile_text(plan),
                             **errors(out, ref, s),
                         )
                         del out
@@ -733,11 +795,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ):
                         rec = {"what": name, "S": s, "D": d, "mask": mask_kind}
                         try:
-                            tile = best_tiles.get((d, np.dtype(dtype).name))
-                            out, timing = bench_wgsl_resident(
-                                runner, q, k, v, dtype, mask_kind, reps, args.warmup_s, tile
+                            out, timing = bench_wgsl_resident(runner, q, k, v, dtype, mask_kind, reps, args.warmup_s)
+                            rec.update(
+                                host_ms=timing.host_ms,
+                                device_ms=timing.device_ms,
+                                tile=timing.extra["tile"],
+                                **errors(out, ref, s),
                             )
-                            rec.update(host_ms=timing.host_ms, device_ms=timing.device_ms, **errors(out, ref, s))
                             del out
                         except Exception as e:  # noqa: BLE001 -- recorded, the run goes on
                             rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -768,6 +832,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     results.append(rec)
                     log(fmt(rec))
                 save()
+    # The first shape once more, last: a row that was measured cold reads slower than here.
+    d, s = args.dims[0], min(sizes_for(args, "none", args.dims[0]))
+    q, k, v = inputs(s, d)
+    ref = reference64(q, k, v, "none")
+    for name, dtype in (("flash WGSL f32", np.float32), ("flash WGSL f16", np.float16)):
+        rec = {"what": f"{name} (re-timed last)", "S": s, "D": d, "mask": "none"}
+        out, timing, plan = bench_wgsl(runner, q, k, v, "flash", dtype, "none", reps_for(s, args.reps), args.warmup_s)
+        rec.update(host_ms=timing.host_ms, device_ms=timing.device_ms, stages=timing.extra, tile=tile_text(plan))
+        rec.update(errors(out, ref, s))
+        results.append(rec)
+        log(fmt(rec))
     save()
     log(f"wrote {out_dir / stem}.md and .json")
     log(summary(results))
@@ -838,7 +913,7 @@ def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         )
         out.append(
             f"| {r['what']} | {r['mask']} | {d} | {s} | {f(host)} | {dev_txt} | {f(tflops(s, d, dev))} "
-            f"| {ratio} | {err} | {stages} | {r.get('error', '') or r.get('resident_error', '')} |"
+            f"| {ratio} | {err} | {stages} | {r.get('error', '') or r.get('resident_error', '') or r.get('tile', '')} |"
         )
     return "\n".join(out) + "\n"
 

@@ -428,6 +428,7 @@ TILES = [
     dict(br=16, bc=16, c=4, rv=1, vpt=4),
     dict(br=32, bc=32, c=16, rv=2, vpt=1),
     dict(br=32, bc=16, c=4, rv=1, vpt=4, kv_split=1),
+    dict(br=48, bc=16, c=8, rv=1, vpt=2),
     dict(br=16, bc=32, c=8, rv=2, vpt=2, kv_split=1),
 ]
 
@@ -626,3 +627,71 @@ def test_naive_grid_and_shader_share_the_tile_edge():
     assert softmax.grid == (40, 1, 3)
     assert weighted_sum.grid == (1, -(-40 // NAIVE_TILE), 3)
     assert planned.score_bytes == 3 * 40 * 70 * 4
+
+
+# --------------------------------------------------------------------------- workgroup storage with subgroups
+
+
+def test_subgroup_reductions_free_their_workgroup_storage():
+    """With subgroup reductions red_tile shrinks to one vec4: a D=128 tile of 64 query rows and 16
+    lanes a row group then fits the H200's 48 KiB (it does not without subgroups)."""
+    from ortflash.kernels.wgpu.tiles import FlashTile, flash_tiles
+
+    wide = FlashTile(br=64, bc=16, c=16, rv=1, vpt=2)
+    assert wide.smem_bytes(32, subgroup_size=32) == 45584 <= 49152 < wide.smem_bytes(32) == 49664
+    assert wide.constants(32, 32, subgroup_size=32)["RED_SIZE"] == 1
+    assert wide.constants(32, 32)["RED_SIZE"] == 16 * 64 // 4
+    with_sg = flash_tiles(32, 32, 4096, 49152, 1024, subgroup_size=32)
+    without = flash_tiles(32, 32, 4096, 49152, 1024)
+    assert wide in with_sg and wide not in without
+    assert all(t.smem_bytes(32, 32) <= 49152 for t in with_sg)
+
+
+@pytest.mark.parametrize("is_causal", [0, 1, 2])
+def test_tile_that_fits_only_with_subgroup_reductions(is_causal):
+    """D=56 (14 vec4s), 64 rows x 32 keys, 8 lanes a row group: 33280 bytes of workgroup storage with
+    the shared-memory reduction, 31248 with subgroup shuffles, so on lavapipe (32 KiB, subgroups of
+    8) it runs only with subgroups; causal rows run heaviest row tiles first, bottom-right with
+    Sq != Sk included."""
+    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.tiles import FlashTile
+
+    tile = FlashTile(br=64, bc=32, c=8, rv=1, vpt=2)
+    assert tile.smem_bytes(14, subgroup_size=8) == 31248 and tile.smem_bytes(14) == 33280
+    dev = Runner()
+    limit = dev.limits["max-compute-workgroup-storage-size"]
+    if not (dev.subgroup_size >= 8 and tile.smem_bytes(14, dev.subgroup_size) <= limit):
+        pytest.skip("needs subgroups of >= 8 lanes and 31248 bytes of workgroup storage")
+    rng = np.random.default_rng(56 + is_causal)
+    sq, sk = (200, 230) if is_causal == 2 else (200, 200)
+    q, k, v = make(rng, 1, 3, 1, sq, sk, 56)
+    got = run_contract(dev, q, k, v, kernel="flash", tile=tile, is_causal=is_causal)
+    assert dev.last_plan["tile"] == tile and dev.last_plan["subgroups"] == 1
+    assert np.isfinite(got).all() and got.shape == (1, 3, sq, 56)
+    if limit < tile.smem_bytes(14):
+        no_sg = Runner(use_subgroups=False)
+        with pytest.raises(ValueError, match="workgroup storage"):
+            run_contract(no_sg, q, k, v, kernel="flash", tile=tile, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("is_causal", [1, 2])
+def test_heavy_first_order_changes_nothing_but_the_order(is_causal):
+    """Causal with skipped tiles runs the row tiles of all heads heaviest first (FLAG_HEAVY_FIRST):
+    the same workgroups in another order, so the output is bit-identical to the grid order and
+    matches float64; a finite fill (no tile skipped) never sets the flag."""
+    from ortflash import spec
+    from ortflash.kernels.wgpu.params import FLAG_HEAVY_FIRST, Problem, prepare
+    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.tiles import FlashTile
+
+    rng = np.random.default_rng(7 + is_causal)
+    q, k, v = make(rng, 2, 3, 1, 150, 170, 32)
+    tile = FlashTile(32, 16, 4, 1, 2)
+    heavy_first = run_contract(Runner(), q, k, v, kernel="flash", tile=tile, is_causal=is_causal)
+    grid_order = run_contract(Runner(causal_heavy_first=False), q, k, v, kernel="flash", tile=tile, is_causal=is_causal)
+    assert np.array_equal(heavy_first, grid_order)
+    problem = Problem.of(q, k, v)
+    attrs = spec.validate({"scale": 0.2, "is_causal": 1})
+    assert prepare(problem, q, k, v, None, None, attrs, f16_on_device=False).params["flags"][0] & FLAG_HEAVY_FIRST
+    finite = spec.validate({"scale": 0.2, "is_causal": 1, "mask_fill": -1e4})
+    assert not prepare(problem, q, k, v, None, None, finite, f16_on_device=False).params["flags"][0] & FLAG_HEAVY_FIRST

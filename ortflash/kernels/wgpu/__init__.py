@@ -3,7 +3,8 @@
 - ``kernel``: ``flash_attention`` (the numpy-in, numpy-out entry point), ``available()``, and for
   tensors that stay on the GPU ``to_device``, ``run_resident``, ``to_host``;
 - ``resident``: ``DeviceTensor``, a [B, H, S, D] operand or result in a wgpu buffer, and its layout;
-- ``runner``: one wgpu device: buffers, pipelines, upload, dispatch, read-back;
+- ``runner``: one wgpu device: pipelines, upload and bind, dispatch, read-back, resident calls;
+- ``buffers``: the device buffers of a runner by role, staged uploads, placeholders;
 - ``params``: the shapes of a call and the uniform ``Params`` record of common.wgsl;
 - ``plan``: which dispatches a call runs (grids, naive score chunks);
 - ``tiles``: flash.wgsl's tile model, cost model and measured tiles;
@@ -11,6 +12,7 @@
 - ``trusted``: compiling ortflash's own shaders without naga's run-time checks;
 - ``hostcopy``: multi-threaded copies between numpy and mapped staging memory;
 - ``tuner``: timing candidate tiles once per adapter, driver, head dims and dtype, and the cache file;
+- ``autotune``: timing candidate tiles on a runner's device (resident tensors), for ``tuner``;
 - ``adapter``: which adapter to use; ``limits``: what the device allows.
 
 Importing this package does not import wgpu.

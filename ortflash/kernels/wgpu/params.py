@@ -42,6 +42,7 @@ assert PARAMS_DTYPE.itemsize == 96
 
 # Bits of Params.flags; the same values as the FLAG_* constants of common.wgsl.
 FLAG_BIAS, FLAG_MASK, FLAG_CAUSAL, FLAG_SOFTCAP, FLAG_SKIP_CAUSAL_TILES, FLAG_BIAS_AFTER_MASK = 1, 2, 4, 8, 16, 32
+FLAG_HEAVY_FIRST = 64
 
 
 def causal_shifts(is_causal: int, seq_q: int, seq_k: int) -> tuple[int, int]:
@@ -142,6 +143,7 @@ def prepare(
     attrs: Mapping[str, Any],
     *,
     f16_on_device: bool,
+    heavy_first: bool = True,
 ) -> HostOperands:
     """Lay out the operands of one call; attrs as spec.validate gives them.
 
@@ -149,6 +151,9 @@ def prepare(
     (``f16_on_device``); otherwise the host widens it to float32. Operands
     already on the device fix the dtype: every DeviceTensor of a call has the
     same one, and numpy operands beside them are converted to it.
+
+    heavy_first: where causal tiles are skipped, flash.wgsl runs the row tiles
+    heaviest first (FLAG_HEAVY_FIRST); False keeps the grid order (for A/B timing).
     """
     resident = {np.dtype(t.dtype) for t in (q, k, v) if isinstance(t, DeviceTensor)}
     if len(resident) > 1:
@@ -181,7 +186,7 @@ def prepare(
     if attrs["is_causal"]:
         flags |= FLAG_CAUSAL
         if causal_tiles_skippable(attrs, bias):
-            flags |= FLAG_SKIP_CAUSAL_TILES
+            flags |= FLAG_SKIP_CAUSAL_TILES | (FLAG_HEAVY_FIRST if heavy_first else 0)
         params["causal_row_shift"], params["causal_key_shift"] = causal_shifts(
             attrs["is_causal"], problem.seq_q, problem.seq_k
         )

@@ -79,13 +79,16 @@ def plan_flash(
     reductions use shuffles when a row group fits in one subgroup.
     """
     d4, dv4 = problem.d4, problem.dv4
-    tile = tile or choose_flash_tile(d4, dv4, problem.seq_q, io, limits)
-    if tile.smem_bytes(d4) > limits.workgroup_storage_bytes:
-        raise ValueError(f"{tile} needs {tile.smem_bytes(d4)} bytes of workgroup storage")
+    tile = tile or choose_flash_tile(d4, dv4, problem.seq_q, io, limits, subgroup_size)
+    smem = tile.smem_bytes(d4, subgroup_size)
+    if smem > limits.workgroup_storage_bytes:
+        raise ValueError(f"{tile} needs {smem} bytes of workgroup storage")
     row_tiles = -(-problem.seq_q // tile.br)
+    # flash.wgsl numbers the workgroups of a dispatch linearly (causal order) in a u32.
+    heads_per_dispatch = max(1, min(limits.workgroups_per_dimension, (2**32 - 1) // row_tiles))
     dispatches = [
         Dispatch("main", (row_tiles, count, 1), _with_fields(params, bh0=bh0))
-        for bh0, count in _split(problem.heads, limits.workgroups_per_dimension)
+        for bh0, count in _split(problem.heads, heads_per_dispatch)
     ]
     constants = tile.constants(d4, dv4, subgroup_size)
     summary = {"kernel": "flash", "tile": tile, "io": io, "dispatches": len(dispatches), "subgroups": constants["SG"]}

@@ -14,63 +14,40 @@ One call goes: host operands and Params (params.py), the dispatch plan
 is the same call with DeviceTensors (resident.py) bound instead of uploaded and
 O left on the device; ``to_device``, ``to_host`` and ``sync`` go with it.
 
-About 700 lines because the device, its buffer cache, those four steps and the
-resident calls share one wgpu device's state (buffers, the lock, the pending
-timestamps); everything that needs no device lives in the modules beside it.
+The device's buffers are kept by buffers.py (BufferCache) and tiles are timed
+on it by autotune.py; what stays here shares one device's state (the lock, the
+pipelines, the pending timestamps).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .adapter import find_adapter, no_adapter_message
 from .assemble import assemble, read_shader
+from .buffers import BUFFER_GRANULE, BoundBuffer, BufferCache, Upload
 from .hostcopy import HostCopier
 from .limits import WANTED_FEATURES, WANTED_LIMITS, DeviceLimits
 from .params import PARAMS_DTYPE, HostOperands, Operand, Problem, prepare
 from .plan import Plan, check_kernel, plan
 from .resident import DeviceTensor, padded_host_array
-from .tiles import FlashTile, choose_flash_tile
+from .tiles import FlashTile, choose_flash_tile, flash_tiles
 from .trusted import create_trusted_module
-from .tuner import TileCache, TuneKey, tune
+from .tuner import TileCache, TuneKey
 
 if TYPE_CHECKING:
     import wgpu
 
-# Device buffers are sized in multiples of 16 bytes (one vec4<f32>).
-_BUFFER_GRANULE = 16
-# A cached buffer is reused while it is big enough and at most this many times
-# the request plus the slack; a larger one is replaced, so one large call does
-# not pin device memory for good while small changes in size keep reusing it.
-_OVERSIZE_FACTOR = 4
-_OVERSIZE_SLACK_BYTES = 1 << 20
 # Two u64 timestamps: the start and the end of the compute pass.
 _TIMESTAMP_BYTES = 16
 # Invocations of the subgroup probe's one workgroup: several subgroups of any size up to 64.
 _PROBE_INVOCATIONS = 256
-
-
-class BoundBuffer(NamedTuple):
-    """A device buffer and the bytes of it one call binds."""
-
-    buffer: wgpu.GPUBuffer
-    size: int
-
-
-@dataclass(frozen=True)
-class _Upload:
-    """A copy from a mapped staging buffer into a storage buffer, recorded first in the call's encoder."""
-
-    staging: wgpu.GPUBuffer
-    target: wgpu.GPUBuffer
-    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -78,7 +55,7 @@ class _Bound:
     """What one call's encoder needs: a bind group per dispatch, the uploads, the output buffer."""
 
     groups: list[wgpu.GPUBindGroup]
-    uploads: list[_Upload]
+    uploads: list[Upload]
     output: BoundBuffer
 
 
@@ -109,6 +86,7 @@ class Runner:
         use_subgroups: bool = True,
         trusted_shaders: bool = True,
         tile_cache: TileCache | None = None,
+        causal_heavy_first: bool = True,
     ) -> None:
         import wgpu
 
@@ -142,15 +120,17 @@ class Runner:
         self.trusted_shaders = trusted_shaders  # compile without naga's bounds checks when possible
         # Where flash tiles tuned for this adapter are looked up (tune_flash writes them); None: not at all.
         self.tile_cache = tile_cache
+        # Causal with skipped tiles: run the heaviest row tiles first (flash.wgsl); False for A/B timing.
+        self.causal_heavy_first = causal_heavy_first
         self._cached_tiles: dict[TuneKey, FlashTile | None] = {}
         self._modules: dict[tuple[Any, ...], wgpu.GPUShaderModule] = {}
         self._pipelines: dict[tuple[Any, ...], wgpu.GPUComputePipeline] = {}
-        self._buffers: dict[str, wgpu.GPUBuffer] = {}
-        self._placeholders: dict[str, wgpu.GPUBuffer] = {}  # bound for an absent bias or mask
-        self.uploads: Counter[str] = Counter()  # host-to-device uploads so far, per role (q, k, v, bias, ...)
         # The timestamp read-back of the last attention_resident call, until sync() reads it.
         self._pending_timestamps: wgpu.GPUBuffer | None = None
         self._copier = HostCopier()  # host <-> staging copies on several threads
+        self.buffers = BufferCache(self.device, self.device_limits, self._copier)
+        self._buffers = self.buffers.by_role  # the same dict (tests look at it)
+        self.uploads = self.buffers.uploads  # host-to-device uploads so far, per role (q, k, v, bias, ...)
         self._lock = threading.RLock()
         self._bind_group_layout, self._layout = self._make_layouts()
         if self.has_timestamps:
@@ -179,7 +159,7 @@ class Runner:
 
     def flash_tile(self, d: int, dv: int, sq: int = 4096, io: str = "f32") -> FlashTile:
         """The flash tile this adapter runs for head dims d, dv, Sq query rows and io (f32/f16)."""
-        return choose_flash_tile(-(-d // 4), -(-dv // 4), sq, io, self.device_limits)
+        return choose_flash_tile(-(-d // 4), -(-dv // 4), sq, io, self.device_limits, self.subgroup_size)
 
     def _probe_subgroup_size(self) -> int:
         """The subgroup size of a compute workgroup, or 0 when subgroups are not runs of
@@ -212,7 +192,7 @@ class Runner:
 
     def _fits(self, tile: FlashTile, d4: int) -> bool:
         return (
-            tile.smem_bytes(d4) <= self.device_limits.workgroup_storage_bytes
+            tile.smem_bytes(d4, self.subgroup_size) <= self.device_limits.workgroup_storage_bytes
             and tile.workgroup_size <= self.device_limits.invocations_per_workgroup
         )
 
@@ -231,30 +211,21 @@ class Runner:
     ) -> FlashTile:
         """The fastest flash tile for head dims d, dv and io on this adapter: from `cache` when it
         has one for this adapter and driver, else the `top` tiles of the cost model (each in both
-        K/V layouts) timed once on random [1, heads, seq, d] inputs, the winner written to `cache`."""
-        from dataclasses import replace
-
-        from ... import spec
-        from .tiles import flash_tiles
+        K/V layouts) timed on this device (autotune.py), the winner written to `cache`."""
+        from .autotune import tune_on_device
 
         d4, dv4 = -(-d // 4), -(-dv // 4)
         ranked = flash_tiles(
-            d4, dv4, seq, self.device_limits.workgroup_storage_bytes, self.device_limits.invocations_per_workgroup
+            d4,
+            dv4,
+            seq,
+            self.device_limits.workgroup_storage_bytes,
+            self.device_limits.invocations_per_workgroup,
+            subgroup_size=self.subgroup_size,
         )[:top]
         candidates = [t for tile in ranked for t in (tile, replace(tile, kv_split=1)) if self._fits(t, d4)]
-        dtype = np.float16 if io == "f16" else np.float32
-        rng = np.random.default_rng(0)
-        q, k = (rng.standard_normal((1, heads, seq, d)).astype(dtype) for _ in range(2))
-        v = rng.standard_normal((1, heads, seq, dv)).astype(dtype)
-        attrs = spec.validate({"scale": d**-0.5})
-
-        def time_tile(tile: FlashTile) -> float | None:
-            self.attention(q, k, v, attrs=attrs, kernel="flash", tile=tile)  # compile, warm up
-            self.attention(q, k, v, attrs=attrs, kernel="flash", tile=tile)
-            return self.last_device_ms if self.last_device_ms is not None else self.last_host_ms
-
         key = TuneKey.of(self.info, d4, dv4, io)
-        tile = tune(key, candidates, time_tile, cache)
+        tile = tune_on_device(self, key, candidates, cache, d=d, dv=dv, seq=seq, heads=heads)
         if cache is self.tile_cache:
             self._cached_tiles[key] = tile
         return tile
@@ -291,57 +262,6 @@ class Runner:
             )
             self._pipelines[key] = pipe
         return pipe
-
-    def _buffer(self, role: str, nbytes: int, usage: int) -> wgpu.GPUBuffer:
-        """A device buffer for `role` of at least nbytes, reused while big enough."""
-        nbytes = max(_BUFFER_GRANULE, -(-nbytes // _BUFFER_GRANULE) * _BUFFER_GRANULE)
-        buf = self._buffers.get(role)
-        if buf is None or buf.size < nbytes or buf.size > _OVERSIZE_FACTOR * nbytes + _OVERSIZE_SLACK_BYTES:
-            if buf is not None:
-                buf.destroy()
-            buf = self.device.create_buffer(size=nbytes, usage=usage)
-            self._buffers[role] = buf
-        return buf
-
-    def _upload(self, role: str, array: np.ndarray, uploads: list[_Upload]) -> BoundBuffer:
-        """Stage `array` for the storage buffer of `role` and add its copy to `uploads`.
-
-        Uploads go through a persistent mapped staging buffer per role: one
-        memcpy on the host and one copy on the device, with no fresh
-        allocation per call (queue.write_buffer allocates a new staging area
-        every time, several times slower for tens of MiB).
-        """
-        wgpu = self.wgpu
-        data = np.ascontiguousarray(array)
-        if data.nbytes % 4:
-            data = np.concatenate([data.reshape(-1).view(np.uint8), np.zeros(4 - data.nbytes % 4, np.uint8)])
-        self.device_limits.check_binding(role, data.nbytes)
-        buf = self._buffer(role, data.nbytes, wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST)
-        staging = self._buffer(role + "_upload", data.nbytes, wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
-        staging.map_sync(wgpu.MapMode.WRITE, 0, staging.size)
-        source = data.reshape(-1).view(np.uint8)
-        mapped = self._mapped_bytes(staging, source.nbytes)
-        if mapped is None:
-            staging.write_mapped(source, 0)
-        else:
-            self._copier.copy(mapped, source)
-            del mapped  # no view of the mapped range may outlive unmap
-        staging.unmap()
-        uploads.append(_Upload(staging, buf, -(-data.nbytes // 4) * 4))
-        self.uploads[role] += 1
-        return BoundBuffer(buf, data.nbytes)
-
-    @staticmethod
-    def _mapped_bytes(staging: wgpu.GPUBuffer, nbytes: int) -> np.ndarray | None:
-        """A writable uint8 view of the first nbytes of a buffer mapped for writing, or None where
-        wgpu-py does not offer one (then write_mapped copies, on one thread)."""
-        get_range = getattr(staging, "_experimental_get_mapped_range", None)
-        if get_range is None:
-            return None
-        try:
-            return np.frombuffer(get_range(0, -(-nbytes // 4) * 4), np.uint8)[:nbytes]
-        except (TypeError, ValueError, RuntimeError):
-            return None
 
     # ---------------------------------------------------------------- attention
 
@@ -408,7 +328,9 @@ class Runner:
         score_chunk_bytes: int | None,
     ) -> tuple[HostOperands, Plan]:
         """The host operands and the dispatch plan of one call (nothing touches the device)."""
-        operands = prepare(problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16)
+        operands = prepare(
+            problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16, heavy_first=self.causal_heavy_first
+        )
         return operands, self._plan_call(problem, operands, kernel, tile, score_chunk_bytes)
 
     def _plan_call(
@@ -449,7 +371,7 @@ class Runner:
         self.device_limits.check_binding("tensor", data.nbytes)
         usage = self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC | self.wgpu.BufferUsage.COPY_DST
         with self._lock:
-            buffer = self.device.create_buffer(size=max(_BUFFER_GRANULE, -(-data.nbytes // 4) * 4), usage=usage)
+            buffer = self.device.create_buffer(size=max(BUFFER_GRANULE, -(-data.nbytes // 4) * 4), usage=usage)
             if data.nbytes:
                 self.queue.write_buffer(buffer, 0, data.reshape(-1).view(np.uint8))
         return DeviceTensor(buffer, tuple(int(n) for n in array.shape), dtype, self.device)  # type: ignore[arg-type]
@@ -460,7 +382,7 @@ class Runner:
         nbytes = b * h * s * (-(-d // 4) * 4) * np.dtype(dtype).itemsize
         self.device_limits.check_binding("tensor", nbytes)
         usage = self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC | self.wgpu.BufferUsage.COPY_DST
-        buffer = self.device.create_buffer(size=max(_BUFFER_GRANULE, -(-nbytes // 4) * 4), usage=usage)
+        buffer = self.device.create_buffer(size=max(BUFFER_GRANULE, -(-nbytes // 4) * 4), usage=usage)
         return DeviceTensor(buffer, (b, h, s, d), np.dtype(dtype), self.device)
 
     def to_host(self, tensor: DeviceTensor, dtype: Any = None) -> np.ndarray:
@@ -473,7 +395,7 @@ class Runner:
             return out
         with self._lock:
             usage = self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST
-            staging = self._buffer("staging", tensor.nbytes, usage)
+            staging = self.buffers.get("staging", tensor.nbytes, usage)
             encoder = self.device.create_command_encoder()
             encoder.copy_buffer_to_buffer(tensor.buffer, 0, staging, 0, -(-tensor.nbytes // 4) * 4)
             self.queue.submit([encoder.finish()])
@@ -531,7 +453,9 @@ class Runner:
                     self._check_own(t)
             problem = Problem.of(q, k, v)
             check_kernel(kernel)
-            operands = prepare(problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16)
+            operands = prepare(
+                problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16, heavy_first=self.causal_heavy_first
+            )
             shape = (problem.batch, problem.heads_q, problem.seq_q, problem.value_dim)
             dtype = np.dtype(operands.host_dtype)
             if out is None:
@@ -554,7 +478,7 @@ class Runner:
     ) -> _Bound:
         """Upload the operands and Params, size the output (or bind `out`) and score buffers, make
         one bind group per dispatch."""
-        uploads: list[_Upload] = []
+        uploads: list[Upload] = []
         bufs = self._upload_operands(operands, uploads)
         bufs["o"] = BoundBuffer(out.buffer, out.nbytes) if out is not None else self._output_buffer(problem, operands)
         bufs["scores"] = self._scores_buffer(call_plan)
@@ -576,44 +500,37 @@ class Runner:
         ]
         return _Bound(groups, uploads, bufs["o"])
 
-    def _upload_operands(self, operands: HostOperands, uploads: list[_Upload]) -> dict[str, BoundBuffer]:
+    def _upload_operands(self, operands: HostOperands, uploads: list[Upload]) -> dict[str, BoundBuffer]:
         """Q, K, V, bias and mask staged for upload; an absent bias or mask binds a small placeholder
         under its own role (every binding needs a buffer)."""
         qkv = (("q", operands.q), ("k", operands.k), ("v", operands.v))
         bufs = {
-            role: BoundBuffer(t.buffer, t.nbytes) if isinstance(t, DeviceTensor) else self._upload(role, t, uploads)
+            role: BoundBuffer(t.buffer, t.nbytes)
+            if isinstance(t, DeviceTensor)
+            else self.buffers.upload(role, t, uploads)
             for role, t in qkv
         }
         if operands.bias is not None:
-            bufs["bias"] = self._upload("bias", operands.bias, uploads)
+            bufs["bias"] = self.buffers.upload("bias", operands.bias, uploads)
         else:
-            bufs["bias"] = self._placeholder("no_bias", np.zeros(4, np.float32))
+            bufs["bias"] = self.buffers.placeholder("no_bias", np.zeros(4, np.float32))
         if operands.mask is not None:
-            bufs["mask"] = self._upload("mask", operands.mask, uploads)
+            bufs["mask"] = self.buffers.upload("mask", operands.mask, uploads)
         else:
-            bufs["mask"] = self._placeholder("no_mask", np.ones(4, np.uint8))
+            bufs["mask"] = self.buffers.placeholder("no_mask", np.ones(4, np.uint8))
         return bufs
-
-    def _placeholder(self, role: str, data: np.ndarray) -> BoundBuffer:
-        """A small constant buffer bound where an operand is absent: written once, never uploaded again
-        (staging it every call cost a map, a memcpy and a copy per call for 16 bytes)."""
-        buf = self._placeholders.get(role)
-        if buf is None:
-            buf = self.device.create_buffer_with_data(data=data.tobytes(), usage=self.wgpu.BufferUsage.STORAGE)
-            self._placeholders[role] = buf
-        return BoundBuffer(buf, data.nbytes)
 
     def _output_buffer(self, problem: Problem, operands: HostOperands) -> BoundBuffer:
         """The device buffer O is written to (head dims padded to vec4s, the device dtype)."""
         nbytes = problem.heads * problem.seq_q * problem.dv4 * 4 * np.dtype(operands.host_dtype).itemsize
         self.device_limits.check_binding("output", nbytes)
         usage = self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC
-        return BoundBuffer(self._buffer("o", nbytes, usage), nbytes)
+        return BoundBuffer(self.buffers.get("o", nbytes, usage), nbytes)
 
     def _scores_buffer(self, call_plan: Plan) -> BoundBuffer:
         """The naive kernel's score buffer, or a placeholder for the flash kernel."""
-        role, nbytes = ("scores", call_plan.score_bytes) if call_plan.score_bytes else ("no_scores", _BUFFER_GRANULE)
-        return BoundBuffer(self._buffer(role, nbytes, self.wgpu.BufferUsage.STORAGE), nbytes)
+        role, nbytes = ("scores", call_plan.score_bytes) if call_plan.score_bytes else ("no_scores", BUFFER_GRANULE)
+        return BoundBuffer(self.buffers.get(role, nbytes, self.wgpu.BufferUsage.STORAGE), nbytes)
 
     def _write_params(self, call_plan: Plan) -> tuple[wgpu.GPUBuffer, int]:
         """The uniform buffer holding each dispatch's Params at its own slot, and the slot size
@@ -621,7 +538,7 @@ class Runner:
         wgpu = self.wgpu
         align = self.device_limits.uniform_offset_alignment
         slots = len(call_plan.dispatches)
-        uniform = self._buffer("params", align * slots, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        uniform = self.buffers.get("params", align * slots, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
         blob = np.zeros(align * slots, np.uint8)
         for i, dispatch in enumerate(call_plan.dispatches):
             blob[i * align : i * align + PARAMS_DTYPE.itemsize] = dispatch.params.view(np.uint8)
@@ -662,14 +579,14 @@ class Runner:
         staging = None
         if read_back:
             out_nbytes = bound.output.size
-            staging = self._buffer("staging", out_nbytes, usage_read)
+            staging = self.buffers.get("staging", out_nbytes, usage_read)
             encoder.copy_buffer_to_buffer(bound.output.buffer, 0, staging, 0, out_nbytes)
         ts_read = None
         if self.has_timestamps:
-            resolve = self._buffer(
+            resolve = self.buffers.get(
                 "ts_resolve", _TIMESTAMP_BYTES, wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
             )
-            ts_read = self._buffer("ts_read", _TIMESTAMP_BYTES, usage_read)
+            ts_read = self.buffers.get("ts_read", _TIMESTAMP_BYTES, usage_read)
             encoder.resolve_query_set(self._query_set, 0, 2, resolve, 0)
             encoder.copy_buffer_to_buffer(resolve, 0, ts_read, 0, _TIMESTAMP_BYTES)
         self.queue.submit([encoder.finish()])

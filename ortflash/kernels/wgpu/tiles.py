@@ -2,7 +2,7 @@
 ranks them, and the tiles measured best on real hardware.
 
 The numbers here come from the H200 sweep (``benchmarks/gpu_attention.py --sweep``, results in
-``benchmarks/results/gpu_sweep_nvidia-h200.json`` and ``gpu_attention_nvidia-h200_0815.md``).
+``benchmarks/results/gpu_sweep_nvidia-h200*.json`` and ``gpu_attention_nvidia-h200*.md``).
 """
 
 from __future__ import annotations
@@ -40,10 +40,16 @@ class FlashTile:
         k_tile, v_tile = self.bc * (d4 + 1), self.bc * self.vpt * self.c
         return (k_tile + v_tile, k_tile) if self.kv_split else (max(k_tile, v_tile), 0)
 
-    def smem_bytes(self, d4: int) -> int:
-        """Bytes of workgroup storage flash.wgsl declares for this tile at a Q/K head dim of d4 vec4s."""
+    def reduction_vec4s(self, subgroup_size: int = 0) -> int:
+        """vec4s of flash.wgsl's red_tile: one per (lane of a row group, row block), or 1 (unused)
+        when the rows are reduced by subgroup shuffles."""
+        return 1 if self.uses_subgroups(subgroup_size) else self.c * self.br // 4
+
+    def smem_bytes(self, d4: int, subgroup_size: int = 0) -> int:
+        """Bytes of workgroup storage flash.wgsl declares for this tile at a Q/K head dim of d4 vec4s,
+        on a device whose subgroups have subgroup_size lanes (0: none; the conservative figure)."""
         kv, _ = self.kv_vec4s(d4)
-        return 16 * (d4 * self.br + kv + self.bc * (self.br // 4 + 1) + self.c * self.br // 4)
+        return 16 * (d4 * self.br + kv + self.bc * (self.br // 4 + 1) + self.reduction_vec4s(subgroup_size))
 
     def registers(self) -> int:
         """float32 values an invocation keeps live in the inner loops (estimate)."""
@@ -71,6 +77,7 @@ class FlashTile:
             "KVS": int(bool(self.kv_split)),
             "KV_SIZE": kv_size,
             "V_OFF": v_off,
+            "RED_SIZE": self.reduction_vec4s(subgroup_size),
         }
 
 
@@ -80,7 +87,9 @@ class FlashTile:
 ROW_BLOCKS = (1, 2)
 ROW_GROUP_SIZES = (2, 4, 8, 16, 32)
 KEYS_PER_INVOCATION = (1, 2, 4, 8)
-ROWS_PER_WORKGROUP = (4, 8, 16, 32, 64, 128)
+# 48 and 96: 1.5x the rows of 32 and 64 where those leave workgroup storage unused (D=128: 48
+# rows x 32 keys fits 48 KiB, 64 rows do not).
+ROWS_PER_WORKGROUP = (4, 8, 16, 32, 48, 64, 96, 128)
 # Output vec4s one invocation may accumulate; a head dim needing more per
 # invocation takes a larger row group instead.
 MAX_OUTPUT_VEC4S = 8
@@ -138,9 +147,16 @@ def _tile_score(tile: FlashTile, dv4: int, sq: int, weights: TileScoreWeights) -
 
 
 def flash_tiles(
-    d4: int, dv4: int, sq: int, smem_limit: int, max_invocations: int, max_registers: int = MAX_LIVE_FLOATS
+    d4: int,
+    dv4: int,
+    sq: int,
+    smem_limit: int,
+    max_invocations: int,
+    max_registers: int = MAX_LIVE_FLOATS,
+    subgroup_size: int = 0,
 ) -> list[FlashTile]:
-    """Every tile that fits the adapter, best first by the cost model."""
+    """Every tile that fits the adapter (subgroups of subgroup_size lanes, 0: none), best first
+    by the cost model."""
     fitting = []
     rows_needed = max(4, 1 << max(0, math.ceil(math.log2(max(sq, 1)))))
     for rv in ROW_BLOCKS:
@@ -155,7 +171,7 @@ def flash_tiles(
                     tile = FlashTile(br, c * kpt, c, rv, vpt)
                     if tile.workgroup_size > min(MAX_WORKGROUP_SIZE, max_invocations):
                         continue
-                    if tile.registers() > max_registers or tile.smem_bytes(d4) > smem_limit:
+                    if tile.registers() > max_registers or tile.smem_bytes(d4, subgroup_size) > smem_limit:
                         continue
                     fitting.append(tile)
     weights = TileScoreWeights()
@@ -163,26 +179,37 @@ def flash_tiles(
 
 
 # Tiles measured best on an adapter with 48 KiB of workgroup storage (H200, 2026-11-30:
-# benchmarks/results/gpu_sweep_nvidia-h200.json, with subgroup reductions and trusted
-# shaders), by (D4, DV4, io). Used when they fit the adapter and Sq fills them; else the
-# ranking above. 16 lanes per row group: one vec4 output column each at D=64.
+# benchmarks/results/gpu_sweep_nvidia-h200*.json, with subgroup reductions and trusted
+# shaders), by (D4, DV4, io); a tuner cache entry (tuner.py) for the adapter wins over them.
+# Used when they fit the adapter and Sq fills them; else the ranking above. 16 lanes per row
+# group: one vec4 output column each at D=64.
 TUNED_TILES: Mapping[tuple[int, int, str], FlashTile] = MappingProxyType(
     {
         (16, 16, "f32"): FlashTile(br=64, bc=32, c=16, rv=1, vpt=1),
         (16, 16, "f16"): FlashTile(br=64, bc=32, c=16, rv=1, vpt=1),
-        (32, 32, "f32"): FlashTile(br=32, bc=32, c=16, rv=1, vpt=2),
-        (32, 32, "f16"): FlashTile(br=32, bc=32, c=16, rv=1, vpt=2),
+        # D=128: 64 rows x 16 keys, 8 lanes a row group (4 output vec4s each), 45.5 KiB with
+        # subgroup reductions. 13:14 sweep: f32 8.04 ms, f16 7.89, against 9.73 for the former
+        # 32 x 32 x 16 (the 08:05 sweep timed it at 20.3 ms, with red_tile still declared and
+        # numpy-fed calls; which of the two made the difference was not isolated).
+        (32, 32, "f32"): FlashTile(br=64, bc=16, c=8, rv=1, vpt=4),
+        (32, 32, "f16"): FlashTile(br=64, bc=16, c=8, rv=1, vpt=4),
     }
 )
 
 
-def choose_flash_tile(d4: int, dv4: int, sq: int, io: str, limits: DeviceLimits) -> FlashTile:
-    """The tile to run for head dims of d4/dv4 vec4s, Sq query rows and io ('f32' or 'f16')."""
+def choose_flash_tile(d4: int, dv4: int, sq: int, io: str, limits: DeviceLimits, subgroup_size: int = 0) -> FlashTile:
+    """The tile to run for head dims of d4/dv4 vec4s, Sq query rows and io ('f32' or 'f16') on a
+    device whose subgroups have subgroup_size lanes (0: none)."""
     smem, invocations = limits.workgroup_storage_bytes, limits.invocations_per_workgroup
     tuned = TUNED_TILES.get((d4, dv4, io))
-    if tuned is not None and sq >= tuned.br and tuned.smem_bytes(d4) <= smem and tuned.workgroup_size <= invocations:
+    if (
+        tuned is not None
+        and sq >= tuned.br
+        and tuned.smem_bytes(d4, subgroup_size) <= smem
+        and tuned.workgroup_size <= invocations
+    ):
         return tuned
-    tiles = flash_tiles(d4, dv4, sq, smem, invocations)
+    tiles = flash_tiles(d4, dv4, sq, smem, invocations, subgroup_size=subgroup_size)
     if not tiles:
         raise RuntimeError(f"no flash tile fits this adapter for head dims {4 * d4}/{4 * dv4}")
     return tiles[0]

@@ -25,7 +25,7 @@ from .tiles import FlashTile
 CACHE_DIR_ENV = "ORTFLASH_CACHE_DIR"
 CACHE_FILE = "wgpu_flash_tiles.json"
 # Bumped when flash.wgsl changes so much that earlier measurements no longer rank its tiles.
-KERNEL_VERSION = 2
+KERNEL_VERSION = 3  # 3: heaviest-first causal order, red_tile freed with subgroups, resident timing
 
 
 @dataclass(frozen=True)

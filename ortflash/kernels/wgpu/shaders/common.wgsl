@@ -45,6 +45,8 @@ const FLAG_SKIP_CAUSAL_TILES: u32 = 16u;
 const FLAG_ANY_EXTRA: u32 = 15u;
 // The bias is added after the mask and the causal fill (bias_after_mask = 1).
 const FLAG_BIAS_AFTER_MASK: u32 = 32u;
+// With FLAG_SKIP_CAUSAL_TILES: flash.wgsl starts the heaviest row tiles first.
+const FLAG_HEAVY_FIRST: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> bias_buf: array<f32>;

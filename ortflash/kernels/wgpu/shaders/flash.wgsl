@@ -60,6 +60,7 @@ const SG: u32 = ${SG}u;      // 1: row reductions by subgroup shuffles
 const KVS: u32 = ${KVS}u;    // 1: separate K and V tiles, staged together
 const KV_SIZE: u32 = ${KV_SIZE}u;  // vec4s of kv_tile
 const V_OFF: u32 = ${V_OFF}u;      // where the V tile starts in kv_tile
+const RED_SIZE: u32 = ${RED_SIZE}u;  // vec4s of red_tile: C * BR / 4, or 1 when SG = 1 (unused)
 const LOG2E: f32 = 1.4426950408889634;
 
 const TM: u32 = 4u * RV;
@@ -79,8 +80,10 @@ var<workgroup> kv_tile: array<vec4<f32>, KV_SIZE>;
 // P^T: p_tile[key * PROW + r] = probabilities of rows 4r..4r+3 for that key.
 var<workgroup> p_tile: array<vec4<f32>, BC * PROW>;
 // Row-wise partial maxima (per tile) and partial sums (at the end), one
-// vec4 per (invocation of a row group, row block); unused when SG = 1.
-var<workgroup> red_tile: array<vec4<f32>, C * BR4>;
+// vec4 per (invocation of a row group, row block); unused when SG = 1, and
+// then one vec4 only, leaving the workgroup storage to larger tiles (D=128,
+// 64 rows x 16 keys, 16 lanes a row group: 45.5 KiB instead of 49.7).
+var<workgroup> red_tile: array<vec4<f32>, RED_SIZE>;
 
 // The final scores of one row block (4 rows from row0) for one key.
 // `plain`: no bias, mask, softcap or causal check applies to this tile.
@@ -105,16 +108,36 @@ fn finish4(dots: vec4<f32>, bb: u32, mb: u32, row0: u32, key: u32, plain: bool) 
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) n_groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    // Which row tile of which head. With causal tiles skipped (the host sets
+    // FLAG_HEAVY_FIRST only then) the row tiles differ in work (the last sees
+    // every key tile, the first one) and the dispatch ends when its longest
+    // workgroup does. GPUs start workgroups roughly in index order, so the
+    // index is remapped heaviest first across all heads of the dispatch (row
+    // tile n-1 of every head, then n-2, ...): the heavy ones start at once and
+    // the light ones fill the end. Any order computes the same rows: each
+    // (row tile, head) is independent, and the map below is a bijection of the
+    // grid (the planner keeps n_groups.x * n_groups.y below 2^32).
+    var row_tile = wid.x;
+    var head_in_dispatch = wid.y;
+    if ((params.flags & FLAG_HEAVY_FIRST) != 0u) {
+        let linear = wid.y * n_groups.x + wid.x;
+        row_tile = n_groups.x - 1u - linear / n_groups.y;
+        head_in_dispatch = linear % n_groups.y;
+    }
     let heads_q = params.heads_q;
-    let bh = params.bh0 + wid.y;                  // batch * Hq + query head
+    let bh = params.bh0 + head_in_dispatch;       // batch * Hq + query head
     let b = bh / heads_q;
     let h = bh % heads_q;
     let kv_heads = heads_q / params.group;
     let bkv = b * kv_heads + h / params.group;    // grouped-query: shared K/V head, no repeat
     let sq = params.seq_q;
     let sk = params.seq_k;
-    let q0 = wid.x * BR;
+    let q0 = row_tile * BR;
     let grp = lid / C;
     let c = lid % C;
     let rb0 = grp * RV;                           // this invocation's first row block
