@@ -390,6 +390,22 @@ def test_blocks_feeding_a_quantizer_are_marked(tmp_path, capsys, quantizer, word
     assert "feeds a quantizer" in captured.err and "--feeds" in captured.err
 
 
+def test_an_integer_cast_of_the_output_shape_is_not_a_quantizer(tmp_path, capsys):
+    """Bloom: the tensor after a block reaches Shape -> Gather -> Cast(int64), a shape computation."""
+    model = build(Variant())
+    model.graph.node.extend(
+        [
+            helper.make_node("Shape", ["out"], ["out_shape"]),
+            helper.make_node("Cast", ["out_shape"], ["out_dims"], to=TensorProto.INT32),
+        ]
+    )
+    model.graph.output.append(helper.make_tensor_value_info("out_dims", TensorProto.INT32, None))
+    path = str(tmp_path / "shape_cast.onnx")
+    onnx.save(model, path)
+    assert main(["inspect", path, "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["blocks"][0]["rounding"] == ""
+
+
 def test_blocks_far_from_a_quantizer_are_not_marked(model_path, capsys):
     assert main(["inspect", model_path, "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out)["blocks"][0]["rounding"] == ""

@@ -24,6 +24,9 @@ from ..report import Report
 # the next layer's quantizers are ten or more.
 MAX_NODES_ON = 6
 QUANTIZERS = ("DynamicQuantizeLinear", "QuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+# Ops whose output depends on their input's shape only: the rewrite keeps shapes exactly, so nothing
+# past them can round differently (Bloom's `Shape -> Gather -> Div -> Cast(int64)` after a block).
+SHAPE_ONLY = ("Shape", "Size")
 _INTEGER_TYPES = frozenset(
     {
         onnx.TensorProto.INT8,
@@ -70,6 +73,8 @@ def _downstream(
             continue
         for name in node.output:
             for reader in readers.get(name, []):
+                if reader.op_type in SHAPE_ONLY:
+                    continue
                 if id(reader) not in seen:
                     seen.add(id(reader))
                     yield reader, hops + 1
