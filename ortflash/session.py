@@ -14,19 +14,41 @@ from .kernels.config import DEFAULT_BACKEND, KernelConfig, join_side_channel
 from .model_io import ModelLike, graphs_of, load
 from .policy import SoftmaxPolicy
 
+# ONNX Runtime's session option for its intra-op threads' busy-waiting (see session_options).
+SPINNING_KEY = "session.intra_op.allow_spinning"
+# Our own mark on options that already have the custom-op library: ORT fails at session creation
+# ("Conflicting with a registered kernel") when the same library is registered twice.
+REGISTERED_KEY = "ortflash.custom_ops_library"
+
 
 def session_options(*, base: ort.SessionOptions | None = None) -> ort.SessionOptions:
     """SessionOptions that can run FlashAttention nodes, each with the softmax written on it.
 
-    The kernel is the compiled CPU one (numpy where it is not built). For another
+    The kernel is the compiled CPU one (numpy where it is not built). Intra-op spinning is
+    off unless ``base`` sets it (``session.intra_op.allow_spinning``). For another
     policy, backend or thread count, use :class:`InferenceSession`, or
     :func:`configure_model` on the model before opening a plain session.
     """
     from .kernels import ort_bridge  # registers the op; onnxruntime-extensions is slow to import
 
     so = base or ort.SessionOptions()
-    so.register_custom_ops_library(ort_bridge.library_path())
+    if not _config_entry(so, REGISTERED_KEY):
+        so.register_custom_ops_library(ort_bridge.library_path())
+        so.add_session_config_entry(REGISTERED_KEY, ort_bridge.library_path())
+    # The compiled kernel runs its own threads, one per core, outside ONNX Runtime's pool;
+    # ORT's idle pool threads spin through the whole node by default and take those cores
+    # (S=4096 causal prefill, 2 cores: about 0.13 s of spinning per 0.4 s run, 1.3-1.6x the
+    # wall time; benchmarks/results/causal_proof.md). A choice already made in `base` stands.
+    if _config_entry(so, SPINNING_KEY) is None:
+        so.add_session_config_entry(SPINNING_KEY, "0")
     return so
+
+
+def _config_entry(so: ort.SessionOptions, key: str) -> str | None:
+    try:
+        return str(so.get_session_config_entry(key))
+    except RuntimeError:  # not set
+        return None
 
 
 def _flash_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:

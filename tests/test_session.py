@@ -111,3 +111,31 @@ def test_bridge_keeps_ortflash_hook_installed():
     assert _ocos.PyCustomOpDef is not None and ort_bridge.INVOKE_HOOK.__module__ == ort_bridge.__name__
     # a private API the bridge relies on, pinned in pyproject.toml: keep it checked
     assert hasattr(_ocos.Opdef, "_odlist") and hasattr(_ocos.Opdef, "cast_attributes")
+
+
+def test_session_options_turn_intra_op_spinning_off_unless_the_caller_chose():
+    """ORT's idle pool threads busy-wait through a FlashAttention node and take the cores the
+    compiled kernel's own threads run on (issue 12: 1.3-1.6x the causal prefill's wall time)."""
+    from ortflash.session import SPINNING_KEY
+
+    assert ortflash.session_options().get_session_config_entry(SPINNING_KEY) == "0"
+    chosen = ort.SessionOptions()
+    chosen.add_session_config_entry(SPINNING_KEY, "1")
+    assert ortflash.session_options(base=chosen).get_session_config_entry(SPINNING_KEY) == "1"
+    spinning = ort.SessionOptions()
+    spinning.add_session_config_entry(SPINNING_KEY, "1")
+    model = build(Variant())
+    session = ortflash.InferenceSession(ortflash.optimize(model)[0], sess_options=spinning)
+    assert session.run(None, feeds(model, DIMS, np.random.default_rng(1)))[0].shape[0] == DIMS["B"]
+
+
+def test_options_from_session_options_can_be_handed_to_inference_session(fused_and_feeds):
+    """Registering the custom-op library twice on one SessionOptions makes ORT refuse the session
+    ("Conflicting with a registered kernel"): session_options() registers it once per options."""
+    fused, inputs = fused_and_feeds
+    twice = ortflash.session_options(base=ortflash.session_options())
+    want = _plain(fused).run(None, inputs)[0]
+    plain = ort.InferenceSession(fused.SerializeToString(), twice, providers=["CPUExecutionProvider"])
+    assert np.array_equal(plain.run(None, inputs)[0], want)
+    ours = ortflash.InferenceSession(fused, sess_options=ortflash.session_options())
+    assert np.array_equal(ours.run(None, inputs)[0], want)

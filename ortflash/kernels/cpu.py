@@ -145,10 +145,29 @@ def default_threads() -> int:
 
 
 def _as_4d(t: np.ndarray) -> np.ndarray:
-    return t.reshape((1,) * (4 - t.ndim) + t.shape)
+    return t.reshape((1,) * (4 - t.ndim) + t.shape) if t.ndim < 4 else t
 
 
 Operands = tuple[np.ndarray, np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"]
+_FLOATS = (np.float32, np.float16)
+_BOOLS = (np.bool_,)
+
+
+def _broadcast_operand(
+    t: np.ndarray | None, dtypes: tuple[type, ...], scores: tuple[int, int, int, int]
+) -> np.ndarray | None:
+    """A bias or mask as the kernel reads it (4-D, strided), or None where it does not fit the scores."""
+    t = np.asarray(t)
+    if t.ndim > 4 or any(n != 1 and n != m for n, m in zip(_as_4d(t).shape, scores)):
+        return None
+    return _as_4d(t if t.dtype in dtypes else t.astype(dtypes[0]))
+
+
+def _dense(t: np.ndarray) -> np.ndarray:
+    # No copy for what the kernel takes as it is: C-contiguous float32 or float16.
+    if t.dtype in _FLOATS and t.flags.c_contiguous:
+        return t
+    return np.ascontiguousarray(t if t.dtype in _FLOATS else t.astype(np.float32))
 
 
 def _kernel_operands(
@@ -156,10 +175,9 @@ def _kernel_operands(
 ) -> Operands | None:
     """The arrays the compiled kernel takes, or None where only the reference handles the call
     (shapes outside the kernel's contract: the reference then decides, error or result)."""
-    arrays = [np.asarray(t) for t in (q, k, v)]
-    if any(t.ndim != 4 for t in arrays):
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         return None
-    q, k, v = arrays
     b, hq, sq, d = q.shape
     if (
         k.shape[0] != b
@@ -172,23 +190,70 @@ def _kernel_operands(
     ):
         return None
     scores = (b, hq, sq, k.shape[2])
-
-    def operand(t: np.ndarray | None, dtype: tuple[type, ...]) -> np.ndarray | None:
-        if t is None:
-            return None
-        t = np.asarray(t)
-        if t.ndim > 4 or any(n not in (1, m) for n, m in zip(_as_4d(t).shape, scores)):
-            return None
-        return _as_4d(t if t.dtype in dtype else t.astype(dtype[0]))
-
-    def dense(t: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(t if t.dtype in (np.float32, np.float16) else t.astype(np.float32))
-
-    bias_4d = operand(bias, (np.float32, np.float16))
-    mask_4d = operand(mask, (np.bool_,))
+    bias_4d = None if bias is None else _broadcast_operand(bias, _FLOATS, scores)
+    mask_4d = None if mask is None else _broadcast_operand(mask, _BOOLS, scores)
     if (bias is not None and bias_4d is None) or (mask is not None and mask_4d is None):
         return None
-    return dense(q), dense(k), dense(v), bias_4d, mask_4d
+    return _dense(q), _dense(k), _dense(v), bias_4d, mask_4d
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """A node's attributes validated and resolved into the compiled kernel's scalar arguments.
+
+    It depends on the attributes and the policy override only, so it is resolved once per
+    distinct set of them (:func:`kernel_call`), not on every call: the validation used to
+    be about a third of a decode step's Python time per node.
+    """
+
+    policy: SoftmaxPolicy  # the node's own, with the override applied
+    scale: float
+    is_causal: int
+    mask_fill: float
+    zero_rows: bool
+    softcap: float
+    block_size: int
+    bias_after_mask: bool
+
+
+def _resolve(attrs: dict[str, Any], policy: SoftmaxPolicy | None) -> KernelCall:
+    attrs = spec.validate(attrs)
+    own = SoftmaxPolicy.from_attributes(attrs)
+    resolved = policy.applied_to(own) if policy is not None else own
+    return KernelCall(
+        policy=resolved,
+        scale=float(attrs["scale"]),
+        is_causal=int(attrs["is_causal"]),
+        mask_fill=float(attrs["mask_fill"]),
+        zero_rows=attrs["masked_rows"] == "zero",
+        softcap=float(attrs["softcap"]),
+        block_size=int(resolved.block_size or spec.ATTRIBUTES["block_size"].default),  # type: ignore[call-overload]
+        bias_after_mask=bool(attrs["bias_after_mask"]),
+    )
+
+
+AttributeKey = tuple[tuple[str, type, Any], ...]
+
+
+@functools.lru_cache(maxsize=1024)
+def _resolve_cached(key: AttributeKey, policy: SoftmaxPolicy | None) -> KernelCall:
+    return _resolve({name: value for name, _, value in key}, policy)
+
+
+def kernel_call(attrs: dict[str, Any], policy: SoftmaxPolicy | None = None) -> KernelCall:
+    """The resolved call for these attributes (validated once per distinct set; SpecError if bad).
+
+    The cache key holds each value's type as well as the value: ``True == 1`` and ``1.0 == 1``
+    in Python, but ``is_causal=True`` and ``block_size=1.0`` are errors that must not hit the
+    entry of a valid set. Unhashable values are resolved without the cache.
+    """
+    key = tuple((name, type(value), value) for name, value in attrs.items())
+    try:
+        return _resolve_cached(key, policy)
+    except TypeError as error:
+        if "unhashable" not in str(error):
+            raise
+        return _resolve(attrs, policy)
 
 
 def flash_attention(
@@ -210,9 +275,7 @@ def flash_attention(
     operands = _kernel_operands(q, k, v, bias, mask) if module is not None else None
     if module is None or operands is None:
         return reference.flash_attention(q, k, v, bias, mask, policy=policy, **attrs)
-    attrs = spec.validate(attrs)
-    own = SoftmaxPolicy.from_attributes(attrs)
-    policy = policy.applied_to(own) if policy is not None else own
+    call = kernel_call(attrs, policy)
     qd, kd, vd, bias_4d, mask_4d = operands
     out = np.empty(qd.shape[:3] + vd.shape[3:], dtype=qd.dtype)
     workers = int(threads) if threads is not None else default_threads()
@@ -223,15 +286,16 @@ def flash_attention(
         out,
         bias_4d,
         mask_4d,
-        scale=float(attrs["scale"]),
-        is_causal=int(attrs["is_causal"]),
-        mask_fill=float(attrs["mask_fill"]),
-        zero_rows=attrs["masked_rows"] == "zero",
-        softcap=float(attrs["softcap"]),
-        online=policy.choose(kd.shape[2]) == "online",
-        block_size=int(policy.block_size or spec.ATTRIBUTES["block_size"].default),  # type: ignore[call-overload]
+        scale=call.scale,
+        is_causal=call.is_causal,
+        mask_fill=call.mask_fill,
+        zero_rows=call.zero_rows,
+        softcap=call.softcap,
+        online=call.policy.choose(kd.shape[2]) == "online",
+        block_size=call.block_size,
         query_tile=query_tile(qd.shape[0] * qd.shape[1], qd.shape[2], workers),
         threads=workers,
-        bias_after_mask=bool(attrs["bias_after_mask"]),
+        bias_after_mask=call.bias_after_mask,
     )
-    return out if out.dtype == np.asarray(q).dtype else out.astype(np.asarray(q).dtype)
+    q_dtype = q.dtype if isinstance(q, np.ndarray) else np.asarray(q).dtype
+    return out if out.dtype == q_dtype else out.astype(q_dtype)

@@ -4,7 +4,9 @@ Registering is process-wide (the extensions library keeps one table of Python op
 importing this module registers FlashAttention once. What runs a node is not: the
 kernel, its thread count and the softmax policy come from the node's own attributes,
 which ``ortflash.InferenceSession`` writes on its private copy of the model (see
-``ortflash.kernels.config``). Nothing here holds configuration between calls.
+``ortflash.kernels.config``). Nothing here holds configuration between calls; what is
+cached (a node's attributes, cast and read once) is keyed by every attribute, the side
+channel with the session's kernel choice included.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,14 +43,54 @@ def kernel_for(config: KernelConfig) -> Kernel:
     return functools.partial(cpu.flash_attention, threads=config.threads)
 
 
+@dataclass(frozen=True)
+class NodeCall:
+    """One node's attributes as the bridge delivers them, read once: the session's kernel
+    configuration (the side channel's runtime items) and the op's attributes, exact floats resolved."""
+
+    config: KernelConfig
+    attrs: dict[str, Any]
+
+    def run(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None, mask: np.ndarray | None
+    ) -> np.ndarray:
+        # The kernel is looked up on every call, not kept: it is cheap, and a kernel
+        # replaced at run time (a test's deliberately wrong one) must be the one that runs.
+        return kernel_for(self.config)(q, k, v, bias, mask, **self.attrs)
+
+
+def read_node(attrs: dict[str, Any]) -> NodeCall:
+    """A node's attributes split into its session's kernel configuration and the op's own."""
+    config, floats = split_side_channel(attrs.get("exact_floats"))
+    return NodeCall(config, spec.resolve_exact_floats({**attrs, "exact_floats": floats}))
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_node_cached(key: tuple[tuple[str, Any], ...]) -> NodeCall:
+    return read_node(dict(key))
+
+
+def node_call(attrs: dict[str, Any]) -> NodeCall:
+    """:func:`read_node`, once per distinct attribute set.
+
+    The key is every attribute, the side channel included, so two sessions of one process
+    with different kernel configurations (backend, threads) or policies read different
+    entries. The bridge delivers the same attribute values on every call of a node.
+    """
+    try:
+        return _read_node_cached(tuple(attrs.items()))
+    except TypeError as error:  # an unhashable value: not from the bridge
+        if "unhashable" not in str(error):
+            raise
+        return read_node(attrs)
+
+
 def run_node(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, mask: np.ndarray, attrs: dict[str, Any]
 ) -> np.ndarray:
     """Run one FlashAttention node as the bridge received it (placeholder inputs, side channel)."""
     bias_or_none, mask_or_none = spec.absent_as_none(bias, mask)
-    config, attrs["exact_floats"] = split_side_channel(attrs.get("exact_floats"))
-    attrs = spec.resolve_exact_floats(attrs)
-    return kernel_for(config)(q, k, v, bias_or_none, mask_or_none, **attrs)
+    return node_call(attrs).run(q, k, v, bias_or_none, mask_or_none)
 
 
 @onnx_op(
@@ -71,6 +114,16 @@ def _flash_attention_op(
     return np.ascontiguousarray(out, dtype=np.float32)
 
 
+@functools.lru_cache(maxsize=1024)
+def _cast_attributes(op_id: int, attributes: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """The bridge's attribute strings cast to the op's declared types, once per op and set.
+
+    ``Opdef.cast_attributes`` reads the op's declared types through the native definition,
+    which builds a new dict of them for every attribute: about 40 us per call uncached.
+    """
+    return dict(_ocos.Opdef._odlist[op_id].cast_attributes(dict(attributes)))
+
+
 def _invoke(op_id: int, feed: tuple[np.ndarray, ...], attributes: dict[str, Any]) -> tuple[Any, ...]:
     """The extensions bridge's Python entry point, returning numpy buffers.
 
@@ -78,13 +131,13 @@ def _invoke(op_id: int, feed: tuple[np.ndarray, ...], attributes: dict[str, Any]
     0.3 s per 1.5 M floats; the native side accepts a flat contiguous array as well,
     about 100x faster (measured with a [1, 12, 2048, 64] float32 output). This uses
     private names of onnxruntime-extensions (``Opdef._odlist``, ``cast_attributes``),
-    pinned in pyproject.toml and guarded by tests/test_bridge.py.
+    pinned in pyproject.toml and guarded by tests/test_session.py.
     """
     opdef = _ocos.Opdef._odlist[op_id]
-    result = opdef.body(*feed, **opdef.cast_attributes(attributes))
+    result = opdef.body(*feed, **_cast_attributes(op_id, tuple(attributes.items())))
     flat: list[Any] = []
     for r in result if isinstance(result, tuple) else (result,):
-        flat += [r.shape, np.ascontiguousarray(r).reshape(-1)]
+        flat += [r.shape, r.reshape(-1) if r.flags.c_contiguous else np.ascontiguousarray(r).reshape(-1)]
     return (op_id, *flat)
 
 
