@@ -309,6 +309,22 @@ def _replace_atom(term: Term, atom: Term, value: Term) -> Term:
 # ---------------------------------------------------------------- the interpretation
 
 
+def proved_dims(value: ir.Value) -> list[shapes.Dim] | None:
+    """value's dims as this module's reader proves them (through MatMuls, norms, rotary tables
+    and computed reshapes, further than shape inference and graph.shapes go)."""
+    return _Reader().dims_of(value)
+
+
+def dims_equal(a: shapes.Dim, b: shapes.Dim) -> bool:
+    """Two dims proved equal (sums of symbols compared as linear forms)."""
+    return _dims_equal(a, b)
+
+
+def _const_ints(value: ir.Value | None) -> list[int] | None:
+    arr = u.const_array(value)
+    return None if arr is None or arr.ndim > 1 else [int(x) for x in arr.reshape(-1)]
+
+
 def _dims_equal(a: shapes.Dim, b: shapes.Dim) -> bool:
     if shapes.same_dim(a, b):
         return True
@@ -425,8 +441,32 @@ class _Reader:
             data, idx = shapes.dims_of(_inp(node, 0)), self.dims_of(_inp(node, 1), depth - 1)
             if data is not None and idx is not None:
                 return data[:axis] + idx + data[axis + 1 :]
+        if op == "Gather" and (picked := u.const_array(_inp(node, 1))) is not None and (r := u.rank(_inp(node, 0))):
+            # one slot of a fused projection picked by a constant index (Bloom's q/k/v)
+            source, axis = self.dims_of(_inp(node, 0), depth - 1), u.attr_int(node, "axis", 0) % r
+            if source is not None and len(source) == r:
+                return source[:axis] + list(np.shape(picked)) + source[axis + 1 :]
         if op in _SAME_DIMS:
             return self.dims_of(_inp(node, 0), depth - 1)
+        if op in _REDUCE and (r := u.rank(_inp(node, 0))) is not None:  # RMSNorm's mean of squares
+            reduced_in = self.dims_of(_inp(node, 0), depth - 1)
+            reduced = u.attr_ints(node, "axes")
+            if reduced is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+                reduced = _const_ints(node.inputs[1])
+            if reduced_in is not None and reduced is not None and len(reduced_in) == r:
+                gone = {a % r for a in reduced}
+                if u.attr_int(node, "keepdims", 1):
+                    return [1 if a in gone else reduced_in[a] for a in range(r)]
+                return [reduced_in[a] for a in range(r) if a not in gone]
+        if op == "Tile":  # rotary tables repeated along the head dim (GPT-J's interleaved sin/cos)
+            tiled_in, repeats = self.dims_of(_inp(node, 0), depth - 1), self.vector(_inp(node, 1), depth - 1)
+            if tiled_in is not None and repeats is not None and len(tiled_in) == len(repeats):
+                tiled = [
+                    d if n == 1 else shapes.times(d, n) if isinstance(n, int) else None
+                    for d, n in zip(tiled_in, repeats)
+                ]
+                if all(d is not None for d in tiled):
+                    return tiled
         if op == "Transpose":
             x = self.dims_of(_inp(node, 0), depth - 1)
             perm = u.attr_ints(node, "perm")
@@ -452,6 +492,11 @@ class _Reader:
                     joined = _dim_sum([p[min(cut)] for p in pieces])  # type: ignore[index]
                     if joined is not None:
                         return [joined if a in cut else x[a] for a in range(r)]
+            if op == "Slice" and x is not None and len(x) == r and out is not None and len(cut) == 1:
+                cut_axis = min(cut)
+                sliced: list[shapes.Dim] = list(out)
+                sliced[cut_axis] = self._prefix_length(node, x[cut_axis], depth) or out[cut_axis]
+                return [sliced[a] if a in cut else x[a] for a in range(r)]
             if x is not None and out is not None and len(x) == r:
                 return [out[a] if a in cut else x[a] for a in range(r)]
         if op in _BROADCAST or op == "MatMul":
@@ -463,13 +508,27 @@ class _Reader:
                     tails, parts = [[a[-2], b[-1]]], [a[:-2], b[:-2]]  # type: ignore[index]
                 dims = _broadcast_dims(parts)  # type: ignore[arg-type]
                 if dims is not None:
-                    return dims + (tails[0] if tails else [])
+                    return _filled(dims + (tails[0] if tails else []), value)
         if op in _OPS and op not in ("Gather", "GatherND", "Reshape"):
             try:
                 return list(self.read(value).dims)
             except NotProved:
                 pass
         return shapes.dims_of(value)
+
+    def _prefix_length(self, node: ir.Node, size: shapes.Dim, depth: int) -> shapes.Dim:
+        """The length of Slice(x, 0, e) along its one axis of static size N > 1: min(e, N),
+        written "min(e, N)" for a symbolic e (a position table cut to the sequence length);
+        _broadcast_dims reads it as e where it meets e, as the graph runs only where they agree."""
+        steps = node.inputs[4] if len(node.inputs) > 4 else None
+        if _const_ints(_inp(node, 1)) != [0] or (steps is not None and _const_ints(steps) != [1]):
+            return None
+        end = self.scalar(_inp(node, 2), depth - 1)
+        if not isinstance(size, int) or size <= 1 or end is None:
+            return None
+        if isinstance(end, int):
+            return len(range(size)[:end])  # ONNX clamps and counts negative ends as Python does
+        return f"{_CAPPED}{end}, {size})" if isinstance(end, str) else None
 
     def vector(self, value: ir.Value | None, depth: int = 32) -> list[shapes.Dim] | None:
         """A 1-D shape tensor, element by element."""
@@ -492,6 +551,13 @@ class _Reader:
             return joined
         if op in ("Cast", "Identity"):
             return self.vector(_inp(node, 0), depth - 1)
+        if op == "Slice" and len(node.inputs) >= 3:  # part of a shape: Shape(x)[:-2] + [-1]
+            data = self.vector(_inp(node, 0), depth - 1)
+            starts, ends = _const_ints(_inp(node, 1)), _const_ints(_inp(node, 2))
+            axes = _const_ints(_inp(node, 3)) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
+            steps = _const_ints(_inp(node, 4)) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+            if data is not None and starts and ends and axes in ([0], [-1]) and steps == [1]:
+                return data[starts[0] : ends[0]]  # ONNX clamps as Python does for step 1
         if op == "Unsqueeze" and u.unsqueeze_axes(node) == [0] and u.rank(_inp(node, 0)) in (0, None):
             return [self.scalar(_inp(node, 0), depth - 1)]
         if op == "Gather" and u.attr_int(node, "axis", 0) == 0:
@@ -569,6 +635,11 @@ class _Reader:
                     return data[int(idx)]
                 except IndexError:
                     return None
+        if op in ("Mul", "Div") and len(node.inputs) == 2:
+            # B·H / H: the batch back from a per-batch·head dim (Bloom's views)
+            a, b = self.scalar(_inp(node, 0), depth - 1), shapes.scalar_dim(_inp(node, 1))
+            if isinstance(b, int) and b > 0:
+                return shapes.times(a, b) if op == "Mul" else shapes.divided(a, b)
         return shapes.scalar_dim(value)
 
     def read(self, value: ir.Value | None, depth: int = 64) -> Abstract:
@@ -623,27 +694,56 @@ _SAME_DIMS = frozenset(
     "Cast Identity Not Neg Relu Gelu FastGelu Erf Tanh Sigmoid Sqrt Reciprocal Exp Log Softmax Cos Sin "
     "LayerNormalization SimplifiedLayerNormalization SkipLayerNormalization Dropout".split()
 )
+_REDUCE = frozenset("ReduceMean ReduceSum ReduceMax ReduceMin ReduceSumSquare ReduceL2".split())
 # Elementwise ops with numpy broadcasting, for dims.
 _BROADCAST = frozenset("Add Sub Mul Div Pow Where And Or Equal Less Greater Max Min".split())
 
 
+_CAPPED = "min("  # "min(e, N)": Slice(x, 0, e) of an axis of static size N > 1
+
+
+def _capped_meets(capped: shapes.Dim, other: shapes.Dim) -> bool:
+    """Whether capped is "min(e, N)" and other is e: broadcast together they run only where
+    min(e, N) is e or 1, and it is 1 (N > 1) only where e is 1; so the result is e."""
+    return (
+        isinstance(capped, str)
+        and isinstance(other, str)
+        and capped == f"{_CAPPED}{other}, " + capped.rsplit(", ", 1)[-1]
+    )
+
+
 def _broadcast_dims(parts: list[list[shapes.Dim]]) -> list[shapes.Dim] | None:
-    """The dims of a broadcast result (None where two symbols are not proved equal). A static
-    size above 1 is the result against a symbol: the symbol is either 1 or that size."""
+    """The dims of a broadcast result, None on an axis where two symbols are not proved equal
+    (the other axes stay proved); None for all when two static sizes clash. A static size above
+    1 is the result against a symbol: the symbol is either 1 or that size."""
     rank = max(len(p) for p in parts)
     out: list[shapes.Dim] = [1] * rank
     for p in parts:
         for a, d in enumerate(p, rank - len(p)):
             o = out[a]
-            if d == 1 or shapes.same_dim(o, d):
+            if d == 1 or shapes.same_dim(o, d) or _capped_meets(d, o):
                 continue
-            if o == 1 or (isinstance(d, int) and not isinstance(o, int)):
+            if _capped_meets(o, d):
                 out[a] = d
-            elif isinstance(o, int) and not isinstance(d, int):
+            elif isinstance(d, int) and not isinstance(o, int):
+                out[a] = d
+            elif isinstance(o, int) and o != 1 and not isinstance(d, int):
                 continue
-            else:
+            elif isinstance(o, int) and isinstance(d, int) and o != 1:
                 return None
+            elif o == 1:
+                out[a] = d
+            else:
+                out[a] = None
     return out
+
+
+def _filled(dims: list[shapes.Dim], value: ir.Value) -> list[shapes.Dim]:
+    """dims, with shape inference's dim of value on the axes this reading left unknown."""
+    inferred = shapes.dims_of(value) if None in dims else None
+    if inferred is None or len(inferred) != len(dims):
+        return dims
+    return [i if d is None else d for d, i in zip(dims, inferred)]
 
 
 def _inp(node: ir.Node, index: int) -> ir.Value:
@@ -743,6 +843,12 @@ def _times(a: Lin, b: Lin) -> Lin:
             (xa, xc), (da, dc) = x.coeffs[0], d.coeffs[0]
             if xa[0] == "x" and da[0] == "d":
                 return Lin.of({("xd", xa[1], da[1]): xc * dc})
+        if x.const == 0 and len(x.coeffs) == 1 and x.coeffs[0][0][0] == "x" and all(t[0] == "d" for t, _ in d.coeffs):
+            # b * (past + new): a row of a flattened [B, past + new] mask
+            size = _lin_dim(d)
+            if size is not None:
+                (xa, xc) = x.coeffs[0]
+                return Lin.of({("xd", xa[1], size): xc})
     raise NotProved("a product of two index-dependent integers")
 
 

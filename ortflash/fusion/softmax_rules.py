@@ -23,6 +23,7 @@ import onnx_ir as ir
 from ..errors import NotFused
 from ..graph import bounds, shapes
 from ..graph import ir_utils as u
+from .causal_mask import dims_equal, proved_dims
 from .qk_operands import QKOperands, scaled_q, take_qk, try_scale
 
 
@@ -56,6 +57,12 @@ class WalkState:
     # Every bias was read nearer the Softmax than a mask whose fill does not absorb it (GPT-Neo:
     # where(causal, s, lowest) + padding bias): the op's bias_after_mask order.
     bias_after_mask: bool = False
+    # Scores computed per batch·head [B·H, Sq, Sk], viewed as [B, H, Sq, Sk] around the Softmax
+    # (Bloom's baddbmm): H, and how many biases and masks were read in the 4D view.
+    heads_split: int | None = None
+    split_biases: int = 0
+    split_masks: int = 0
+    heads_merged: bool = False  # the probabilities are viewed back as [B·H, Sq, Sk] before P·V
 
     def add(self, node: ir.Node, label: str | None = None) -> None:
         self.nodes.append(node)
@@ -255,6 +262,8 @@ class QKMatMul(Rule):
         return None
 
     def _operands(self, node: ir.Node, m: WalkState, dry_run: bool) -> tuple[str, str] | None:
+        if m.heads_merged and m.heads_split is None:
+            raise NotFused(NOT_SPLIT)
         kt = u.operand(node, 1)
         q, scale, q_label = scaled_q(u.operand(node, 0))
         k_label = "k"
@@ -308,7 +317,52 @@ class QKMatMul(Rule):
         return q_label, k_label
 
 
-SCORE_RULES: tuple[Rule, ...] = (FloatCast(), BooleanMask(), AdditiveBias(), Softcap(), ScalarScale(), QKMatMul())
+NOT_SPLIT = "the probabilities are reshaped to [B·H, Sq, Sk], but the scores were not split from it"
+
+
+def _same_trailing_dims(wide: ir.Value, narrow: ir.Value) -> bool:
+    """wide [B, H, Sq, Sk] and narrow [X, Sq, Sk] with (Sq, Sk) proved the same: a Reshape between
+    them keeps the element count, so X = B·H and each (b, h) row block is row b·H + h."""
+    w, n = proved_dims(wide), proved_dims(narrow)
+    if w is None or n is None or len(w) != 4 or len(n) != 3:
+        return False
+    return dims_equal(w[2], n[1]) and dims_equal(w[3], n[2])
+
+
+class ScoresHeadSplit(Rule):
+    """Reshape [B·H, Sq, Sk] -> [B, H, Sq, Sk] of the scores, when the probabilities are merged
+    back to [B·H, Sq, Sk] before P·V: the block is per batch·head below it, per (batch, head) above."""
+
+    op_types = ("Reshape",)
+
+    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        if not m.heads_merged:
+            raise NotFused(f"the scores are reshaped by {node.name}, and the probabilities are not reshaped back")
+        if m.heads_split is not None:
+            raise NotFused(f"the scores are reshaped twice ({node.name})")
+        if not _same_trailing_dims(value, u.operand(node, 0)):
+            raise NotFused(f"Reshape {node.name} is not proved to split [B·H, Sq, Sk] into [B, H, Sq, Sk]")
+        if not isinstance(shapes.resolved_dim(value, 1), int):
+            raise NotFused(f"Reshape {node.name} splits the batch·head axis into a head count that is not static")
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        heads = shapes.resolved_dim(value, 1)
+        assert isinstance(heads, int)  # check() proved it
+        m.heads_split = heads
+        m.split_biases, m.split_masks = len(m.biases), len(m.masks)
+        m.add(node, "Reshape(B,H)")
+        return u.operand(node, 0)
+
+
+SCORE_RULES: tuple[Rule, ...] = (
+    FloatCast(),
+    BooleanMask(),
+    AdditiveBias(),
+    Softcap(),
+    ScalarScale(),
+    ScoresHeadSplit(),
+    QKMatMul(),
+)
 
 
 def _scale_factor(node: ir.Node, value: ir.Value) -> tuple[float, ir.Value]:
@@ -330,7 +384,7 @@ def _reaches_qk(value: ir.Value | None, depth: int = u.MAX_DEPTH) -> bool:
             return False
         if node.op_type in ("MatMul", "Einsum"):
             return u.const_array(node.inputs[0]) is None and u.const_array(node.inputs[1]) is None
-        if node.op_type in ("Cast", "Mul", "Div", "Tanh"):
+        if node.op_type in ("Cast", "Mul", "Div", "Tanh", "Reshape"):
             value = node.inputs[0] if u.const_array(node.inputs[0]) is None else node.inputs[1]
         elif node.op_type == "Where":
             value = node.inputs[1] if u.scalar(node.inputs[1]) is None else node.inputs[2]
@@ -398,6 +452,26 @@ class NanGuard(Rule):
         return where.outputs[0]
 
 
+class ProbsHeadMerge(Rule):
+    """Reshape [B, H, Sq, Sk] -> [B·H, Sq, Sk] of the probabilities before a batched P·V."""
+
+    op_types = ("Reshape",)
+
+    def matches(self, node: ir.Node, value: ir.Value) -> bool:
+        return node.op_type == "Reshape" and node.inputs[0] is value
+
+    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        if m.heads_merged:
+            raise NotFused(f"the probabilities are reshaped twice ({node.name})")
+        if not _same_trailing_dims(value, node.outputs[0]):
+            raise NotFused(f"the probabilities feed Reshape {node.name}, not proved to merge [B, H] into B·H")
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        m.heads_merged = True
+        m.add(node, "Reshape(B·H)")
+        return node.outputs[0]
+
+
 class ProbsMatMulV(Rule):
     op_types = ("MatMul",)
 
@@ -442,7 +516,7 @@ class RowMaxGuard(Rule):
         return node.outputs[0]
 
 
-PROBS_RULES: tuple[Rule, ...] = (ProbsCast(), NanGuard(), RowMaxGuard(), ProbsMatMulV())
+PROBS_RULES: tuple[Rule, ...] = (ProbsCast(), NanGuard(), RowMaxGuard(), ProbsHeadMerge(), ProbsMatMulV())
 
 
 def softmax_axis_is_last(node: ir.Node, opset: int) -> None:

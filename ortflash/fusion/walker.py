@@ -19,6 +19,7 @@ from .call import FlashAttentionCall
 from .einsum_rules import ProbsEinsumV, QKEinsum
 from .emit import write_call
 from .softmax_rules import (
+    NOT_SPLIT,
     PROBS_RULES,
     SCORE_RULES,
     Rule,
@@ -51,6 +52,11 @@ class SoftmaxBlock:
     bias_after_mask: bool  # the biases are added after the masks (spec: bias_after_mask)
     nodes: tuple[ir.Node, ...]  # matched nodes, top (output) first
     pattern: str  # the block as read, inputs first: MatMul(q,Transpose(k))→Div→Add→Softmax→MatMul
+    # rank 3 blocks whose scores are viewed as [B, H, Sq, Sk] around the Softmax: H, and how many
+    # of biases / masks (the first ones) were read in that view
+    heads_split: int | None = None
+    split_biases: int = 0
+    split_masks: int = 0
 
 
 def _next_probs_node(value: ir.Value) -> ir.Node:
@@ -97,7 +103,47 @@ def read_block(softmax: ir.Node, opset: int) -> SoftmaxBlock:
         state.masks or [_strip(b) for b in state.biases] != [_strip(state.guard_bias)]
     ):
         raise NotFused("the fully-masked-row guard tests a tensor other than the block's only bias")
+    if state.heads_merged and state.heads_split is None:
+        raise NotFused(NOT_SPLIT)
+    if state.heads_split is not None:
+        if opset < _SLICE_INPUTS_OPSET:
+            raise NotFused(
+                f"the [B·H] <-> [B, H] views are written with Slice-{_SLICE_INPUTS_OPSET}; the model is opset {opset}"
+            )
+        _check_head_split(state)
     return _finished(state)
+
+
+_SLICE_INPUTS_OPSET = 10  # Slice takes its bounds as inputs (the head views read a shape's tail)
+
+
+def _check_head_split(state: WalkState) -> None:
+    """What the [B, H, Sq, Sk] view of a per-batch·head block needs: K and V of Q's B·H rows (no
+    broadcast over the merged axis), the per-batch·head biases and masks of B·H rows or one, and
+    those of the 4D view not of more batch items than the scores."""
+    assert state.q is not None and state.k is not None and state.v is not None
+
+    def dim(x: ir.Value, axis: int) -> shapes.Dim:
+        found = causal_mask.proved_dims(x)
+        return found[axis] if found is not None and axis < len(found) else None
+
+    rows = dim(state.q, 0)
+    for name, x, axis in (("K", state.k, _axis(state.k_perm, 0)), ("V", state.v, _axis(state.v_perm, 0))):
+        if not causal_mask.dims_equal(rows, dim(x, axis)):
+            raise NotFused(f"{name}'s batch·head rows are not proved to be Q's ({rows} and {dim(x, axis)})")
+    for x in list(state.biases[state.split_biases :]) + [c for c, _ in state.masks[state.split_masks :]]:
+        r = u.rank(x)
+        if r is None or r > 3:
+            raise NotFused(f"{x.name} is added to [B·H, Sq, Sk] scores with rank {r}")
+        if r == 3 and dim(x, 0) != 1 and not causal_mask.dims_equal(rows, dim(x, 0)):
+            raise NotFused(f"{x.name} is not proved to have Q's batch·head rows or one")
+    batch = dim(u.operand(state.softmax, 0), 0)
+    for x in list(state.biases[: state.split_biases]) + [c for c, _ in state.masks[: state.split_masks]]:
+        r = u.rank(x)
+        if r is None:
+            raise NotFused(f"the rank of {x.name} is unknown")
+        if r == 4 and dim(x, 0) != 1 and not causal_mask.dims_equal(batch, dim(x, 0)):
+            raise NotFused(f"{x.name} is not proved to have the scores' batch items or one")
 
 
 def _finished(state: WalkState) -> SoftmaxBlock:
@@ -123,6 +169,9 @@ def _finished(state: WalkState) -> SoftmaxBlock:
         bias_after_mask=state.bias_after_mask,
         nodes=tuple(state.nodes),
         pattern="→".join(list(reversed(scores)) + [state.ops[0]] + probs),
+        heads_split=state.heads_split,
+        split_biases=state.split_biases,
+        split_masks=state.split_masks,
     )
 
 
@@ -158,6 +207,15 @@ def describe(block: SoftmaxBlock) -> dict[str, object]:
         parts.append("bias after mask")
     if block.nan_guard:
         parts.append("NaN guard")
+    if block.heads_split is not None:
+        return {
+            "pattern": block.pattern,
+            "heads": block.heads_split,
+            "kv_heads": block.heads_split,
+            "head_dim": q_shape[-1] if q_shape else None,
+            "scale": block.scale,
+            "mask": ", ".join(parts) or "none",
+        }
     return {
         "pattern": block.pattern,
         "heads": q_shape[1] if four_d else ("B·H" if block.rank == 3 else None),
@@ -228,10 +286,22 @@ class _Causal:
 def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
     """The causal proof of block's [B, 1, Sq, Sk] bias or mask; the step that failed where it does
     not hold; None where the block has no single query-dependent bias or mask to read."""
-    if block.rank != 4 or block.bias_after_mask or len(block.biases) + len(block.masks) != 1:
+    if block.bias_after_mask:
         return None
-    as_mask = bool(block.masks)
-    candidate, marks_masked = block.masks[0] if as_mask else (block.biases[0], False)
+    q, k, k_perm = block.q, block.k, block.k_perm
+    if block.heads_split is not None:
+        # the one bias or mask of the [B, H, Sq, Sk] view; its rows and keys are the view's
+        biases, masks = block.biases[: block.split_biases], block.masks[: block.split_masks]
+        q = k = u.operand(next(n for n in block.nodes if n.op_type == "Softmax"), 0)
+        k_perm = [0, 1, 3, 2]
+    elif block.rank == 4:
+        biases, masks = block.biases, block.masks
+    else:
+        return None
+    if len(biases) + len(masks) != 1:
+        return None
+    as_mask = bool(masks)
+    candidate, marks_masked = masks[0] if as_mask else (biases[0], False)
     dims = u.value_shape(candidate)
     if dims is None or len(dims) < 2 or dims[-2] == 1:
         return None  # no query dim: a key padding mask already
@@ -241,9 +311,9 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
             as_mask=as_mask,
             marks_masked=marks_masked,
             block_fill=block.mask_fill,
-            q=block.q,
-            k=block.k,
-            k_perm=block.k_perm,
+            q=q,
+            k=k,
+            k_perm=k_perm,
         )
     except causal_mask.NoFrontier:
         return None  # no key position compared with a query position: not a causal mask
@@ -278,6 +348,8 @@ def _compares_positions(value: ir.Value, depth: int = 24) -> bool:
 def _call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None = None) -> FlashAttentionCall:
     """The block as a FlashAttentionCall, writing the reshapes and combinations it needs; with a
     causal proof, is_causal and the padding part instead of the block's [B, 1, Sq, Sk] tensor."""
+    if block.heads_split is not None:
+        return _split_call(e, block, causal)
     k = block.k if block.k_perm is None else e.transpose(block.k, block.k_perm)
     q = _q_of_full_batch(e, block)
     v = block.v if block.v_perm is None else e.transpose(block.v, block.v_perm)
@@ -333,6 +405,65 @@ def _call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None = None) -> Fla
     )
 
 
+def _heads_view(e: Emitter, x: ir.Value, heads: int) -> ir.Value:
+    """[B·H, S, D] viewed as [B, H, S, D]."""
+    tail = e.node("Slice", [e.shape(x), e.i64([1]), e.i64([3])])
+    return e.node("Reshape", [x, e.node("Concat", [e.i64([-1, heads]), tail], axis=0)])
+
+
+def _split_call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None) -> FlashAttentionCall:
+    """A per-batch·head block with a [B, H, Sq, Sk] view around its Softmax, as a 4D call:
+    Q, K, V and the per-batch·head biases and masks viewed as [B, H, ...] (read_block proved
+    their rows are B·H, or one), those of the 4D view as they are; with a causal proof of the
+    4D view's one bias or mask, is_causal and its padding part instead of it."""
+    heads = block.heads_split
+    assert heads is not None
+
+    def per_head(x: ir.Value) -> ir.Value:
+        if u.rank(x) != 3:
+            return x  # rank 2 or less: broadcasts over [B, H] as over [B·H]
+        rows = causal_mask.proved_dims(x)  # as _check_head_split read them: B·H or 1
+        return e.unsqueeze(x, [0]) if rows is not None and rows[0] == 1 else _heads_view(e, x, heads)
+
+    k = block.k if block.k_perm is None else e.transpose(block.k, block.k_perm)
+    v = block.v if block.v_perm is None else e.transpose(block.v, block.v_perm)
+    biases = [per_head(e.cast(b, ir.DataType.FLOAT)) for b in block.biases[block.split_biases :]]
+    masks = [(per_head(c), inverted) for c, inverted in block.masks[block.split_masks :]]
+    mask_fill = -math.inf if block.mask_fill is None else block.mask_fill
+    is_causal = 0
+    if causal is None:
+        biases += [e.cast(b, ir.DataType.FLOAT) for b in block.biases[: block.split_biases]]
+        masks += list(block.masks[: block.split_masks])
+    else:  # the 4D view's one bias or mask becomes is_causal and its padding part
+        is_causal, mask_fill = causal.proof.is_causal, causal.proof.mask_fill
+        padding = causal_mask.write_padding(e, causal.proof.padding)
+        if padding is not None and causal.as_mask:
+            masks.append((padding, causal.marks_masked))
+        elif padding is not None:
+            biases.append(e.cast(padding, ir.DataType.FLOAT))
+    bias = None
+    for b in biases:
+        bias = b if bias is None else e.node("Add", [bias, b])
+    mask = None
+    for cond, inverted in masks:
+        keep = e.node("Not", [cond]) if inverted else cond
+        mask = keep if mask is None else e.node("And", [mask, keep])
+    return FlashAttentionCall(
+        q=_heads_view(e, block.q, heads),
+        k=_heads_view(e, k, heads),
+        v=_heads_view(e, v, heads),
+        dtype=u.dtype(block.q),
+        scale=block.scale,
+        bias=bias,
+        mask=mask,
+        is_causal=is_causal,
+        mask_fill=mask_fill,
+        masked_rows="zero" if block.nan_guard else "nan",
+        softcap=block.softcap,
+        bias_after_mask=block.bias_after_mask,
+    )
+
+
 def fuse_softmax_blocks(
     graph: ir.Graph, opset: int, policy: SoftmaxPolicy, first_row: int, prove_causal: bool = True
 ) -> list[Block]:
@@ -359,7 +490,12 @@ def fuse_softmax_blocks(
         causal = proved_causal(block) if prove_causal else None
         proof = causal if isinstance(causal, _Causal) else None
         out = write_call(e, _call(e, block, proof), policy, block_id=str(row), replaces=block.output.name or "")
-        if block.rank == 3:
+        if block.heads_split is not None:  # [B, H, Sq, Dv] back to the [B·H, Sq, Dv] P·V wrote
+            out = e.node(
+                "Reshape",
+                [out, e.node("Concat", [e.i64([-1]), e.node("Slice", [e.shape(out), e.i64([2]), e.i64([4])])], axis=0)],
+            )
+        elif block.rank == 3:
             out = e.squeeze(out, [1])
         replace_output(graph, block.output, out)
         kept = scores_kept(block)

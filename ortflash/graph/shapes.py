@@ -15,6 +15,7 @@ elementwise ops back to a static size. Proofs read as onnxscript's ``check_shape
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,15 @@ def times(d: Dim, factor: int) -> Dim:
     return d if factor == 1 else Scaled(d, factor)
 
 
+def divided(d: Dim, divisor: int) -> Dim:
+    """d / divisor as a dim term where it divides exactly (integer division of a size)."""
+    if isinstance(d, int):
+        return d // divisor if d % divisor == 0 else None
+    if isinstance(d, Scaled) and d.factor % divisor == 0:
+        return times(d.dim, d.factor // divisor)
+    return d if divisor == 1 else None
+
+
 def _inferred_dims(value: ir.Value) -> list[Dim] | None:
     shape = u.value_shape(value)
     if shape is None:
@@ -83,12 +93,36 @@ _PASS_THROUGH = ("Cast", "Identity", "Neg", "Sqrt", "Exp", "Tanh", "Erf", "Sigmo
 _BROADCASTING = ("Mul", "Div", "Add", "Sub", "Where", "Pow")
 
 
+# One reading's answers, by (id(value), axis): the graph does not change while one top-level
+# resolved_dim or dims_of call reads it, and rotary embeddings reach one tensor through both
+# halves of a Concat at every layer, which without it is read again on every path.
+_READING: contextvars.ContextVar[dict[tuple[int, int], tuple[int, Dim]] | None] = contextvars.ContextVar(
+    "ortflash_shapes_reading", default=None
+)
+
+
 def resolved_dim(value: ir.Value | None, axis: int, depth: int = u.MAX_DEPTH) -> Dim:
     """value's size along axis. Beyond shape inference it follows Transposes, Reshapes with
     computed shapes and broadcasting elementwise ops back to a static size (TorchScript exports
     reshape heads as [B, S, -1, D] from runtime shapes, which inference leaves open)."""
     if value is None:
         return None
+    memo = _READING.get()
+    if memo is None:
+        token = _READING.set({})
+        try:
+            return resolved_dim(value, axis, depth)
+        finally:
+            _READING.reset(token)
+    key = (id(value), axis)
+    found = memo.get(key)
+    # a static size is final; another answer is reused only where it was read at least as deep
+    if found is None or not (isinstance(found[1], int) or found[0] >= depth):
+        found = memo[key] = (depth, _resolved_dim(value, axis, depth))
+    return found[1]
+
+
+def _resolved_dim(value: ir.Value, axis: int, depth: int) -> Dim:
     dims = _inferred_dims(value)
     d: Dim = dims[axis] if dims is not None and axis < len(dims) else None
     if isinstance(d, int) or depth <= 0:
@@ -111,9 +145,58 @@ def resolved_dim(value: ir.Value | None, axis: int, depth: int = u.MAX_DEPTH) ->
         found = resolved_dim(node.inputs[0], axis, depth - 1)
     elif node.op_type in _BROADCASTING:
         found = _broadcast_dim(node, value, axis, depth)
+    elif node.op_type == "Concat":
+        found = _concatenated_dim(node, value, axis, depth)
+    elif node.op_type == "Slice":
+        found = _sliced_dim(node, value, axis, depth)
     if isinstance(found, int) or isinstance(d, str):
         return found if isinstance(found, int) else d
     return found if found is not None else d
+
+
+def _concatenated_dim(node: ir.Node, value: ir.Value, axis: int, depth: int) -> Dim:
+    """Concat's output along axis: off the concatenation axis every input has the output's size
+    (so one static input size proves it: rotate-half rotary embeddings concatenate halves of the
+    head dim, which shape inference leaves symbolic); along it, the sum of static sizes."""
+    rank = u.rank(value)
+    cat = u.attr_int(node, "axis", 0)
+    if rank is None or not -rank <= cat < rank or not node.inputs:
+        return None
+    if axis != cat % rank:  # the first input whose size is static (read lazily: the inputs share sources)
+        found = (resolved_dim(x, axis, depth - 1) for x in node.inputs if x is not None)
+        return next((d for d in found if isinstance(d, int)), None)
+    total = 0
+    for x in node.inputs:
+        d = resolved_dim(x, axis, depth - 1) if x is not None else None
+        if not isinstance(d, int):
+            return None
+        total += d
+    return total
+
+
+def _sliced_dim(node: ir.Node, value: ir.Value, axis: int, depth: int) -> Dim:
+    """Slice's output along axis (opset 10+: starts, ends, axes and steps as inputs): the input's
+    size where axis is not sliced; where it is, the length of the slice of a static size with
+    constant bounds (ONNX clamps the bounds as Python's slices do)."""
+    rank = u.rank(value)
+    if rank is None or len(node.inputs) < 3:
+        return None
+    axes = _const_list(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    if axes is None and len(node.inputs) > 3 and node.inputs[3] is not None:
+        return None  # axes computed at run time
+    positions = [a % rank for a in axes] if axes is not None else list(range(len(_const_list(node.inputs[1]) or [])))
+    if axis not in positions:
+        return resolved_dim(node.inputs[0], axis, depth - 1) if axes is not None else None
+    i = positions.index(axis)
+    starts, ends = _const_list(node.inputs[1]), _const_list(node.inputs[2])
+    steps = _const_list(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+    size = resolved_dim(node.inputs[0], axis, depth - 1)
+    if not isinstance(size, int) or starts is None or ends is None or len(starts) != len(positions):
+        return None
+    step = steps[i] if steps is not None and len(steps) == len(positions) else 1
+    if steps is not None and len(steps) != len(positions) or step <= 0:
+        return None  # negative steps clamp differently from Python's slices at the ends
+    return len(range(size)[slice(starts[i], ends[i], step)])
 
 
 def _expanded_dim(node: ir.Node, value: ir.Value, axis: int, depth: int) -> Dim:
@@ -147,6 +230,11 @@ def _broadcast_dim(node: ir.Node, value: ir.Value, axis: int, depth: int) -> Dim
         return found.pop()
     if sizes and all(s == 1 for s in sizes):
         return 1
+    # Symbolic: where every operand that is not proved 1 has one and the same term, that term is
+    # the output's size (if it is 1 at run time, so is the output).
+    terms = [s for s in sizes if s != 1]
+    if terms and not found and all(same_dim(terms[0], s) for s in terms):
+        return terms[0]
     return None
 
 
@@ -155,6 +243,12 @@ def dims_of(value: ir.Value | None, depth: int = u.MAX_DEPTH) -> list[Dim] | Non
     r = u.rank(value)
     if value is None or r is None:
         return None
+    if _READING.get() is None:
+        token = _READING.set({})
+        try:
+            return [resolved_dim(value, i, depth) for i in range(r)]
+        finally:
+            _READING.reset(token)
     return [resolved_dim(value, i, depth) for i in range(r)]
 
 
@@ -194,6 +288,13 @@ def shape_vector(value: ir.Value | None, depth: int = u.MAX_DEPTH) -> list[Dim] 
             return None
     if op == "Where":
         return _unless_minus_one(node, depth)
+    if op == "Slice" and len(node.inputs) >= 3:  # a part of a shape: Shape(x)[1:3]
+        data = shape_vector(node.inputs[0], depth - 1)
+        starts, ends = _const_list(node.inputs[1]), _const_list(node.inputs[2])
+        axes = _const_list(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
+        steps = _const_list(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+        if data is not None and starts and ends and len(starts) == 1 and axes in ([0], [-1]) and steps == [1]:
+            return data[starts[0] : ends[0]]  # ONNX clamps the bounds as Python does for step 1
     return None
 
 
