@@ -9,6 +9,8 @@ Run with the torch venv (never in CI; the exports stay out of git):
     /work/zooenv/bin/python models/outside_models.py --out /tmp/outside --check after.jsonl \
         --ortflash .venv/bin/ortflash          # optimize --verify x 3 targets, one JSON row each
     /work/zooenv/bin/python models/outside_models.py --table before.jsonl after.jsonl
+    HF_HUB_OFFLINE=1 PATH=/work/optenv/bin:$PATH /work/optenv/bin/python models/outside_models.py \
+        --optimum --out /tmp/optmodels       # optimum-cli exports (optimum-onnx 0.1.0, transformers 4.57)
 
 Each model is built from a `transformers` config (random weights, never downloaded), exported
 with the same helpers as the zoo (`models/generate.py`: TorchScript opset 17 and dynamo; eager
@@ -381,6 +383,176 @@ def build_t5_decoder_cache(attn_impl: str) -> torch.nn.Module:
     return BartDecoderCacheWrapper(_perturb_constant_params(T5Stack(_set_impl(cfg, attn_impl))))
 
 
+def _causal_lm(config_name: str, model_name: str, attn_impl: str, **kw: object) -> torch.nn.Module:
+    """A decoder-only model without a cache: input_ids + attention_mask -> last_hidden_state."""
+    import transformers
+
+    cfg = getattr(transformers, config_name)(
+        vocab_size=VOCAB, use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0, **kw
+    )
+    return EncoderWrapper(_perturb_constant_params(getattr(transformers, model_name)(_set_impl(cfg, attn_impl))))
+
+
+def build_gpt_neox(attn_impl: str) -> torch.nn.Module:
+    # partial rotary (rotary_pct 0.25), fused qkv projection viewed per head
+    return _causal_lm(
+        "GPTNeoXConfig",
+        "GPTNeoXModel",
+        attn_impl,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=16,
+        rotary_pct=0.25,
+        max_position_embeddings=128,
+        initializer_range=INIT_STD,
+    )
+
+
+def build_gpt_bigcode(attn_impl: str) -> torch.nn.Module:
+    # multi-query attention: K and V of one head, Q's heads folded into its rows
+    return _causal_lm(
+        "GPTBigCodeConfig",
+        "GPTBigCodeModel",
+        attn_impl,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_inner=16,
+        n_positions=128,
+        multi_query=True,
+        initializer_range=INIT_STD,
+    )
+
+
+def build_codegen(attn_impl: str) -> torch.nn.Module:
+    return _causal_lm(
+        "CodeGenConfig",
+        "CodeGenModel",
+        attn_impl,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_inner=16,
+        rotary_dim=8,
+        n_positions=128,
+        n_ctx=128,
+        initializer_range=INIT_STD,
+    )
+
+
+def build_stablelm(attn_impl: str) -> torch.nn.Module:
+    return _causal_lm(
+        "StableLmConfig",
+        "StableLmModel",
+        attn_impl,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=16,
+        partial_rotary_factor=0.25,
+        max_position_embeddings=128,
+        initializer_range=INIT_STD,
+    )
+
+
+def build_mixtral(attn_impl: str) -> torch.nn.Module:
+    return _causal_lm(
+        "MixtralConfig",
+        "MixtralModel",
+        attn_impl,
+        **{k: v for k, v in SMALL.items() if k != "vocab_size"},
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        max_position_embeddings=128,
+        sliding_window=None,
+        initializer_range=INIT_STD,
+    )
+
+
+def build_mpt(attn_impl: str) -> torch.nn.Module:
+    # ALiBi bias; no sdpa in transformers
+    return _causal_lm(
+        "MptConfig",
+        "MptModel",
+        attn_impl,
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        expansion_ratio=1,
+        max_seq_len=128,
+        initializer_range=INIT_STD,
+    )
+
+
+def build_deit(attn_impl: str) -> torch.nn.Module:
+    from transformers import DeiTConfig, DeiTModel
+
+    cfg = DeiTConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=16,
+        image_size=SIGLIP_IMAGE,
+        patch_size=SIGLIP_PATCH,
+        num_channels=3,
+        initializer_range=INIT_STD,
+    )
+    return PixelWrapper(_perturb_constant_params(DeiTModel(_set_impl(cfg, attn_impl), add_pooling_layer=False)))
+
+
+def build_swin(attn_impl: str) -> torch.nn.Module:
+    from transformers import SwinConfig, SwinModel
+
+    # 32x32 image, patch 4 -> 8x8 tokens, window 4: shifted windows and a relative position bias
+    cfg = SwinConfig(
+        image_size=SIGLIP_IMAGE,
+        patch_size=4,
+        num_channels=3,
+        embed_dim=16,
+        depths=[2],
+        num_heads=[2],
+        window_size=4,
+        mlp_ratio=1.0,
+        initializer_range=INIT_STD,
+    )
+    return PixelWrapper(_perturb_constant_params(SwinModel(_set_impl(cfg, attn_impl), add_pooling_layer=False)))
+
+
+class AudioWrapper(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.m = model
+
+    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
+        return self.m(input_values=input_values).last_hidden_state
+
+
+AUDIO_SAMPLES = 800
+
+
+def build_wav2vec2(attn_impl: str) -> torch.nn.Module:
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    cfg = Wav2Vec2Config(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=16,
+        conv_dim=(16, 16),
+        conv_stride=(5, 4),
+        conv_kernel=(10, 4),
+        num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2,
+        do_stable_layer_norm=True,
+        initializer_range=INIT_STD,
+    )
+    return AudioWrapper(_perturb_constant_params(Wav2Vec2Model(_set_impl(cfg, attn_impl))))
+
+
 def _pixel_input() -> InputSpec:
     return InputSpec(
         "pixel_values",
@@ -462,6 +634,44 @@ ARCHS: list[Arch] = [
         {"fixed_seq": (SIGLIP_IMAGE // SIGLIP_PATCH) ** 2},
         {"self": 2},
     ),
+    _text("gpt_neox", build_gpt_neox, 4, 4, 16, True, "partial rotary, fused qkv", {"causal_self": 2}),
+    _text("gpt_bigcode", build_gpt_bigcode, 4, 1, 16, True, "multi-query (1 KV head)", {"causal_self": 2}),
+    _text("codegen", build_codegen, 4, 4, 16, True, "partial rotary, mp_num qkv split", {"causal_self": 2}),
+    _text("stablelm", build_stablelm, 4, 2, 16, True, "partial rotary, GQA 4/2", {"causal_self": 2}),
+    _text("mixtral", build_mixtral, 4, 2, 16, True, "MoE MLP, GQA 4/2", {"causal_self": 2}),
+    _text("mpt", build_mpt, 4, 4, 16, True, "ALiBi bias", {"causal_self": 2}),
+    *(
+        Arch(
+            name,
+            build,
+            [_pixel_input()],
+            ["last_hidden_state"],
+            2,
+            2,
+            dim,
+            False,
+            notes,
+            {"fixed_seq": seq},
+            {"self": blocks},
+        )
+        for name, build, dim, seq, blocks, notes in (
+            ("deit", build_deit, 32, (SIGLIP_IMAGE // SIGLIP_PATCH) ** 2 + 2, 2, "vision encoder, cls + distillation"),
+            ("swin", build_swin, 8, 16, 2, "window attention, relative position bias, shifted-window mask"),
+        )
+    ),
+    Arch(
+        "wav2vec2",
+        build_wav2vec2,
+        [InputSpec("input_values", "input_values", "float32", ["batch", AUDIO_SAMPLES], {"distribution": "normal"})],
+        ["last_hidden_state"],
+        2,
+        2,
+        32,
+        False,
+        "audio encoder, conv features, no mask",
+        {"fixed_seq": 39},
+        {"self": 2},
+    ),
     _cache_arch("qwen3_cache", build_qwen3_cache, 4, 2, 16, "Qwen3 decoder, q/k RMSNorm"),
     _cache_arch("smollm3_cache", build_smollm3_cache, 4, 1, 16, "SmolLM3 decoder, NoPE layer"),
     _cache_arch("phi3_cache", build_phi3_cache, 4, 2, 16, "Phi-3 decoder"),
@@ -530,6 +740,119 @@ def _bart_feeds(arch: Arch, batch: int, seq: int, dec_seq: int, pad: int, rng: o
     if pad and batch > 1:
         feeds["encoder_attention_mask"][-1, enc - min(pad, enc - 1) :] = 0
     return feeds
+
+
+# Exports made as people ship them: tiny random models saved with save_pretrained, exported by
+# `optimum-cli export onnx` (optimum-onnx 0.1.0 needs transformers < 4.58: run in its own venv,
+# e.g. /work/optenv, with HF_HUB_OFFLINE=1). (task, config class, model class, config)
+OPTIMUM_MODELS: dict[str, tuple[str, str, str, dict[str, object]]] = {
+    "gpt2": (
+        "text-generation-with-past",
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        {
+            "n_positions": 128,
+            "n_embd": 64,
+            "n_layer": 2,
+            "n_head": 2,
+            "n_inner": 16,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+    ),
+    "llama": (
+        "text-generation-with-past",
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            **{k: v for k, v in SMALL.items() if k != "vocab_size"},
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 128,
+            "pad_token_id": 0,
+        },
+    ),
+    "whisper": (
+        "automatic-speech-recognition-with-past",
+        "WhisperConfig",
+        "WhisperForConditionalGeneration",
+        {
+            "d_model": 64,
+            "encoder_layers": 1,
+            "decoder_layers": 1,
+            "encoder_attention_heads": 2,
+            "decoder_attention_heads": 2,
+            "encoder_ffn_dim": 16,
+            "decoder_ffn_dim": 16,
+            "num_mel_bins": 16,
+            "max_source_positions": 1500,  # optimum's dummy input is 3000 mel frames
+            "max_target_positions": 64,
+            "pad_token_id": 1,
+            "bos_token_id": 0,
+            "eos_token_id": 2,
+            "decoder_start_token_id": 0,
+            "begin_suppress_tokens": None,
+            "suppress_tokens": None,
+        },
+    ),
+    "t5": (
+        "text2text-generation-with-past",
+        "T5Config",
+        "T5ForConditionalGeneration",
+        {"d_model": 64, "d_kv": 32, "d_ff": 16, "num_layers": 1, "num_decoder_layers": 1, "num_heads": 2},
+    ),
+    "marian": (
+        "text2text-generation-with-past",
+        "MarianConfig",
+        "MarianMTModel",
+        {
+            "d_model": 64,
+            "encoder_layers": 1,
+            "decoder_layers": 1,
+            "encoder_attention_heads": 2,
+            "decoder_attention_heads": 2,
+            "encoder_ffn_dim": 16,
+            "decoder_ffn_dim": 16,
+            "max_position_embeddings": 128,
+            "pad_token_id": VOCAB - 1,
+            "decoder_start_token_id": VOCAB - 1,
+            "eos_token_id": 0,
+        },
+    ),
+    "bert": (
+        "feature-extraction",
+        "BertConfig",
+        "BertModel",
+        {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 16},
+    ),
+}
+
+
+def optimum_exports(outdir: Path) -> None:
+    """Every OPTIMUM_MODELS entry saved under OUT/src/NAME and exported with optimum-cli into
+    OUT/optimum_NAME_FILE.onnx (decoder_model, decoder_with_past_model, decoder_model_merged with
+    an If, encoder_model; or one model.onnx with past inputs)."""
+    import shutil
+    import subprocess
+
+    import transformers
+
+    torch.manual_seed(0)
+    for name, (task, config_name, model_name, kw) in OPTIMUM_MODELS.items():
+        src, out = outdir / "src" / name, outdir / "export" / name
+        config = getattr(transformers, config_name)(vocab_size=VOCAB, **kw)
+        getattr(transformers, model_name)(config).save_pretrained(src)
+        done = subprocess.run(
+            ["optimum-cli", "export", "onnx", "--model", str(src), "--task", task, str(out)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode:
+            print(f"{name}: optimum-cli failed: {(done.stderr.strip().splitlines() or [''])[-1]}")
+            continue
+        for f in sorted(out.glob("*.onnx")):
+            shutil.copy(f, outdir / f"optimum_{name}_{f.name}")
+            print(f"optimum_{name}_{f.name}")
 
 
 TARGETS = ("ortflash", "contrib", "onnx")
@@ -618,7 +941,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--check", metavar="ROWS.jsonl", help="do not export: run ortflash on every OUT/*.onnx")
     ap.add_argument("--ortflash", default="ortflash", help="the ortflash command, e.g. .venv/bin/ortflash")
     ap.add_argument("--table", nargs=2, metavar=("BEFORE.jsonl", "AFTER.jsonl"), help="print two checks' rows")
+    ap.add_argument("--optimum", action="store_true", help="export OPTIMUM_MODELS with optimum-cli into --out")
     args = ap.parse_args(argv)
+    if args.optimum:
+        optimum_exports(Path(args.out))
+        return
     if args.table:
         print(table(Path(args.table[0]), Path(args.table[1])))
         return

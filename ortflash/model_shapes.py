@@ -43,11 +43,60 @@ def unknown_ranks(model: onnx.ModelProto) -> list[str]:
     return missing
 
 
+def _reused_names(model: onnx.ModelProto) -> list[dict[str, str]]:
+    """Per graph (graphs_of order), its values whose names an earlier graph computes too (an If's
+    branches: Optimum's merged decoders), each with a name no graph uses; empty where none is."""
+    taken = {name for graph in graphs_of(model.graph) for node in graph.node for name in node.output}
+    seen: set[str] = set()
+    renames: list[dict[str, str]] = []
+    for k, graph in enumerate(graphs_of(model.graph)):
+        names = [name for node in graph.node for name in node.output if name]
+        renamed: dict[str, str] = {}
+        for name in names:
+            if name in seen:
+                fresh, n = f"{name}__graph{k}", 0
+                while fresh in taken:
+                    n += 1
+                    fresh = f"{name}__graph{k}_{n}"
+                taken.add(fresh)
+                renamed[name] = fresh
+        seen.update(names)
+        renames.append(renamed)
+    return renames if any(renames) else []
+
+
+def _rename(graph: onnx.GraphProto, names: dict[str, str]) -> None:
+    """Rename values of graph, and the reads of them in the subgraphs nested in it."""
+    for node in graph.node:
+        node.input[:] = [names.get(x, x) for x in node.input]
+        node.output[:] = [names.get(x, x) for x in node.output]
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                _rename(sub, names)
+    for vi in [*graph.output, *graph.value_info]:
+        vi.name = names.get(vi.name, vi.name)
+
+
 def _onnx_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """ONNX shape inference with data propagation. That propagation keeps the shape data it
+    computes by value name across graphs, so where two graphs compute values of one name (an If's
+    branches) a branch's Reshape reads its sibling's target (onnx 1.23: a [B, -1, H, D] view given
+    the rank 3 of the other branch's [B, S, E]): those values are renamed apart for the inference
+    and their names restored in its result."""
+    renames = _reused_names(model)
+    if renames:
+        apart = onnx.ModelProto()
+        apart.CopyFrom(model)
+        for graph, names in zip(list(graphs_of(apart.graph)), renames):
+            _rename(graph, names)
+        model = apart
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - the inference raises several types on models it cannot follow
         return None
+    for graph, names in zip(list(graphs_of(inferred.graph)), renames):
+        _rename(graph, {fresh: name for name, fresh in names.items()})
+    return inferred
 
 
 def _symbolic_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:

@@ -461,8 +461,9 @@ class _Reader:
         if op == "Tile":  # rotary tables repeated along the head dim (GPT-J's interleaved sin/cos)
             tiled_in, repeats = self.dims_of(_inp(node, 0), depth - 1), self.vector(_inp(node, 1), depth - 1)
             if tiled_in is not None and repeats is not None and len(tiled_in) == len(repeats):
+                # a size-1 axis tiled n times is n long (position ids tiled over the batch)
                 tiled = [
-                    d if n == 1 else shapes.times(d, n) if isinstance(n, int) else None
+                    d if n == 1 else n if d == 1 else shapes.times(d, n) if isinstance(n, int) else None
                     for d, n in zip(tiled_in, repeats)
                 ]
                 if all(d is not None for d in tiled):
@@ -870,14 +871,24 @@ def _read_identity(r: _Reader, node: ir.Node, depth: int) -> Abstract:
 
 
 def _read_range(r: _Reader, node: ir.Node, depth: int) -> Abstract:
-    start, delta = (u.const_array(node.inputs[i]) for i in (0, 2))
-    if start is None or delta is None or int(start.reshape(())) != 0 or int(delta.reshape(())) != 1:
-        raise NotProved("a Range that does not start at 0 with step 1")
-    n = r.scalar(_inp(node, 1))
-    if n is None:
-        raise NotProved("a Range whose length is not a dim of the graph")
-    r.dim_values.setdefault(n, _inp(node, 1))
-    return _normalise((n,), Lin.of({("x", 0): 1}), u.dtype(node.outputs[0]) or ir.DataType.INT64)
+    delta = u.const_array(node.inputs[2])
+    if delta is None or delta.size != 1 or int(delta.reshape(())) != 1:
+        raise NotProved("a Range whose step is not the constant 1")
+    dtype = u.dtype(node.outputs[0]) or ir.DataType.INT64
+    start = u.const_array(node.inputs[0])
+    if start is not None and start.size == 1 and int(start.reshape(())) == 0:
+        n = r.scalar(_inp(node, 1))
+        if n is None:
+            raise NotProved("a Range whose length is not a dim of the graph")
+        r.dim_values.setdefault(n, _inp(node, 1))
+        return _normalise((n,), Lin.of({("x", 0): 1}), dtype)
+    # Range(start, limit): the positions of new tokens after a cache (cache_position = Range(past,
+    # past + new)); element x is start + x, and there are limit - start of them
+    first, limit = _dim_lin(r.scalar(_inp(node, 0))), r.scalar(_inp(node, 1))
+    n = _dim_sum([limit, r.scalar(_inp(node, 0))], [1, -1]) if first is not None else None
+    if first is None or n is None:
+        raise NotProved("a Range whose start and length (limit - start) are not dims of the graph")
+    return _normalise((n,), Lin.of({("x", 0): 1}).plus(first), dtype)
 
 
 def _read_unsqueeze(r: _Reader, node: ir.Node, depth: int) -> Abstract:

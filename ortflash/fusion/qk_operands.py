@@ -32,11 +32,30 @@ class QKOperands:
 def scaled_q(q: ir.Value) -> tuple[ir.Value, float, str]:
     """(q, factor, label) with constant Mul/Div factors on q folded into factor."""
     scale, label = 1.0, "q"
-    while (p := u.producer(q, ("Mul", "Div"))) is not None and (found := try_scale(p, q)) is not None:
+    while (p := u.producer(q, ("Mul", "Div", "Add", "Identity"))) is not None:
+        if p.op_type in ("Add", "Identity"):
+            # Paddle's scale op is x·s + b, written Add(Mul(x, s), 0) and followed by an Identity
+            passed = _added_zero(p) if p.op_type == "Add" else u.operand(p, 0)
+            if passed is None:
+                break
+            q = passed
+            continue
+        found = try_scale(p, q)
+        if found is None:
+            break
         factor, q = found
         scale *= factor
         label = f"{p.op_type}({label})"
     return q, scale, label
+
+
+def _added_zero(node: ir.Node) -> ir.Value | None:
+    """x when node is Add(x, 0) with a constant zero that does not broadcast x to more dims."""
+    a, b = u.operand(node, 0), u.operand(node, 1)
+    for x, c in ((a, b), (b, a)):
+        if x is not None and u.scalar(c) == 0.0 and (u.const_rank(c) or 0) <= (u.rank(x) or 0):
+            return x
+    return None
 
 
 def take_qk(node: ir.Node, m: WalkState, read: QKOperands, dry_run: bool) -> None:

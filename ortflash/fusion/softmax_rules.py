@@ -103,6 +103,35 @@ class FloatCast(Rule):
         return u.operand(node, 0)
 
 
+def inference_identity(node: ir.Node) -> bool:
+    """node passes its input through unchanged at inference: Identity, or Dropout not in training
+    mode (no training_mode input, or a constant false one) whose mask output nothing reads.
+    Paddle2ONNX writes a model's dropouts as Identity, other exporters as Dropout."""
+    if node.op_type == "Identity":
+        return True
+    if node.op_type != "Dropout":
+        return False
+    training = node.inputs[2] if len(node.inputs) > 2 else None
+    if training is not None and u.scalar(training) != 0.0:
+        return False
+    mask = node.outputs[1] if len(node.outputs) > 1 else None
+    return mask is None or (not mask.consumers() and not mask.is_graph_output())
+
+
+class InferenceIdentity(Rule):
+    """Identity, or Dropout at inference, on the scores."""
+
+    op_types = ("Identity", "Dropout")
+
+    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        if not inference_identity(node):
+            raise NotFused(f"Dropout {node.name} may be in training mode, or its mask is read")
+
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        m.add(node)
+        return u.operand(node, 0)
+
+
 class BooleanMask(Rule):
     """where(mask, scores, fill) or where(masked_out, fill, scores), fill a constant."""
 
@@ -356,6 +385,7 @@ class ScoresHeadSplit(Rule):
 
 SCORE_RULES: tuple[Rule, ...] = (
     FloatCast(),
+    InferenceIdentity(),
     BooleanMask(),
     AdditiveBias(),
     Softcap(),
@@ -418,6 +448,14 @@ def _transpose_via_3d(outer: ir.Node) -> ir.Value | None:
 
 
 class ProbsCast(FloatCast):
+    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+        m.add(node)
+        return node.outputs[0]
+
+
+class ProbsInferenceIdentity(InferenceIdentity):
+    """Identity, or attention dropout at inference, between the Softmax and P·V."""
+
     def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         m.add(node)
         return node.outputs[0]
@@ -516,7 +554,14 @@ class RowMaxGuard(Rule):
         return node.outputs[0]
 
 
-PROBS_RULES: tuple[Rule, ...] = (ProbsCast(), NanGuard(), RowMaxGuard(), ProbsHeadMerge(), ProbsMatMulV())
+PROBS_RULES: tuple[Rule, ...] = (
+    ProbsCast(),
+    ProbsInferenceIdentity(),
+    NanGuard(),
+    RowMaxGuard(),
+    ProbsHeadMerge(),
+    ProbsMatMulV(),
+)
 
 
 def softmax_axis_is_last(node: ir.Node, opset: int) -> None:

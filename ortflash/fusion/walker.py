@@ -281,11 +281,19 @@ class _Causal:
     proof: causal_mask.CausalProof
     as_mask: bool
     marks_masked: bool
+    replaced: ir.Value  # the bias or mask condition that is_causal and the padding part replace
+
+
+def _has_query_dim(x: ir.Value) -> bool:
+    dims = u.value_shape(x)
+    return dims is not None and len(dims) >= 2 and dims[-2] != 1
 
 
 def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
     """The causal proof of block's [B, 1, Sq, Sk] bias or mask; the step that failed where it does
-    not hold; None where the block has no single query-dependent bias or mask to read."""
+    not hold; None where the block has no single query-dependent bias or mask to read. With
+    several biases and masks, the one query-dependent tensor that compares positions is read and
+    the others stay (MPT: an ALiBi bias [1, H, 1, Sk] and a causal + padding mask)."""
     if block.bias_after_mask:
         return None
     q, k, k_perm = block.q, block.k, block.k_perm
@@ -298,12 +306,17 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
         biases, masks = block.biases, block.masks
     else:
         return None
-    if len(biases) + len(masks) != 1:
+    read: list[tuple[ir.Value, bool, bool]] = [(b, False, False) for b in biases]
+    read += [(c, True, marks) for c, marks in masks]
+    if len(read) > 1:
+        read = [r for r in read if _has_query_dim(r[0]) and _compares_positions(r[0])]
+        # a bias proved causal sets the fill of the op's masks: only alone, or beside masks of that fill
+        if len(read) == 1 and not read[0][1] and masks:
+            return None
+    if len(read) != 1:
         return None
-    as_mask = bool(masks)
-    candidate, marks_masked = masks[0] if as_mask else (biases[0], False)
-    dims = u.value_shape(candidate)
-    if dims is None or len(dims) < 2 or dims[-2] == 1:
+    candidate, as_mask, marks_masked = read[0]
+    if not _has_query_dim(candidate):
         return None  # no query dim: a key padding mask already
     try:
         proof = causal_mask.prove(
@@ -321,7 +334,7 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
         if not _compares_positions(candidate):
             return None
         return f"not proved causal: {why}"
-    return _Causal(proof, as_mask, marks_masked)
+    return _Causal(proof, as_mask, marks_masked, candidate)
 
 
 _COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Trilu")
@@ -357,28 +370,11 @@ def _call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None = None) -> Fla
         k, v = _kv_of_one_head_count(e, block, k, v)
     if block.rank == 3:
         q, k, v = (e.unsqueeze(x, [1]) for x in (q, k, v))
-    if causal is not None:
-        padding = causal_mask.write_padding(e, causal.proof.padding)
-        mask = None
-        if causal.as_mask and padding is not None:
-            mask = e.node("Not", [padding]) if causal.marks_masked else padding
-        return FlashAttentionCall(
-            q=q,
-            k=k,
-            v=v,
-            dtype=u.dtype(block.q),
-            scale=block.scale,
-            bias=None if causal.as_mask or padding is None else e.cast(padding, ir.DataType.FLOAT),
-            mask=mask,
-            is_causal=causal.proof.is_causal,
-            mask_fill=causal.proof.mask_fill,
-            masked_rows="zero" if block.nan_guard else "nan",
-            softcap=block.softcap,
-        )
     ranks = {id(x): u.rank(x) for x in list(block.biases) + [c for c, _ in block.masks]}
+    kept = (lambda x: x is not causal.replaced) if causal is not None else (lambda x: True)
 
     bias = None
-    for b in block.biases:
+    for b in filter(kept, block.biases):
         b_rank = ranks[id(b)]
         b = e.cast(b, ir.DataType.FLOAT)
         b = _to_rank4(e, b, block.rank, b_rank)
@@ -386,9 +382,23 @@ def _call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None = None) -> Fla
 
     mask = None
     for cond, inverted in block.masks:
+        if not kept(cond):
+            continue
         keep = _to_rank4(e, cond, block.rank, ranks[id(cond)])
         keep = e.node("Not", [keep]) if inverted else keep
         mask = keep if mask is None else e.node("And", [mask, keep])
+
+    is_causal = 0
+    mask_fill = -math.inf if block.mask_fill is None else block.mask_fill
+    if causal is not None:  # the replaced tensor becomes is_causal and its padding part
+        is_causal, mask_fill = causal.proof.is_causal, causal.proof.mask_fill
+        padding = causal_mask.write_padding(e, causal.proof.padding)
+        if padding is not None and causal.as_mask:
+            keep = e.node("Not", [padding]) if causal.marks_masked else padding
+            mask = keep if mask is None else e.node("And", [mask, keep])
+        elif padding is not None:
+            padding = e.cast(padding, ir.DataType.FLOAT)
+            bias = padding if bias is None else e.node("Add", [bias, padding])
 
     return FlashAttentionCall(
         q=q,
@@ -398,7 +408,8 @@ def _call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None = None) -> Fla
         scale=block.scale,
         bias=bias,
         mask=mask,
-        mask_fill=-math.inf if block.mask_fill is None else block.mask_fill,
+        is_causal=is_causal,
+        mask_fill=mask_fill,
         masked_rows="zero" if block.nan_guard else "nan",
         softcap=block.softcap,
         bias_after_mask=block.bias_after_mask,
@@ -431,10 +442,10 @@ def _split_call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None) -> Flas
     masks = [(per_head(c), inverted) for c, inverted in block.masks[block.split_masks :]]
     mask_fill = -math.inf if block.mask_fill is None else block.mask_fill
     is_causal = 0
-    if causal is None:
-        biases += [e.cast(b, ir.DataType.FLOAT) for b in block.biases[: block.split_biases]]
-        masks += list(block.masks[: block.split_masks])
-    else:  # the 4D view's one bias or mask becomes is_causal and its padding part
+    kept = (lambda x: x is not causal.replaced) if causal is not None else (lambda x: True)
+    biases += [e.cast(b, ir.DataType.FLOAT) for b in block.biases[: block.split_biases] if kept(b)]
+    masks += [(c, inverted) for c, inverted in block.masks[: block.split_masks] if kept(c)]
+    if causal is not None:  # the 4D view's replaced bias or mask becomes is_causal and its padding part
         is_causal, mask_fill = causal.proof.is_causal, causal.proof.mask_fill
         padding = causal_mask.write_padding(e, causal.proof.padding)
         if padding is not None and causal.as_mask:
@@ -506,6 +517,11 @@ def fuse_softmax_blocks(
             notes.append(causal)
         columns = describe(block)
         if proof is not None:
-            columns["mask"] = f"causal + padding {list(proof.proof.padding.dims)}"
+            others = [
+                ("bias" if any(x is b for b in block.biases) else "mask") + f" {u.value_shape(x) or '?'}"
+                for x in list(block.biases) + [c for c, _ in block.masks]
+                if x is not proof.replaced
+            ]
+            columns["mask"] = ", ".join([f"causal + padding {list(proof.proof.padding.dims)}", *others])
         blocks.append(Block(label, True, "; ".join(filter(None, notes)), softmax=policy.mode, **columns))  # type: ignore[arg-type]  # mode None only for a session's policy
     return blocks

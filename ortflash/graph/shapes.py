@@ -149,6 +149,8 @@ def _resolved_dim(value: ir.Value, axis: int, depth: int) -> Dim:
         found = _concatenated_dim(node, value, axis, depth)
     elif node.op_type == "Slice":
         found = _sliced_dim(node, value, axis, depth)
+    elif node.op_type == "Split":
+        found = _split_dim(node, value, axis, depth)
     if isinstance(found, int) or isinstance(d, str):
         return found if isinstance(found, int) else d
     return found if found is not None else d
@@ -172,6 +174,28 @@ def _concatenated_dim(node: ir.Node, value: ir.Value, axis: int, depth: int) -> 
             return None
         total += d
     return total
+
+
+def _split_dim(node: ir.Node, value: ir.Value, axis: int, depth: int) -> Dim:
+    """A Split output's size along axis: off the split axis, the input's; along it, the constant
+    split size (the input `split` from opset 13, the attribute before), or an even share of a
+    static input size (fused QKV projections split into Q, K and V this way)."""
+    r = u.rank(node.inputs[0])
+    split_axis = u.attr_int(node, "axis", 0)
+    if r is None or not -r <= split_axis < r:
+        return None
+    if axis != split_axis % r:
+        return resolved_dim(node.inputs[0], axis, depth - 1)
+    index = list(node.outputs).index(value)
+    sizes = _const_list(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    if sizes is None:
+        sizes = u.attr_ints(node, "split")
+    if sizes is not None:
+        return sizes[index] if len(sizes) == len(node.outputs) else None
+    whole = resolved_dim(node.inputs[0], axis, depth - 1)
+    parts = len(node.outputs)
+    # num_outputs (opset 18) may leave a smaller last part; an even split is proved only exactly
+    return whole // parts if isinstance(whole, int) and whole % parts == 0 else None
 
 
 def _sliced_dim(node: ir.Node, value: ir.Value, axis: int, depth: int) -> Dim:
