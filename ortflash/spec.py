@@ -21,6 +21,9 @@ cache_position masks and ORT's GroupQueryAttention with past compute it). With S
 the first Sq - Sk rows see no key: fully masked rows, handled by ``masked_rows`` like any other.
 When Sq == Sk, 1 and 2 are the same.
 
+With no keys (Sk = 0) there is nothing to attend to: O is zeros, whatever ``masked_rows`` says,
+as in the graph the op replaces (an empty softmax row times an empty V sums nothing).
+
 ``bias_after_mask`` 1 (GPT-Neo's eager export) moves the bias after both fills:
 
     s = where(mask, s, mask_fill); s = where(j <= i + offset, s, mask_fill); s = s + bias

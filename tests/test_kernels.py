@@ -180,3 +180,22 @@ def test_bottom_right_causal_and_bias_after_mask(mode, sq, sk, bias_after_mask):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
         if sq > sk and fill == -np.inf:  # the first Sq - Sk rows see no key
             assert (got[:, :, : sq - sk] == 0).all()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference", "wgpu"])
+def test_no_keys_give_zeros_as_the_graph_does(backend):
+    """Sk = 0 (a cross-attention cache with an empty encoder): the exported graph's empty softmax
+    row times an empty V is zeros; the kernels gave NaN (0 / 0) before spec.py said so."""
+    import onnxruntime as ort
+    from attention_graphs import Variant, build, feeds
+
+    import ortflash
+
+    model = build(Variant(bias_shapes=(("B", 1, 1, "T"),)))
+    fused, report = ortflash.optimize(model)
+    assert report.fused == 1
+    inputs = feeds(model, {"B": 2, "S": 3, "T": 0}, np.random.default_rng(0))
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    got = ortflash.InferenceSession(fused, backend=backend).run(None, inputs)[0]
+    assert want.shape == got.shape == (2, 2, 3, 32)
+    assert np.array_equal(got, want) and not np.abs(want).any()

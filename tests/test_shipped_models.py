@@ -387,3 +387,23 @@ def test_optimum_merged_whisper_decoder_fuses_both_branches(target: str) -> None
         f = _whisper_feeds(rng, past, new) | {"use_cache_branch": np.array([cached])}
         for got, want in zip(_run(fused, f), _run(model, f)):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("stem", ["optimum_whisper_decoder_with_past_model", "optimum_whisper_decoder_model_merged"])
+def test_verify_keeps_the_encoder_length_of_a_cross_attention_cache(stem, tmp_path, capsys):
+    """Optimum's past_key_values.N.encoder.* hold the encoder's keys: they do not grow with the
+    decoder's cache, so the prefill case must not give them 0 keys (it did, and --verify failed)."""
+    from ortflash.checks.feeds import decoder_cases
+    from ortflash.cli import main
+
+    path = str(DATA / f"{stem}.onnx")
+    model = onnx.load(path)
+    cases = dict(decoder_cases(model))
+    assert len(cases) == 2
+    for dims in cases.values():
+        assert dims.get("encoder_sequence_length", 16) == 16, dims
+    prefill = next(d for words, d in cases.items() if words.startswith("prefill"))
+    assert prefill["past_decoder_sequence_length"] == 0 and prefill["decoder_sequence_length"] == 16
+    for target in (["--target", "onnx"], []):
+        assert main(["optimize", path, "-o", str(tmp_path / "out.onnx"), "--verify", *target]) == 0
+    assert "verified: outputs match" in capsys.readouterr().out

@@ -95,7 +95,11 @@ def _decoder_axes(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str],
     """The dim names of a decoder's cached, new and total lengths and of its batch (all empty
     without ``past_*`` inputs)."""
     axes = _symbolic_axes(model)
-    past = {d for name, axis, rank, d in axes if "past" in name.lower() and rank == 4 and axis == 2}
+    # The cross-attention side (encoder_hidden_states, its mask, Optimum's past_key_values.N.encoder.*)
+    # has the encoder's length: it neither grows with the cache nor counts the new tokens.
+    encoder = {d for name, _, _, d in axes if "encoder" in name.lower()}
+    encoder -= {d for name, _, _, d in axes if "encoder" not in name.lower()}
+    past = {d for name, axis, rank, d in axes if "past" in name.lower() and rank == 4 and axis == 2} - encoder
     if not past:
         return set(), set(), set(), set()
     leading = {d for _, axis, _, d in axes if axis == 0}
@@ -104,8 +108,8 @@ def _decoder_axes(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str],
     )
     mask_lengths = {d for name, axis, rank, d in axes if "mask" in name.lower() and axis == rank - 1}
     other = {d for name, axis, _, d in axes if "mask" not in name.lower() and "past" not in name.lower()}
-    totals = mask_lengths - past - other - batch_names
-    new = other - past - batch_names - totals
+    totals = mask_lengths - past - other - batch_names - encoder
+    new = other - past - batch_names - totals - encoder
     return past, new, totals, batch_names
 
 

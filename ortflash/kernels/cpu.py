@@ -273,7 +273,7 @@ def flash_attention(
     """
     module = selection().module
     operands = _kernel_operands(q, k, v, bias, mask) if module is not None else None
-    if module is None or operands is None:
+    if module is None or operands is None or reference.no_keys_output(q, k, v) is not None:
         return reference.flash_attention(q, k, v, bias, mask, policy=policy, **attrs)
     call = kernel_call(attrs, policy)
     qd, kd, vd, bias_4d, mask_4d = operands

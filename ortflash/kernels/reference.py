@@ -176,6 +176,13 @@ def _over_heads(
     return np.concatenate(outs, axis=axis)
 
 
+def no_keys_output(q: Array, k: Array, v: Array) -> Array | None:
+    """O for a call without keys (Sk = 0): zeros of [B, Hq, Sq, Dv] (spec.py); None when there are keys."""
+    if k.ndim != 4 or k.shape[2] != 0:
+        return None
+    return np.zeros((max(q.shape[0], k.shape[0], v.shape[0]), q.shape[1], q.shape[2], v.shape[3]), q.dtype)
+
+
 def flash_attention(
     q: Array,
     k: Array,
@@ -192,6 +199,9 @@ def flash_attention(
     chooses for this key length decides the kernel.
     """
     attrs = spec.validate(attrs)
+    empty = no_keys_output(q, k, v)
+    if empty is not None:
+        return empty
     own = SoftmaxPolicy.from_attributes(attrs)
     policy = policy.applied_to(own) if policy is not None else own
     attrs["block_size"] = policy.block_size

@@ -36,6 +36,7 @@ import numpy as np
 
 from ... import spec
 from ...policy import SoftmaxPolicy
+from .. import reference
 from .params import Problem
 from .resident import DeviceTensor
 from .runner import Runner
@@ -122,6 +123,9 @@ def flash_attention(
     attrs = _validated(attrs, bias_after_mask)
     policy = policy or SoftmaxPolicy.from_attributes(attrs)
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    empty = reference.no_keys_output(q, k, v)
+    if empty is not None:  # no keys: zeros (spec.py), and no zero-size buffers for wgpu
+        return empty
     kernel = "flash" if policy.choose(Problem.of(q, k, v).seq_k) == "online" else "naive"
     return runner().attention(q, k, v, bias, mask, attrs=attrs, kernel=kernel)
 
