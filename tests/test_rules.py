@@ -128,6 +128,15 @@ def test_probabilities_read_elsewhere_keep_the_block():
     _near_miss(model, "graph output")
 
 
+def test_a_softmax_that_is_a_graph_output_is_not_called_attention():
+    """A classifier's or CTC head's Softmax: the reason names the Softmax, not attention probabilities."""
+    x = onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["B", "T", 10])
+    y = onnx.helper.make_tensor_value_info("probs", onnx.TensorProto.FLOAT, ["B", "T", 10])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Softmax", ["logits"], ["probs"], axis=-1)], "ctc", [x], [y])
+    report = _near_miss(lambda: onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), "")
+    assert report.blocks[0].reason == "the Softmax output probs is a graph output, not only read by a MatMul with V"
+
+
 def test_scale_after_bias_is_not_fused():
     def model():
         m = build(Variant(scale_site="none", bias_shapes=(("B", 1, 1, "T"),)))

@@ -60,16 +60,18 @@ class SoftmaxBlock:
 
 
 def _next_probs_node(value: ir.Value) -> ir.Node:
+    # The reasons say "Softmax output", not "attention probabilities": until a MatMul with V is
+    # found, nothing says this Softmax is attention (a classifier's or a CTC head's is not).
     # CastLike(x, p) reads only p's type, not its values.
     consumers = [c for c in value.consumers() if not (c.op_type == "CastLike" and c.inputs[0] is not value)]
     if value.is_graph_output():
-        raise NotFused(f"the attention probabilities {value.name} are a graph output")
+        raise NotFused(f"the Softmax output {value.name} is a graph output, not only read by a MatMul with V")
     isnan = [c for c in consumers if c.op_type == "IsNaN"]
     if isnan and len(consumers) == 2:
         return isnan[0]  # the guard reads p twice: IsNaN(p) and Where(.., .., p)
     if len(consumers) != 1:
         names = ", ".join(c.name or c.op_type for c in consumers) or "nothing"
-        raise NotFused(f"the attention probabilities {value.name} are read by {names}, not by one MatMul with V")
+        raise NotFused(f"the Softmax output {value.name} is read by {names}, not by one MatMul with V")
     return consumers[0]
 
 
@@ -84,7 +86,7 @@ def read_block(softmax: ir.Node, opset: int) -> SoftmaxBlock:
         node = _next_probs_node(value)
         rule = next((r for r in _PROBS_SIDE if r.matches(node, value)), None)
         if rule is None:
-            raise NotFused(f"the attention probabilities feed {node.op_type} {node.name}, not a MatMul with V")
+            raise NotFused(f"the Softmax output feeds {node.op_type} {node.name}, not a MatMul with V")
         rule.check(node, value, state)
         value = rule.apply(node, value, state)
 
