@@ -107,6 +107,19 @@ def test_make_feeds_takes_any_model_form_and_named_dims(tmp_path, original):
     assert all(np.array_equal(by_path[k], by_ir[k]) for k in by_path)
 
 
+def test_make_feeds_reads_a_name_only_at_axis_0_as_the_batch():
+    """Paddle2ONNX names an image batch "DynamicDimension.0": it is the batch (2), not a length (16)."""
+    x = onnx.helper.make_tensor_value_info(
+        "x", onnx.TensorProto.FLOAT, ["DynamicDimension.0", 3, 48, "DynamicDimension.1"]
+    )
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "ocr", [x], [y])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    assert ortflash.make_feeds(model)["x"].shape == (2, 3, 48, 16)
+    assert ortflash.make_feeds(model, dims={"DynamicDimension.1": 320}, batch=1)["x"].shape == (1, 3, 48, 320)
+    assert ortflash.make_feeds(model, dims={"DynamicDimension.0": 3})["x"].shape == (3, 3, 48, 16)
+
+
 def test_validate_and_make_feeds_of_an_unloadable_file_are_errors(tmp_path, original):
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"\x08\x07not a model")

@@ -189,7 +189,13 @@ def make_feeds(
     rng = np.random.default_rng(seed)
     inits = {i.name for i in model.graph.initializer}
     dims = decoder_dims(model, seq_len=seq_len, batch=batch, dims=dims)
-    total_len = _total_length(model, dims or {})
+    # A name seen only at axis 0 of inputs of rank >= 2 is their batch, whatever it is called
+    # (Paddle2ONNX writes "DynamicDimension.0"): without this it took seq_len, a batch of 16
+    # images where 2 were meant, and a --dim on another axis could run out of memory.
+    axes = _symbolic_axes(model)
+    leading = {d for _, axis, rank, d in axes if axis == 0 and rank >= 2} - {d for _, axis, _, d in axes if axis}
+    dims = {**{d: batch for d in leading}, **dims}
+    total_len = _total_length(model, dims)
     feeds = {}
     for vi in model.graph.input:
         if vi.name in inits:
