@@ -4,6 +4,7 @@ why it is not one, and fuse every block read into a FlashAttention node."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -373,21 +374,35 @@ def _call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None = None) -> Fla
     if block.rank == 3:
         q, k, v = (e.unsqueeze(x, [1]) for x in (q, k, v))
     ranks = {id(x): u.rank(x) for x in list(block.biases) + [c for c, _ in block.masks]}
-    kept = (lambda x: x is not causal.replaced) if causal is not None else (lambda x: True)
+    kept = _kept_by(causal)
+    biases = (_to_rank4(e, e.cast(b, ir.DataType.FLOAT), block.rank, ranks[id(b)]) for b in filter(kept, block.biases))
+    masks = ((_to_rank4(e, c, block.rank, ranks[id(c)]), inverted) for c, inverted in block.masks if kept(c))
+    return _assemble(e, block, q, k, v, biases, masks, causal)
 
+
+def _kept_by(causal: _Causal | None) -> Callable[[ir.Value], bool]:
+    """Whether a bias or mask of the block stays: all but the one a causal proof replaces."""
+    return (lambda x: x is not causal.replaced) if causal is not None else (lambda x: True)
+
+
+def _assemble(
+    e: Emitter,
+    block: SoftmaxBlock,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    biases: Iterable[ir.Value],
+    masks: Iterable[tuple[ir.Value, bool]],
+    causal: _Causal | None,
+) -> FlashAttentionCall:
+    """The call of 4D operands: the biases summed, the masks (cond, inverted) and-ed as keep
+    masks, and with a causal proof is_causal and its padding part added last."""
     bias = None
-    for b in filter(kept, block.biases):
-        b_rank = ranks[id(b)]
-        b = e.cast(b, ir.DataType.FLOAT)
-        b = _to_rank4(e, b, block.rank, b_rank)
+    for b in biases:
         bias = b if bias is None else e.node("Add", [bias, b])
-
     mask = None
-    for cond, inverted in block.masks:
-        if not kept(cond):
-            continue
-        keep = _to_rank4(e, cond, block.rank, ranks[id(cond)])
-        keep = e.node("Not", [keep]) if inverted else keep
+    for cond, inverted in masks:
+        keep = e.node("Not", [cond]) if inverted else cond
         mask = keep if mask is None else e.node("And", [mask, keep])
 
     is_causal = 0
@@ -440,41 +455,14 @@ def _split_call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None) -> Flas
 
     k = block.k if block.k_perm is None else e.transpose(block.k, block.k_perm)
     v = block.v if block.v_perm is None else e.transpose(block.v, block.v_perm)
+    kept = _kept_by(causal)
     biases = [per_head(e.cast(b, ir.DataType.FLOAT)) for b in block.biases[block.split_biases :]]
     masks = [(per_head(c), inverted) for c, inverted in block.masks[block.split_masks :]]
-    mask_fill = -math.inf if block.mask_fill is None else block.mask_fill
-    is_causal = 0
-    kept = (lambda x: x is not causal.replaced) if causal is not None else (lambda x: True)
     biases += [e.cast(b, ir.DataType.FLOAT) for b in block.biases[: block.split_biases] if kept(b)]
     masks += [(c, inverted) for c, inverted in block.masks[: block.split_masks] if kept(c)]
-    if causal is not None:  # the 4D view's replaced bias or mask becomes is_causal and its padding part
-        is_causal, mask_fill = causal.proof.is_causal, causal.proof.mask_fill
-        padding = causal_mask.write_padding(e, causal.proof.padding)
-        if padding is not None and causal.as_mask:
-            masks.append((padding, causal.marks_masked))
-        elif padding is not None:
-            biases.append(e.cast(padding, ir.DataType.FLOAT))
-    bias = None
-    for b in biases:
-        bias = b if bias is None else e.node("Add", [bias, b])
-    mask = None
-    for cond, inverted in masks:
-        keep = e.node("Not", [cond]) if inverted else cond
-        mask = keep if mask is None else e.node("And", [mask, keep])
-    return FlashAttentionCall(
-        q=_heads_view(e, block.q, heads),
-        k=_heads_view(e, k, heads),
-        v=_heads_view(e, v, heads),
-        dtype=u.dtype(block.q),
-        scale=block.scale,
-        bias=bias,
-        mask=mask,
-        is_causal=is_causal,
-        mask_fill=mask_fill,
-        masked_rows="zero" if block.nan_guard else "nan",
-        softcap=block.softcap,
-        bias_after_mask=block.bias_after_mask,
-    )
+    # the 4D view's replaced bias or mask becomes is_causal and its padding part (_assemble)
+    q, k, v = (_heads_view(e, x, heads) for x in (block.q, k, v))
+    return _assemble(e, block, q, k, v, biases, masks, causal)
 
 
 def fuse_softmax_blocks(
