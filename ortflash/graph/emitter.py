@@ -101,9 +101,8 @@ class Emitter:
         return self.node("Range", [self.i64(0), n, self.i64(1)])
 
 
-def replace_output(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
-    """Point every reader of old at new; a graph output keeps its name, and new takes old's
-    type and shape where they are known."""
+def take_graph_output(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+    """Where old is a graph output, new stands there under old's name (old is renamed apart)."""
     if old.is_graph_output():
         name = old.name
         for i, out in enumerate(graph.outputs):
@@ -111,6 +110,12 @@ def replace_output(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
                 graph.outputs[i] = new
         old.name = f"{name}_replaced"
         new.name = name
+
+
+def replace_output(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+    """Point every reader of old at new; a graph output keeps its name, and new takes old's
+    type and shape where they are known."""
+    take_graph_output(graph, old, new)
     old.replace_all_uses_with(new)
     if old.dtype is not None:
         new.dtype = old.dtype

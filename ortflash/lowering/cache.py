@@ -29,6 +29,7 @@ from ..errors import NotLowered
 from ..fusion.call import FlashAttentionCall
 from ..graph import ir_utils as u
 from ..graph import shapes
+from ..graph.emitter import take_graph_output
 
 _SEQ_AXES = (2, -2)
 
@@ -93,13 +94,7 @@ def move_present(graph: ir.Graph, anchor: ir.Node, old: ir.Value, new: ir.Value)
     it keep ``old`` (moving them would break the node order). True when nothing reads ``old`` then."""
     order = {id(n): i for i, n in enumerate(graph)}
     at = order[id(anchor)]
-    if old.is_graph_output():
-        name = old.name
-        for i, out in enumerate(graph.outputs):
-            if out is old:
-                graph.outputs[i] = new
-        old.name = f"{name}_replaced"
-        new.name = name
+    take_graph_output(graph, old, new)
     for use in list(old.uses()):
         if order.get(id(use.node), -1) >= at:
             use.node.replace_input_with(use.idx, new)
