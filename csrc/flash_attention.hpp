@@ -644,6 +644,28 @@ struct DeferredTile {
 
 // finish_scores, then the row's largest value (row_max over `width` columns), in one pass
 // when the row needs nothing but a float32 bias row added.
+// One key tile of the online softmax, per row: the running max m takes the tile's max, the
+// scores become exp(s - m) in place, the running sum l and the accumulator acc are rescaled to
+// the new max. A row whose keys so far are all -inf keeps 0 as its reference, so exp(-inf - ref)
+// is 0 rather than NaN; a fully masked row ends with l = 0 and yields 0/0 = NaN.
+inline void online_update_rows(int rows, float* s, int ld_s, int width, const float* tile_max, float* m, float* l,
+                               float* acc, int dvp) {
+    for (int r = 0; r < rows; ++r) {
+        const float new_max = nan_max(m[r], tile_max[r]);
+        const float ref = new_max == NEG_INF ? 0.0f : new_max;
+        // an unchanged finite maximum rescales by exp(0) = 1 exactly: no exp needed
+        const float rescale = new_max == m[r] && ref == new_max ? 1.0f : scalar_exp(m[r] - ref);
+        const float tile_sum = exp_row(s + size_t(r) * ld_s, width, ref);
+        l[r] = l[r] * rescale + tile_sum;
+        if (rescale != 1.0f) {
+            float* ar = acc + size_t(r) * dvp;
+            const vf f = splat(rescale);
+            for (int c = 0; c < dvp; c += W) storeu(ar + c, loadu(ar + c) * f);
+        }
+        m[r] = new_max;
+    }
+}
+
 inline float finish_scores_max(const Problem& pb, float* s, int keys, int width, int b, int h, int i, int j0,
                                bool diagonal, std::vector<float>& row) {
     const Broadcast4& bs = pb.bias;
@@ -846,23 +868,7 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
         float* tile_max = sc.tile_max.data();
         for (int r = 0; r < rows; ++r)
             tile_max[r] = finish_scores_max(pb, s + size_t(r) * ld_s, keys, width, b, h, i0 + r, j0, diagonal, sc.row);
-        for (int r = 0; r < rows; ++r) {
-            float* sr = s + size_t(r) * ld_s;
-            const float new_max = nan_max(m[r], tile_max[r]);
-            // A row whose keys so far are all -inf keeps 0 as its reference, so exp(-inf - ref)
-            // is 0 rather than NaN; a fully masked row ends with l = 0 and yields 0/0 = NaN.
-            const float ref = new_max == NEG_INF ? 0.0f : new_max;
-            // an unchanged finite maximum rescales by exp(0) = 1 exactly: no exp needed
-            const float rescale = new_max == m[r] && ref == new_max ? 1.0f : scalar_exp(m[r] - ref);
-            const float tile_sum = exp_row(sr, width, ref);
-            l[r] = l[r] * rescale + tile_sum;
-            if (rescale != 1.0f) {
-                float* ar = acc + size_t(r) * dvp;
-                const vf f = splat(rescale);
-                for (int c = 0; c < dvp; c += W) storeu(ar + c, loadu(ar + c) * f);
-            }
-            m[r] = new_max;
-        }
+        online_update_rows(rows, s, ld_s, width, tile_max, m, l, acc, dvp);
         pv_tile(rows, s, ld_s, keys, vpack + size_t(j0) * dvp, dvp, acc);
     };
     for (int t = 0; t < tiles; ++t)
@@ -1137,20 +1143,7 @@ void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
         for (int r = 0; r < rows; ++r)
             tile_max[r] = finish_scores_max(pb, s + size_t(r) * ld_s, tile_keys, width, b, head_of(r), query_of(r), j0,
                                             diagonal, sc.row);
-        for (int r = 0; r < rows; ++r) {
-            float* sr = s + size_t(r) * ld_s;
-            const float new_max = nan_max(m[r], tile_max[r]);
-            const float ref = new_max == NEG_INF ? 0.0f : new_max;  // as online_tile: all -inf so far
-            const float rescale = new_max == m[r] && ref == new_max ? 1.0f : scalar_exp(m[r] - ref);
-            const float tile_sum = exp_row(sr, width, ref);
-            l[r] = l[r] * rescale + tile_sum;
-            if (rescale != 1.0f) {
-                float* ar = acc + size_t(r) * dvp;
-                const vf f = splat(rescale);
-                for (int c = 0; c < dvp; c += W) storeu(ar + c, loadu(ar + c) * f);
-            }
-            m[r] = new_max;
-        }
+        online_update_rows(rows, s, ld_s, width, tile_max, m, l, acc, dvp);
         direct_pv_keys(pb, sc, head, rows, s, ld_s, j0, tile_keys, dvp, acc);
     }
     for (int r = 0; r < rows; ++r) {
