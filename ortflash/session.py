@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ import onnxruntime as ort
 
 from . import spec
 from .kernels.config import DEFAULT_BACKEND, KernelConfig, join_side_channel
-from .model_io import ModelLike, graphs_of, load
+from .model_io import ModelLike, external_locations, graphs_of, load
 from .policy import SoftmaxPolicy
 
 # ONNX Runtime's session option for its intra-op threads' busy-waiting (see session_options).
@@ -114,6 +115,11 @@ class InferenceSession:
         )
         model = configure_model(load(model_or_path), policy=self.policy, config=self.config)
         so = session_options(base=sess_options)
+        if isinstance(model_or_path, (str, os.PathLike)) and external_locations(model):
+            # ORT resolves the external data of a model given as bytes against the cwd unless told its folder
+            folder = os.path.dirname(os.path.abspath(os.fspath(model_or_path)))
+            if _config_entry(so, "session.model_external_initializers_file_folder_path") != folder:
+                so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         self._session = ort.InferenceSession(
             model.SerializeToString(), so, providers=list(providers or ["CPUExecutionProvider"])
         )
