@@ -10,6 +10,18 @@ import pytest
 from attention_graphs import projected_block
 
 import ortflash
+from ortflash.cli import main
+
+
+def _batch_one_only(tmp_path) -> tuple[str, str]:
+    """A model whose Reshape fixes the batch at 1 (an export traced at batch 1), and its fused model."""
+    model = projected_block(upstream="Identity")
+    split = next(i for i in model.graph.initializer if i.name == "split")
+    split.CopyFrom(onnx.numpy_helper.from_array(np.array([1, 0, 2, 16], np.int64), "split"))
+    path, fused = str(tmp_path / "b1.onnx"), str(tmp_path / "b1.flash.onnx")
+    onnx.save(model, path)
+    onnx.save(ortflash.optimize(path)[0], fused)
+    return path, fused
 
 
 @pytest.mark.parametrize("location", ["model.onnx.data", "weights/model.data"])
@@ -31,3 +43,18 @@ def test_session_finds_external_data_from_another_working_directory(tmp_path, mo
     inline = ortflash.InferenceSession(onnx.load(path)).run(None, {"x": x})[0]  # weights read in: no folder needed
     assert got.shape == (2, 5, 32)
     np.testing.assert_array_equal(got, inline)
+
+
+def test_ort_message_keeps_its_end_and_hints_at_batch_one(tmp_path, capsys):
+    """Item 1: the message was cut at 300 characters inside the C++ signature ORT puts before the
+    cause; the cause (the shapes) is at its end."""
+    path, fused = _batch_one_only(tmp_path)
+    assert main(["verify", path, fused]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "Input shape:{2,16,32}, requested shape:{1,16,2,16}" in err
+    assert "ReshapeHelper(" not in err  # the C++ location and signature are not the user's
+    assert err.endswith("the model may run at batch 1 only: try --batch 1")
+    assert main(["verify", path, fused, "--batch", "1", "-q"]) == 0
+    assert main(["optimize", path, "--verify", "--online-softmax", "-o", str(tmp_path / "o.onnx")]) == 2
+    assert "try --batch 1" in capsys.readouterr().err

@@ -222,3 +222,21 @@ def read_feeds(path: str) -> dict[str, np.ndarray]:
             return {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # what numpy raises for a non-archive
         raise OrtflashError(f"{path}: not a readable .npz file ({type(exc).__name__})") from None
+
+
+def check_dim_names(model: onnx.ModelProto, dims: dict[str, int], where: str = "--dim") -> None:
+    """Refuse a dim name no input of ``model`` has (OrtflashError naming the ones it has): a
+    misspelt name would otherwise be ignored, and the inputs made at another size than asked."""
+    named = sorted({d for _, _, _, d in _symbolic_axes(model)})
+    unknown = sorted(set(dims) - set(named))
+    if unknown:
+        has = f"its inputs' dim names are {', '.join(named)}" if named else "its inputs have no named dims"
+        raise OrtflashError(f"{where} {', '.join(unknown)}: no input of the model has that dim; {has}")
+
+
+def with_batch_hint(exc: OrtflashError, batch: int) -> OrtflashError:
+    """``exc`` with a hint where random inputs at ``batch`` > 1 failed on a shape: many exports
+    fix the batch at 1 inside the graph (a Reshape to a constant shape), whatever their inputs say."""
+    if batch > 1 and "shape" in str(exc).lower():
+        return OrtflashError(f"{exc}; the model may run at batch 1 only: try --batch 1")
+    return exc

@@ -64,12 +64,18 @@ _ORT_PREFIX = re.compile(
     r"^(?:\[ONNXRuntimeError\] : \d+ : \w+ : )?(?:Can't create a session\. )?"
     r"(?:ERROR_CODE: \d+, ERROR_MESSAGE: )?"
 )
+# A kernel's failure: "Non-zero status code returned while running X node. Name:'' Status Message: <location> ..."
+_STATUS_MESSAGE = "Status Message: "
 _SOURCE_LOCATION = re.compile(r"^\S+\.(?:cc|cpp|h|hpp):\d+ ")
 
 
 def clean_ort_message(text: str) -> str:
-    """An ONNX Runtime error without its wrapper, source location and C++ signature."""
+    """An ONNX Runtime error without its wrapper, source location and C++ signature (also where a
+    kernel's status follows "Status Message: ")."""
     text = _ORT_PREFIX.sub("", text.strip())
+    head, status, tail = text.partition(_STATUS_MESSAGE)
+    if status:
+        return head + status + clean_ort_message(tail)
     if _SOURCE_LOCATION.match(text):
         rest = _SOURCE_LOCATION.sub("", text, count=1)
         depth, start = 0, rest.find("(")
@@ -90,7 +96,15 @@ def one_line(text: str, fallback: str) -> str:
 
 
 def _ort_error(exc: Exception) -> str:
-    return one_line(clean_ort_message(str(exc)), type(exc).__name__)
+    """ONNX Runtime's message on one line, its end kept: the cause (shapes, names) is said last."""
+    lines = [line.strip() for line in clean_ort_message(str(exc)).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    if len(text) <= MESSAGE_CHARS:
+        return text
+    head = MESSAGE_CHARS // 3
+    return f"{text[:head]} ... {text[-(MESSAGE_CHARS - head) :]}"
 
 
 def open_session(

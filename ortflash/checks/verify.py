@@ -26,7 +26,7 @@ from ..model_io import load
 from ..policy import SoftmaxPolicy
 from ..session import InferenceSession
 from .compare import OutputDiff, compare_outputs, shape_text, tolerance
-from .feeds import decoder_cases, make_feeds
+from .feeds import decoder_cases, make_feeds, with_batch_hint
 from .run import ModelSource, open_session, run_model, run_session
 
 SOFTMAXES = ("naive", "online")
@@ -259,17 +259,20 @@ def prove(
     given = feeds is not None
     # a decoder with a cache runs in two shapes deployed: a prefill, then decode steps; each is run
     cases = [] if given else decoder_cases(original_proto, seq_len=seq_len, batch=batch, dims=dict(dims or {}))
-    if cases:
-        for words, case_dims in cases:
-            first = make_feeds(original_proto, seq_len=seq_len, batch=batch, dims=case_dims)
-            result.runs.append(prover.run(f"as configured, {words}", first, policy))
-    else:
-        first = (
-            dict(feeds)
-            if feeds is not None
-            else make_feeds(original_proto, seq_len=seq_len, batch=batch, dims=dict(dims or {}))
-        )
-        result.runs.append(prover.run("as configured", first, policy))
+    try:
+        if cases:
+            for words, case_dims in cases:
+                first = make_feeds(original_proto, seq_len=seq_len, batch=batch, dims=case_dims)
+                result.runs.append(prover.run(f"as configured, {words}", first, policy))
+        else:
+            first = (
+                dict(feeds)
+                if feeds is not None
+                else make_feeds(original_proto, seq_len=seq_len, batch=batch, dims=dict(dims or {}))
+            )
+            result.runs.append(prover.run("as configured", first, policy))
+    except OrtflashError as exc:
+        raise (exc if given else with_batch_hint(exc, batch)) from None
     missing = _missing(result.deployed, result.runs)
     if not missing:
         return result
