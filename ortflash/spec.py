@@ -100,6 +100,13 @@ ATTRIBUTES: dict[str, Attribute] = {
 DECLARED = tuple(name for name, a in ATTRIBUTES.items() if a.declared)
 SIDE_CHANNEL_INTS = tuple(name for name, a in ATTRIBUTES.items() if not a.declared)
 
+# A float32 mask_fill at or below this absorbs every score s with |s| < 2**102: fill + s == fill,
+# so adding such a fill is the same as replacing the score by it. Why 2**102 and not 2**103: the
+# fills at or below -2**127 have an ulp of 2**104 (away from zero s rounds back below 2**103),
+# but from -2**127 itself towards zero the next float32 is -2**127 + 2**103 (the binade below has
+# an ulp of 2**103), so a positive s rounds back to -2**127 only below half of that, 2**102.
+ABSORBING_FILL = -(2.0**127)
+
 # The ONNX Runtime bridge (onnxruntime-extensions) hands float attributes to Python
 # with 6 significant digits (0.17677669 arrives as 0.176777, float32's lowest as
 # -3.40282e+38, which then no longer equals a mask filled with the real lowest).

@@ -1,5 +1,5 @@
-"""Causality proved from the mask subgraph (fusion/causal_mask), the op contract's is_causal=2 and
-bias_after_mask through the ONNX Runtime bridge.
+"""Causality proved from the mask subgraph (fusion/causal, read by graph/interpret), the op
+contract's is_causal=2 and bias_after_mask through the ONNX Runtime bridge.
 
 Hand-built decoders build their [B, 1, S, S] mask as HF's masking_utils does (a Range, two
 Unsqueezes, a comparison, the padding read from attention_mask): where the mask is exactly causal x

@@ -23,7 +23,9 @@ import onnx_ir as ir
 from ..errors import NotFused
 from ..graph import bounds, shapes
 from ..graph import ir_utils as u
-from .causal_mask import dims_equal, proved_dims
+from ..graph.dim_terms import dims_equal
+from ..graph.interpret import proved_dims
+from ..spec import ABSORBING_FILL
 from .qk_operands import QKOperands, scaled_q, take_qk, try_scale
 
 
@@ -170,9 +172,7 @@ class BooleanMask(Rule):
         return scores
 
 
-# A float32 fill at or below -2**127 has an ulp of at least 2**103: fill + b rounds back to fill
-# for every |b| below half of that.
-_ABSORBING_FILL = -(2.0**127)
+# What a fill at or below spec.ABSORBING_FILL absorbs (fill + b == fill; spec.py says why 2**102).
 _ABSORBED_BIAS = 2.0**102
 
 
@@ -184,7 +184,7 @@ def _fill_absorbs_later_biases(fill: float, biases: list[ir.Value]) -> bool:
         found = bounds.value_bounds(bias)
         if fill == -math.inf and found is not None and found[1] < math.inf:
             continue
-        if fill <= _ABSORBING_FILL and found is not None and max(-found[0], found[1]) < _ABSORBED_BIAS:
+        if fill <= ABSORBING_FILL and found is not None and max(-found[0], found[1]) < _ABSORBED_BIAS:
             continue
         return False
     return True

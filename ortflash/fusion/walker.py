@@ -12,11 +12,14 @@ import onnx_ir as ir
 from ..errors import NotFused
 from ..graph import ir_utils as u
 from ..graph import shapes
+from ..graph.dim_terms import dims_equal
 from ..graph.emitter import Emitter, replace_output
+from ..graph.interpret import proved_dims
 from ..policy import SoftmaxPolicy
 from ..report import Block
-from . import causal_mask
 from .call import FlashAttentionCall
+from .causal.proof import CausalProof, NoFrontier, NotProved, prove
+from .causal.write import write_padding
 from .einsum_rules import ProbsEinsumV, QKEinsum
 from .emit import write_call
 from .softmax_rules import (
@@ -127,25 +130,25 @@ def _check_head_split(state: WalkState) -> None:
     assert state.q is not None and state.k is not None and state.v is not None
 
     def dim(x: ir.Value, axis: int) -> shapes.Dim:
-        found = causal_mask.proved_dims(x)
+        found = proved_dims(x)
         return found[axis] if found is not None and axis < len(found) else None
 
     rows = dim(state.q, 0)
     for name, x, axis in (("K", state.k, _axis(state.k_perm, 0)), ("V", state.v, _axis(state.v_perm, 0))):
-        if not causal_mask.dims_equal(rows, dim(x, axis)):
+        if not dims_equal(rows, dim(x, axis)):
             raise NotFused(f"{name}'s batch·head rows are not proved to be Q's ({rows} and {dim(x, axis)})")
     for x in list(state.biases[state.split_biases :]) + [c for c, _ in state.masks[state.split_masks :]]:
         r = u.rank(x)
         if r is None or r > 3:
             raise NotFused(f"{x.name} is added to [B·H, Sq, Sk] scores with rank {r}")
-        if r == 3 and dim(x, 0) != 1 and not causal_mask.dims_equal(rows, dim(x, 0)):
+        if r == 3 and dim(x, 0) != 1 and not dims_equal(rows, dim(x, 0)):
             raise NotFused(f"{x.name} is not proved to have Q's batch·head rows or one")
     batch = dim(u.operand(state.softmax, 0), 0)
     for x in list(state.biases[: state.split_biases]) + [c for c, _ in state.masks[: state.split_masks]]:
         r = u.rank(x)
         if r is None:
             raise NotFused(f"the rank of {x.name} is unknown")
-        if r == 4 and dim(x, 0) != 1 and not causal_mask.dims_equal(batch, dim(x, 0)):
+        if r == 4 and dim(x, 0) != 1 and not dims_equal(batch, dim(x, 0)):
             raise NotFused(f"{x.name} is not proved to have the scores' batch items or one")
 
 
@@ -279,9 +282,9 @@ def _kv_of_one_head_count(e: Emitter, block: SoftmaxBlock, k: ir.Value, v: ir.Va
 
 @dataclass(frozen=True)
 class _Causal:
-    """A block's one bias or mask proved causal x key padding (fusion/causal_mask)."""
+    """A block's one bias or mask proved causal x key padding (fusion/causal)."""
 
-    proof: causal_mask.CausalProof
+    proof: CausalProof
     as_mask: bool
     marks_masked: bool
     replaced: ir.Value  # the bias or mask condition that is_causal and the padding part replace
@@ -322,7 +325,7 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
     if not _has_query_dim(candidate):
         return None  # no query dim: a key padding mask already
     try:
-        proof = causal_mask.prove(
+        proof = prove(
             candidate,
             as_mask=as_mask,
             marks_masked=marks_masked,
@@ -331,9 +334,9 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
             k=k,
             k_perm=k_perm,
         )
-    except causal_mask.NoFrontier:
+    except NoFrontier:
         return None  # no key position compared with a query position: not a causal mask
-    except causal_mask.NotProved as why:
+    except NotProved as why:
         if not _compares_positions(candidate):
             return None
         return f"not proved causal: {why}"
@@ -346,7 +349,7 @@ _COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Trilu")
 def _compares_positions(value: ir.Value, depth: int = 24) -> bool:
     """Whether the subgraph computing value has a comparison (or Trilu) that is not only a bound
     check of one Range: whether a failed causal proof is worth a note in the report (a read-only
-    look; the proof itself is causal_mask's)."""
+    look; the proof itself is fusion/causal's)."""
     seen: set[int] = set()
     stack = [(value, depth)]
     while stack:
@@ -409,7 +412,7 @@ def _assemble(
     mask_fill = -math.inf if block.mask_fill is None else block.mask_fill
     if causal is not None:  # the replaced tensor becomes is_causal and its padding part
         is_causal, mask_fill = causal.proof.is_causal, causal.proof.mask_fill
-        padding = causal_mask.write_padding(e, causal.proof.padding)
+        padding = write_padding(e, causal.proof.padding)
         if padding is not None and causal.as_mask:
             keep = e.node("Not", [padding]) if causal.marks_masked else padding
             mask = keep if mask is None else e.node("And", [mask, keep])
@@ -450,7 +453,7 @@ def _split_call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None) -> Flas
     def per_head(x: ir.Value) -> ir.Value:
         if u.rank(x) != 3:
             return x  # rank 2 or less: broadcasts over [B, H] as over [B·H]
-        rows = causal_mask.proved_dims(x)  # as _check_head_split read them: B·H or 1
+        rows = proved_dims(x)  # as _check_head_split read them: B·H or 1
         return e.unsqueeze(x, [0]) if rows is not None and rows[0] == 1 else _heads_view(e, x, heads)
 
     k = block.k if block.k_perm is None else e.transpose(block.k, block.k_perm)
@@ -471,7 +474,7 @@ def fuse_softmax_blocks(
     """Fuse the block around every Softmax of graph, in place; one report Block per Softmax.
 
     prove_causal: read each block's [B, 1, Sq, Sk] bias or mask as causal x key padding where
-    that is proved (fusion/causal_mask); False keeps the tensor as the block's bias or mask (the
+    that is proved (fusion/causal); False keeps the tensor as the block's bias or mask (the
     baseline of benchmarks/results/causal_proof.md).
 
     Rows are numbered from first_row (the report rows before them); each fused node records

@@ -20,10 +20,8 @@ from ..graph import bounds, shapes
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..model_shapes import graphs_of, unknown_ranks
+from ..spec import ABSORBING_FILL
 
-# Fills at or below this have a float32 ulp of 2**104: s + fill rounds to a number that softmax
-# treats exactly as fill for |s| < 2**103, so adding them is the same as replacing by them.
-ABSORBING_FILL = -(2.0**127)
 # A constant bias (mask) below this many elements that is all zeros (all true) counts as absent:
 # the bridge's placeholders are scalars; a larger constant is not worth reading.
 _MAX_CONSTANT_PLACEHOLDER = 2**20

@@ -1,0 +1,1 @@
+"""Causal masks proved from their subgraph (proof) and their key padding part written back (write)."""

@@ -1,0 +1,90 @@
+"""The padding part of a proved causal mask written back as nodes: the same upstream tensors
+through the same ONNX ops (so exactly the same values), or a check that it can be (fusion/causal/proof
+runs it dry before it claims a block)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from ...graph import shapes
+from ...graph.dim_terms import dims_equal
+from ...graph.emitter import Emitter
+from ...graph.terms import Abstract, Look, NotProved, Num, Op, Term
+
+
+def write_padding(e: Emitter, padding: Abstract) -> ir.Value | None:
+    """The padding part as a tensor of rank 4 (dims [B|1, H|1, 1, Sk|1]); None when it is the
+    neutral constant (0.0 for a bias, True for a mask)."""
+    term = padding.term
+    if isinstance(term, Num) and (
+        (padding.dtype == ir.DataType.BOOL and bool(term.value))
+        or (padding.dtype != ir.DataType.BOOL and term.value == 0)
+    ):
+        return None
+    return write_term(e, term, padding.dtype, padding.dims)
+
+
+# Ops of a padding term, written back as the same ONNX ops (so the same values).
+_WRITABLE = (
+    "And",
+    "Or",
+    "Not",
+    "Where",
+    "Cast",
+    "Add",
+    "Sub",
+    "Mul",
+    "Less",
+    "LessOrEqual",
+    "Greater",
+    "GreaterOrEqual",
+    "Equal",
+)
+
+
+def write_term(
+    e: Emitter | None, term: Term, dtype: ir.DataType | None, dims: tuple[shapes.Dim, ...]
+) -> ir.Value | None:
+    """Write term as nodes of e (None: check only that it can be written)."""
+    if isinstance(term, Num):
+        t = term.dtype if term.dtype is not None else dtype
+        np_type = t.numpy() if t is not None else np.float32
+        return None if e is None else e.const(np.asarray(term.value, np_type).reshape(1, 1, 1, 1))
+    if isinstance(term, Look):
+        return _write_look(e, term, dims)
+    if isinstance(term, Op) and term.op in _WRITABLE:
+        if term.op == "Cast":
+            inner = write_term(e, term.args[0], None, dims)
+            return None if e is None or inner is None else e.node("Cast", [inner], to=ir.DataType(term.attr))
+        args = [write_term(e, a, dtype, dims) for a in term.args]
+        return None if e is None else e.node(term.op, args)
+    raise NotProved(f"the padding part contains a {type(term).__name__} this rewrite cannot write")
+
+
+def _write_look(e: Emitter | None, look: Look, dims: tuple[shapes.Dim, ...]) -> ir.Value | None:
+    """source[x_a0, x_a1, ...] with each index one distinct index variable, increasing, over
+    axes of the source's own sizes: the source itself with size-1 axes inserted (the same
+    tensor, so the same values)."""
+    axes = []
+    for lin in look.index:
+        if len(lin.coeffs) != 1 or lin.const != 0 or lin.coeffs[0][1] != 1 or lin.coeffs[0][0][0] != "x":
+            raise NotProved(f"the padding part reads {look.source.name} at other than its own indices")
+        axes.append(int(lin.coeffs[0][0][1]))  # type: ignore[call-overload]
+    if axes != sorted(set(axes)):
+        raise NotProved(f"the padding part reads {look.source.name} with its axes reordered")
+    prefix = look.prefix or (None,) * len(axes)
+    if look.source_dims is None:
+        raise NotProved(f"the padding part reads {look.source.name}, whose dims are not proved to be the mask's")
+    read = [look.source_dims[k] if cut is None else cut[0] for k, cut in enumerate(prefix)]
+    if not all(dims_equal(read[k], dims[a]) for k, a in enumerate(axes)):
+        raise NotProved(f"the padding part reads {look.source.name}, whose dims are not proved to be the mask's")
+    missing = [a for a in range(4) if a not in axes]
+    if e is None:
+        return None
+    source = look.source
+    for k, cut in enumerate(prefix):
+        if cut is not None:  # source[..., :n, ...], n the graph's own value of the length
+            end = e.cast(e.node("Reshape", [cut[1], e.i64([1])]), ir.DataType.INT64)  # Range's limit: a scalar
+            source = e.node("Slice", [source, e.i64([0]), end, e.i64([k])])
+    return e.unsqueeze(source, missing) if missing else source
