@@ -5,7 +5,6 @@ counts it can group), with a grouped-query repeat of K and V read away."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
@@ -13,9 +12,7 @@ from ..errors import NotFused
 from ..graph import ir_utils as u
 from ..graph import shapes
 from .kv_repeats import repeated_kv
-
-if TYPE_CHECKING:
-    from .softmax_rules import WalkState
+from .walk_state import WalkState
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from .softmax_rules import (
     PROBS_RULES,
     SCORE_RULES,
     Rule,
-    WalkState,
     softmax_axis_is_last,
 )
+from .walk_state import WalkState
 
 # The rules in the order the walk tries them: the Einsum forms of the two products last.
 _SCORE_SIDE: tuple[Rule, ...] = SCORE_RULES + (QKEinsum(),)
