@@ -2,6 +2,7 @@
 
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__ as __version__
 from .errors import OrtflashError
 from .lowering import LoweringNote, lower
 from .model_io import save
@@ -28,7 +29,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ortflash' has no attribute {name!r}")
 
 
-__version__ = "0.1.0"
 __all__ = [
     "optimize",
     "save",

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -141,8 +143,6 @@ def result_document(
     (``ortflash.regress.reports.regress_dict``). The README's
     *JSON output* section documents each key.
     """
-    from . import __version__
-
     return {
         "schema": JSON_SCHEMA,
         "schema_version": JSON_SCHEMA_VERSION,
