@@ -220,7 +220,7 @@ def _unrunnable(
     from .checks.first_run import first_run
 
     weights_dir = os.path.dirname(os.path.abspath(args.model))
-    if not any(b.fused and b.target != "ortflash" for b in report.blocks):
+    if not any(b.lowered_to for b in report.blocks):
         return first_run(model, weights_dir=weights_dir).problem
     try:
         feeds = make_feeds(original, seq_len=args.seq_len, batch=args.batch, dims=dict(args.dim))
@@ -250,7 +250,7 @@ def _optimize(args: argparse.Namespace, console: Console) -> int:
     report.model = args.model
     _print_report(report, console)
     if report.target is not None and report.target.chosen != "ortflash":
-        kept = [b for b in report.blocks if b.fused and b.target == "ortflash"]
+        kept = [b for b in report.blocks if b.needs_ortflash]
         if kept:
             console.print(
                 f"[yellow]{len(kept)} block(s) stay FlashAttention[/]: the output still needs "

@@ -3,9 +3,9 @@ target, with the native ops they lower to), and the choice of target where the u
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Callable, Iterator, Mapping
-from types import MappingProxyType
+from collections.abc import Callable, Iterator
 
 import onnx
 import onnx_ir as ir
@@ -13,13 +13,14 @@ import onnx_ir.passes.common as common_passes
 
 from . import spec
 from .errors import OrtflashError
-from .fusion.emit import BLOCK_ID
+from .fusion.emit import BLOCK_ID, GIVEN_HEADS
 from .fusion.onnx_attention import fuse_attention_ops
 from .fusion.walker import fuse_softmax_blocks
 from .graph import ir_utils as u
 from .graph import shapes
-from .graph.emitter import Emitter
-from .lowering import TARGETS, LoweringNote, lower
+from .lowering import LoweringNote, lower
+from .lowering import head_count as given_heads
+from .lowering.targets import DEFAULT_TARGET, EP_ORDER, EXECUTION_PROVIDERS, ORT_KERNEL_TARGETS, REGISTRY, TARGETS
 from .model_io import ModelLike, check_opsets, load, save
 from .model_shapes import graphs_of, with_shapes
 from .policy import SoftmaxPolicy
@@ -27,28 +28,8 @@ from .report import Report, TargetChoice
 
 __all__ = ["AUTO", "EP_TARGETS", "EXECUTION_PROVIDERS", "LoadCheck", "OrtflashError", "load", "optimize", "save"]
 
-AUTO = "auto"  # target: the first of EP_TARGETS[ep] that loads and lowers every fused block
-# Per execution provider, the targets whose ops run there natively, in order of preference
-# (README, "Choosing a target"). contrib first everywhere: ONNX Runtime's own MultiHeadAttention /
-# GroupQueryAttention kernels exist on the CPU, CUDA and WebGPU EPs, need nothing but onnxruntime at
-# run time, were bit-identical to the original graph on the CPU EP for most zoo models and 1.16-1.27x
-# faster than it (benchmarks/results/cpu_attention_*.md). onnx next: Attention-23 is the standard
-# form, but on the WebGPU EP it falls back to the CPU (issue 11), so it is not offered there. On the
-# CPU the last resort is ortflash's own op: faster still at long sequences (1.19-1.95x over contrib at
-# S >= 2048) but a Python custom op that needs ortflash and onnxruntime-extensions wherever the model
-# runs, and only on the CPU; users who want that ask for --target ortflash (the default).
-EP_TARGETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "cpu": ("contrib", "onnx", "ortflash"),
-        "cuda": ("contrib", "onnx"),
-        "webgpu": ("webgpu", "contrib"),
-    }
-)
-EXECUTION_PROVIDERS = tuple(EP_TARGETS)
-# Blocks whose output reaches a quantizer prefer these (README, "Quantized models"): ONNX Runtime's
-# own kernels computing the whole block, as the original graph's ops did, rather than ortflash's.
-_EXACT_TARGETS = ("contrib", "onnx")
-_DEFAULT_TARGET = "ortflash"
+AUTO = "auto"  # target: the first of EP_ORDER[ep] that loads and lowers every fused block
+EP_TARGETS = EP_ORDER  # the name the CLI and earlier releases use
 
 # Why ONNX Runtime cannot load (or, lowered, run once) a candidate model; None when it can.
 LoadCheck = Callable[[onnx.ModelProto, Report], "str | None"]
@@ -78,7 +59,7 @@ def optimize(
     proposal's switch ``online_softmax`` (True -> auto, False/None -> naive).
 
     ``target``: ``ortflash``, ``contrib``, ``onnx`` (any of ``lowering.TARGETS``); ``"auto"``
-    with ``ep`` (``cpu | cuda | webgpu``): the first target of ``EP_TARGETS[ep]`` that lowers every
+    with ``ep`` (``cpu | cuda | webgpu``): the first target of ``EP_ORDER[ep]`` that lowers every
     fused block and that ONNX Runtime loads (an ``ep`` without a target means auto); None (the
     default): ``ortflash``, unless fused blocks feed a quantizer, where ``contrib``, else ``onnx``,
     is taken when it lowers every such block and loads. ``Report.target`` says which was chosen and why. ``load_check`` is how a
@@ -91,9 +72,8 @@ def optimize(
     tensor as the graph computes it (for comparisons, and as an escape hatch).
     """
     if policy is None:
-        mode = softmax or ("auto" if online_softmax else "naive")
         try:
-            policy = SoftmaxPolicy(mode, block_size, min_seq_len)
+            policy = SoftmaxPolicy.for_new_nodes(softmax, online_softmax, block_size, min_seq_len)
         except spec.SpecError as exc:
             raise OrtflashError(str(exc)) from None
     if target is None and ep is not None:
@@ -104,8 +84,10 @@ def optimize(
     proto = load(model_or_path)
     check_opsets(proto)
 
+    fused, fusion_report = _fuse(proto, policy, num_heads, prove_causal)
+
     def run(candidate: str) -> tuple[onnx.ModelProto, Report]:
-        return _optimize_for(proto, policy, candidate, num_heads, prove_causal)
+        return _lower_for(proto, fused, fusion_report, candidate)
 
     if target is not None and target != AUTO:
         model, report = run(target)
@@ -121,7 +103,7 @@ def optimize(
 def _check_target(target: str | None, ep: str | None) -> None:
     if target is not None and target != AUTO and target not in TARGETS:
         raise OrtflashError(f"target must be one of {', '.join((*TARGETS, AUTO))}, got {target!r}")
-    if ep is not None and ep not in EP_TARGETS:
+    if ep is not None and ep not in EP_ORDER:
         raise OrtflashError(f"ep must be one of {', '.join(EXECUTION_PROVIDERS)}, got {ep!r}")
     if target == AUTO and ep is None:
         raise OrtflashError(f"target auto picks per execution provider: name one ({', '.join(EXECUTION_PROVIDERS)})")
@@ -139,7 +121,7 @@ def _default_load_check(model_or_path: ModelLike, original: onnx.ModelProto) -> 
         from .checks.feeds import make_feeds
         from .checks.first_run import first_run
 
-        if not any(b.fused and b.target != "ortflash" for b in report.blocks):
+        if not any(b.lowered_to for b in report.blocks):
             return first_run(model, weights_dir=weights_dir).problem
         try:
             feeds = make_feeds(original)
@@ -153,15 +135,15 @@ def _default_load_check(model_or_path: ModelLike, original: onnx.ModelProto) -> 
 def _unlowered(report: Report, rows: list[int] | None = None) -> list[str]:
     """Names of the fused blocks (of ``rows``, default all) that stay FlashAttention."""
     chosen = range(len(report.blocks)) if rows is None else rows
-    return [report.blocks[i].name for i in chosen if report.blocks[i].fused and report.blocks[i].target == "ortflash"]
+    return [report.blocks[i].name for i in chosen if report.blocks[i].needs_ortflash]
 
 
 def _choose_for_ep(
     ep: str, run: Callable[[str], tuple[onnx.ModelProto, Report]], check: LoadCheck
 ) -> tuple[onnx.ModelProto, Report]:
-    """The first target of EP_TARGETS[ep] (those this ortflash has) that lowers every fused block
+    """The first target of EP_ORDER[ep] (those this ortflash has) that lowers every fused block
     and loads; else the loadable candidate keeping the fewest blocks FlashAttention."""
-    candidates = [t for t in EP_TARGETS[ep] if t in TARGETS]
+    candidates = [t for t in EP_ORDER[ep] if t in TARGETS]
     tried: list[str] = []
     fallback: tuple[onnx.ModelProto, Report, str] | None = None
     first: tuple[onnx.ModelProto, Report] | None = None
@@ -171,7 +153,7 @@ def _choose_for_ep(
         if not report.fused:
             report.target = TargetChoice(AUTO, ep, candidate, "no block fused: the model is unchanged", tried)
             return model, report
-        kept = [] if candidate == "ortflash" else _unlowered(report)
+        kept = [] if REGISTRY[candidate].needs_ortflash else _unlowered(report)
         problem = check(model, report)
         if problem is None and not kept:
             why = f"the first of {', '.join(candidates)} (the order for {ep}) that lowers every block and loads"
@@ -203,14 +185,14 @@ def _choose_default(
 ) -> tuple[onnx.ModelProto, Report]:
     """ortflash; where fused blocks feed a quantizer, contrib or else onnx when it lowers every such block
     and loads: there a float32 rounding difference can become a different integer downstream."""
-    model, report = run(_DEFAULT_TARGET)
+    model, report = run(DEFAULT_TARGET)
     sensitive = [i for i, b in enumerate(report.blocks) if b.fused and b.rounding]
     if not sensitive:
-        report.target = TargetChoice(None, None, _DEFAULT_TARGET, "the default")
+        report.target = TargetChoice(None, None, DEFAULT_TARGET, "the default")
         return model, report
     names = ", ".join(report.blocks[i].name for i in sensitive[:3]) + (" ..." if len(sensitive) > 3 else "")
     tried: list[str] = []
-    for candidate in _EXACT_TARGETS:
+    for candidate in ORT_KERNEL_TARGETS:
         lowered_model, lowered_report = run(candidate)
         kept = _unlowered(lowered_report, sensitive)
         problem = None if kept else check(lowered_model, lowered_report)
@@ -231,22 +213,22 @@ def _choose_default(
         f"{len(sensitive)} fused block(s) feed a quantizer ({names}), but neither contrib nor onnx lowers "
         "them all and loads: they stay FlashAttention; check with real inputs (--verify --feeds)"
     )
-    report.target = TargetChoice(None, None, _DEFAULT_TARGET, why, tried)
+    report.target = TargetChoice(None, None, DEFAULT_TARGET, why, tried)
     return model, report
 
 
-def _optimize_for(
-    proto: onnx.ModelProto, policy: SoftmaxPolicy, target: str, num_heads: int | None, prove_causal: bool = True
+def _fuse(
+    proto: onnx.ModelProto, policy: SoftmaxPolicy, num_heads: int | None, prove_causal: bool = True
 ) -> tuple[onnx.ModelProto, Report]:
-    """The pass for one concrete target."""
+    """Every block fused, once, whatever the target: the fused model (its inferred value_info kept,
+    for the lowerings to prove from) and the report; the input itself when nothing is fused."""
     from .checks.rounding import mark_rounding_sensitive
 
     # Opset conversions a target needs (to 13 for contrib/webgpu, 23 for onnx) happen in lower(),
     # after fusion: converting first lets the 12 -> 13 adapter wrap Softmax in Reshapes where
     # shapes are unknown, and then no block fuses.
-    work = proto
-    opset = u.default_opset(work)
-    shaped, inference = with_shapes(work)
+    opset = u.default_opset(proto)
+    shaped, inference = with_shapes(proto)
     model = ir.serde.deserialize_model(shaped)
     report = Report(proto.graph.name or "model", shape_inference=inference)
     for graph, scope in _scopes(model.graph, ""):
@@ -259,7 +241,7 @@ def _optimize_for(
         for row in rows:
             row.name = scope + row.name
         report.blocks += rows
-        _prove_heads(graph, report, num_heads, assert_given=target != "ortflash", opset=opset)
+        _prove_heads(graph, report, num_heads)
 
     for block in report.blocks:  # rows not fused: what the rules read, where it is a number
         block.heads, block.kv_heads, block.head_dim = (
@@ -272,32 +254,46 @@ def _optimize_for(
     common_passes.RemoveUnusedNodesPass()(model)  # subgraphs included
     model.opset_imports.setdefault(spec.DOMAIN, spec.DOMAIN_VERSION)
     out = ir.serde.serialize_model(model)
-    out.ir_version = work.ir_version
+    out.ir_version = proto.ir_version
     mark_rounding_sensitive(out, report)
-    if target != "ortflash":
+    return out, report
+
+
+def _lower_for(
+    original: onnx.ModelProto, fused: onnx.ModelProto, fusion_report: Report, target: str
+) -> tuple[onnx.ModelProto, Report]:
+    """The fused model written for one target, with its own copy of the report."""
+    report = copy.deepcopy(fusion_report)
+    if not report.fused:
+        return original, report
+    out = fused
+    if not REGISTRY[target].needs_ortflash:
         # the lowering proves from the shapes the rules proved from (subgraphs' included)
-        before = u.default_opset(out)
-        out, notes = lower(out, target)
+        before = u.default_opset(fused)
+        out, notes = lower(fused, target)
         _note_lowering(report, notes, target)
         after = u.default_opset(out)
         if after != before:
             report.notes.append(
                 f"converted from opset {before} to {after} for --target {target} (onnx.version_converter)"
             )
-    _keep_declared_value_info(work, out)
+    if out is fused:  # the fused model is shared by every candidate: write on a copy
+        out = onnx.ModelProto()
+        out.CopyFrom(fused)
+    _strip_given_head_counts(out)
+    _keep_declared_value_info(original, out)
     return out, report
 
 
-def _prove_heads(graph: ir.Graph, report: Report, num_heads: int | None, *, assert_given: bool, opset: int) -> None:
+def _prove_heads(graph: ir.Graph, report: Report, num_heads: int | None) -> None:
     """Heads, kv heads and head dim of each block fused in ``graph``, as numbers where the fused
     node's operands prove them (resolved through Reshapes, Transposes and computed shapes, which
     the rules' own reading leaves symbolic in TorchScript exports), else None.
 
     ``num_heads`` fills the query head count where nothing proves it; where something does and
-    it differs, OrtflashError. With ``assert_given`` (a lowering follows, which needs the count),
-    Q, and K and V where their head dim is the same unknown as Q's, are reshaped to ``[0, N, 0, 0]``
-    before the node: the identity when the count is right, an error at run time (caught before
-    anything is written) when it is not, and a static count the lowering can prove from.
+    it differs, OrtflashError. The given count is recorded on the node, for Q, and for K and V
+    where their head dim is the same unknown as Q's (``GIVEN_HEADS``): a lowering, whose ops
+    take the count as a number, writes it there (lowering/head_count.py).
     """
     for node in list(graph):
         if node.domain != spec.DOMAIN or node.op_type != spec.OP_TYPE or BLOCK_ID not in node.metadata_props:
@@ -326,13 +322,18 @@ def _prove_heads(graph: ir.Graph, report: Report, num_heads: int | None, *, asse
         if same_kv:
             block.kv_heads = num_heads
         block.reason = "; ".join(filter(None, [block.reason, f"{num_heads} heads given (--num-heads), not proved"]))
-        if not assert_given:
-            continue
-        e = Emitter(graph, node, f"ortflash/num_heads_{row}", opset)
-        node.replace_input_with(0, e.reshape(q, [0, num_heads, 0, 0]))
-        for index, x in ((1, k), (2, v)):
-            if same_kv and shapes.same_dim(hq, shapes.resolved_dim(x, 1)):
-                node.replace_input_with(index, e.reshape(x, [0, num_heads, 0, 0]))
+        marked = [0] + [i for i, x in ((1, k), (2, v)) if same_kv and shapes.same_dim(hq, shapes.resolved_dim(x, 1))]
+        node.metadata_props[GIVEN_HEADS] = given_heads.encode(num_heads, marked)
+
+
+def _strip_given_head_counts(model: onnx.ModelProto) -> None:
+    """The head-count marks are for the lowerings of this run only; what is written keeps none."""
+    for graph in graphs_of(model.graph):
+        for node in graph.node:
+            kept = [p for p in node.metadata_props if p.key != GIVEN_HEADS]
+            if len(kept) != len(node.metadata_props):
+                del node.metadata_props[:]
+                node.metadata_props.extend(kept)
 
 
 def _scopes(graph: ir.Graph, scope: str) -> Iterator[tuple[ir.Graph, str]]:
@@ -373,6 +374,6 @@ def _note_lowering(report: Report, notes: list[LoweringNote], target: str) -> No
         block = rows.get(note.block or "")
         if block is None:
             continue  # a FlashAttention node the input model already had
-        block.target = note.op if note.lowered else "ortflash"
+        block.lowered_to = note.op if note.lowered else None
         if not note.lowered:
             block.reason = "; ".join(filter(None, [block.reason, f"not lowered to {target}: {note.reason}"]))

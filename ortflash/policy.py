@@ -19,6 +19,10 @@ from . import spec
 
 _DEFAULT_BLOCK_SIZE = cast(int, spec.ATTRIBUTES["block_size"].default)
 _DEFAULT_MIN_SEQ_LEN = cast(int, spec.ATTRIBUTES["min_seq_len"].default)
+# The mode a new FlashAttention node gets when nothing asks for one: the proposal's switch is off
+# unless given (--online-softmax), so naive. The one default of every front door (optimize, the
+# CLI, regress manifests, bench).
+DEFAULT_MODE = "naive"
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,21 @@ class SoftmaxPolicy:
             _DEFAULT_BLOCK_SIZE if block_size is None else block_size,
             _DEFAULT_MIN_SEQ_LEN if min_seq_len is None else min_seq_len,
         )
+
+    @classmethod
+    def for_new_nodes(
+        cls,
+        softmax: str | None = None,
+        online_softmax: bool | None = None,
+        block_size: int | None = None,
+        min_seq_len: int | None = None,
+    ) -> SoftmaxPolicy:
+        """The policy fusion writes on the nodes it creates: :meth:`from_options`, with
+        DEFAULT_MODE and the op's default sizes for whatever is not asked for."""
+        asked = softmax is not None or online_softmax is not None
+        policy = cls.from_options(softmax if asked else DEFAULT_MODE, online_softmax, block_size, min_seq_len)
+        assert policy is not None  # a mode is given, so a whole policy comes back
+        return policy
 
     @classmethod
     def from_attributes(cls, attrs: dict[str, Any]) -> SoftmaxPolicy:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 JSON_SCHEMA = "ortflash.result"
 # Raise on any change to the keys or meaning of the document below; additions included.
-JSON_SCHEMA_VERSION = 3
+JSON_SCHEMA_VERSION = 4  # 4: a block's `target` became `lowered_to` (null: FlashAttention)
 
 
 @dataclass
@@ -29,10 +29,17 @@ class Block:
     scale: float | None = None
     mask: str = ""  # bias / mask / causal summary
     softmax: str = ""  # naive | online | auto, as written on the fused node
-    target: str = "ortflash"
+    # the native op a fused block was lowered to ("com.microsoft.MultiHeadAttention"); None where the
+    # block is a FlashAttention node (or was not fused)
+    lowered_to: str | None = None
     # the quantizer the block's output reaches a few nodes on ("DynamicQuantizeLinear 4 nodes on"), where
     # float32 rounding can flip an integer: check such blocks with real inputs (see checks.rounding)
     rounding: str = ""
+
+    @property
+    def needs_ortflash(self) -> bool:
+        """A fused block that stays FlashAttention: the model needs ortflash wherever it runs."""
+        return self.fused and self.lowered_to is None
 
 
 @dataclass
@@ -92,8 +99,8 @@ class Report:
                 heads += f" (kv {b.kv_heads})"
             # names and reasons come from the model: brackets in them are text, not rich markup
             result = f"[green]fused[/] ({escape(b.softmax)})" if b.fused else f"[yellow]kept:[/] {escape(b.reason)}"
-            if b.fused and b.target != "ortflash":
-                result = f"[green]fused[/] → {escape(b.target)}"
+            if b.fused and b.lowered_to:
+                result = f"[green]fused[/] → {escape(b.lowered_to)}"
             if b.fused and b.reason:
                 result += f"; {escape(b.reason)}"
             if b.fused and b.rounding:

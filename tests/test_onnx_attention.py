@@ -542,7 +542,7 @@ def test_optimize_with_a_target_reports_attention_op_blocks_as_lowered(target, o
     model, feeds = build(Case(mask="float"))
     lowered, report = ortflash.optimize(model, target=target)
     (block,) = report.blocks
-    assert block.fused and block.target == op, (block.target, block.reason)
+    assert block.fused and block.lowered_to == op, (block.lowered_to, block.reason)
     assert not any(n.op_type == spec.OP_TYPE for n in lowered.graph.node)
     assert_same(run_ort(lowered, feeds), run_ort(model, feeds), f16=False)
 

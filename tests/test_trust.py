@@ -205,7 +205,7 @@ def _runs_only_at_length_7(name: str, reshape: bool) -> onnx.ModelProto:
 
 
 def _lowered_report(path: str) -> ortflash.Report:
-    return ortflash.Report(path, blocks=[Block("softmax", True, target="com.microsoft.MultiHeadAttention")])
+    return ortflash.Report(path, blocks=[Block("softmax", True, lowered_to="com.microsoft.MultiHeadAttention")])
 
 
 def test_first_run_finds_a_model_that_loads_but_fails_to_run():
@@ -259,7 +259,7 @@ def test_a_really_lowered_model_runs_once_and_is_written(model_path, tmp_path, m
     out, doc = tmp_path / "m.onnx", tmp_path / "m.json"
     assert main(["optimize", model_path, "--target", "contrib", "-o", str(out), "--json", str(doc)]) == 0
     block = json.loads(doc.read_text())["blocks"][0]
-    assert out.exists() and block["fused"] and block["target"] != "ortflash"
+    assert out.exists() and block["fused"] and block["lowered_to"]
     assert ran == [True]  # run once, no problem and no note
 
 
@@ -348,7 +348,7 @@ def test_every_command_writes_one_versioned_json_schema(model_path, tmp_path):
     for command, doc in docs.items():
         assert (doc["schema"], doc["schema_version"], doc["command"], doc["exit_code"], doc["ok"]) == (
             "ortflash.result",
-            3,
+            4,
             command,
             0,
             True,
@@ -434,11 +434,11 @@ def test_num_heads_lets_a_block_whose_count_nothing_proves_lower(tmp_path, capsy
     path, out, doc = _unprovable_heads(tmp_path), tmp_path / "m.onnx", tmp_path / "m.json"
     assert main(["optimize", path, "--target", "contrib", "-o", str(out), "--json", str(doc)]) == 0
     (block,) = json.loads(doc.read_text())["blocks"]
-    assert block["target"] == "ortflash" and "needs num_heads" in block["reason"] and block["heads"] is None
+    assert block["lowered_to"] is None and "needs num_heads" in block["reason"] and block["heads"] is None
     argv = ["optimize", path, "--target", "contrib", "--num-heads", "2", "--dim", "H=2", "-o", str(out)]
     assert main([*argv, "--verify", "--json", str(doc)]) == 0
     (block,) = json.loads(doc.read_text())["blocks"]
-    assert (block["target"], block["heads"], block["kv_heads"]) == ("com.microsoft.MultiHeadAttention", 2, 2)
+    assert (block["lowered_to"], block["heads"], block["kv_heads"]) == ("com.microsoft.MultiHeadAttention", 2, 2)
     assert "given (--num-heads), not proved" in block["reason"]
     ops = [n.op_type for n in onnx.load(str(out)).graph.node]
     assert ops.count("MultiHeadAttention") == 1 and "FlashAttention" not in ops
@@ -495,7 +495,7 @@ def test_auto_takes_the_first_target_of_the_eps_order(model_path, tmp_path, caps
     result = json.loads(doc.read_text())
     assert (result["target"]["requested"], result["target"]["chosen"], result["target"]["ep"]) == ("auto", chosen, ep)
     assert result["target"]["tried"] == []
-    assert result["blocks"][0]["target"] == "com.microsoft.MultiHeadAttention"
+    assert result["blocks"][0]["lowered_to"] == "com.microsoft.MultiHeadAttention"
     assert f"target: {chosen}:" in capsys.readouterr().out
 
 
@@ -508,7 +508,7 @@ def test_auto_falls_back_when_the_first_target_does_not_lower_every_block(tmp_pa
         == 0
     )
     result = json.loads(doc.read_text())
-    assert result["target"]["chosen"] == "onnx" and result["blocks"][0]["target"] == "Attention"
+    assert result["target"]["chosen"] == "onnx" and result["blocks"][0]["lowered_to"] == "Attention"
     assert result["target"]["tried"] == ["contrib: 1 of 1 fused blocks not lowered (Softmax_0)"]
     assert "converted from opset 17 to 23 for --target onnx" in " ".join(result["notes"])
     assert "passed over contrib" in capsys.readouterr().out
@@ -530,12 +530,12 @@ def test_the_default_target_prefers_native_ops_for_blocks_feeding_a_quantizer(tm
     assert main(["optimize", path, "-o", str(tmp_path / "m.onnx"), "--json", str(doc)]) == 0
     result = json.loads(doc.read_text())
     assert result["target"]["requested"] is None and result["target"]["chosen"] == "contrib"
-    assert "feed a quantizer" in result["target"]["why"] and result["blocks"][0]["target"].endswith(
+    assert "feed a quantizer" in result["target"]["why"] and result["blocks"][0]["lowered_to"].endswith(
         "MultiHeadAttention"
     )
     assert "target: contrib: 1 fused block(s) feed a quantizer" in capsys.readouterr().out
     assert main(["optimize", path, "--target", "ortflash", "-o", str(tmp_path / "f.onnx"), "--json", str(doc)]) == 0
-    assert json.loads(doc.read_text())["blocks"][0]["target"] == "ortflash"
+    assert json.loads(doc.read_text())["blocks"][0]["lowered_to"] is None
 
 
 def test_blocks_far_from_a_quantizer_keep_the_ortflash_default(model_path):

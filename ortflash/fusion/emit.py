@@ -14,6 +14,10 @@ from .call import FlashAttentionCall
 # Node metadata written on every FlashAttention node ortflash.optimize emits.
 REPLACES = "ortflash.replaces"  # the original value the node computes (ortflash validate reads it)
 BLOCK_ID = "ortflash.block"  # the report row (index in Report.blocks) the node stands for
+# A head count the user gave (--num-heads) where nothing proves it, and which of Q, K, V (input
+# indexes) have it: "12:0,1,2". A lowering, whose ops take the count as a number, reshapes those
+# inputs to [0, N, 0, 0] (lowering/head_count.py); FlashAttention itself reads heads from shapes.
+GIVEN_HEADS = "ortflash.given_heads"
 
 _ACCUMULATOR = ir.DataType.FLOAT
 

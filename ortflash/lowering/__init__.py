@@ -90,15 +90,11 @@ from ..fusion.emit import BLOCK_ID
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..model_shapes import graphs_of
-from .contrib import CONTRIB_DOMAIN, CONTRIB_VERSION, MIN_CONTRIB_OPSET, OP_GQA, OP_MHA, lower_contrib
+from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
+from .head_count import with_given_head_counts
 from .read import is_flash_attention, read_call, with_shapes
-from .standard import (
-    ONNX_ATTENTION_OPSET,
-    ONNX_IR_VERSION,
-    OP_ATTENTION,
-    lower_standard,
-)
-from .webgpu import lower_webgpu
+from .standard import OP_ATTENTION
+from .targets import REGISTRY, TARGETS, Target
 
 __all__ = [
     "CONTRIB_DOMAIN",
@@ -107,10 +103,10 @@ __all__ = [
     "OP_MHA",
     "TARGETS",
     "LoweringNote",
+    "Target",
     "lower",
 ]
 
-TARGETS = ("ortflash", "contrib", "onnx", "webgpu")
 _NEEDS_ORTFLASH = "the model still needs ortflash (ortflash.session_options()) to run"
 _MESSAGE_CHARS = 160  # of a converter error, in a note
 
@@ -138,22 +134,24 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
 
     The input model is not modified. When nothing is lowered the input model itself comes back.
     """
-    if target not in TARGETS:
+    record = REGISTRY.get(target)
+    if record is None:
         raise OrtflashError(f"unknown lowering target {target!r}: use one of {', '.join(TARGETS)}")
     kept = [_kept_note(n, i) for i, n in enumerate(_flash_attention_protos(model))]
     if not kept:
         return model, []
-    if target == "ortflash":
-        why = "target ortflash keeps FlashAttention; it runs with ortflash.session_options()"
+    write = record.write
+    if write is None:
+        why = f"target {record.name} keeps FlashAttention; it runs with ortflash.session_options()"
         return model, [_with_reason(n, why) for n in kept]
 
-    work = model
+    work = with_given_head_counts(model) if record.needs_head_count else model
     # Converted after fusion: no Softmax is left for the 12 -> 13 adapter to wrap in reshapes
     # (it does where it cannot see the rank, as in models without shapes).
-    least = {"onnx": ONNX_ATTENTION_OPSET, "contrib": MIN_CONTRIB_OPSET, "webgpu": MIN_CONTRIB_OPSET}.get(target)
-    if least is not None and u.default_opset(model) < least:
+    least = record.min_opset
+    if least is not None and u.default_opset(work) < least:
         try:
-            work = onnx.version_converter.convert_version(model, least)
+            work = onnx.version_converter.convert_version(work, least)
         except Exception as exc:  # noqa: BLE001 - the converter raises several types
             why = (
                 f"the model could not be converted to opset {least} for {target} "
@@ -167,7 +165,6 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
 
     notes: list[LoweringNote] = []
     stem = _fresh_stem(irm)
-    write = {"contrib": lower_contrib, "webgpu": lower_webgpu}.get(target, lower_standard)
     # every graph's nodes (If branches, Loop and Scan bodies too); each written into its own graph
     for index, node in enumerate([n for n in graph.all_nodes() if is_flash_attention(n)]):
         name = node.name or f"{spec.OP_TYPE}_{index}"
@@ -186,13 +183,14 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
     if not any(n.lowered for n in notes):
         return model, notes
     common_passes.RemoveUnusedNodesPass()(irm)
-    if target in ("contrib", "webgpu"):
-        irm.opset_imports[CONTRIB_DOMAIN] = CONTRIB_VERSION
+    if record.domain is not None:
+        domain, version = record.domain
+        irm.opset_imports[domain] = version
     out = ir.serde.serialize_model(irm)
     _drop_unused_ortflash_import(out)
     # Opset 23 belongs to IR 11, but IR 10 is what ONNX Runtime 1.31 and onnxruntime-web 1.30
     # load it with; a model already above 10 keeps its version.
-    out.ir_version = max(model.ir_version, ONNX_IR_VERSION) if target == "onnx" else model.ir_version
+    out.ir_version = model.ir_version if record.ir_version is None else max(model.ir_version, record.ir_version)
     declared = {vi.name for g in graphs_of(model.graph) for vi in g.value_info}
     for out_graph in graphs_of(out.graph):
         kept_info = [vi for vi in out_graph.value_info if vi.name in declared]

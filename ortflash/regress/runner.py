@@ -86,7 +86,7 @@ def _count_blocks(row: CheckResult, report: Report, target: str) -> None:
     if row.expected is None:
         row.count_note = f"no expectation recorded: {row.fused} fused (regress --update records it)"
     elif row.fused < row.expected:
-        missed = [b for b in report.blocks if not b.fused or (target != "ortflash" and b.target == "ortflash")]
+        missed = [b for b in report.blocks if not b.fused or (target != "ortflash" and b.needs_ortflash)]
         why = "; ".join(f"{b.name}: {b.reason or 'no reason recorded'}" for b in missed[:3])
         more = f" (and {len(missed) - 3} more)" if len(missed) > 3 else ""
         row.problems.append(f"{row.fused} of {row.expected} expected blocks fused; kept {why}{more}")

@@ -1,0 +1,116 @@
+"""The targets a fused model can be written for: one record each, and the order per execution provider.
+
+Everything the pipeline knows about a target lives in its record: the writer that lowers one
+FlashAttention node (None: the node stays), the opset and IR version its ops need, the domain it
+imports, the execution providers its ops run on natively, and whether the written model still
+needs ortflash at run time. ``optimize`` fuses once and then lowers the same fused model for each
+candidate target; nothing upstream of the lowering reads a target's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import onnx_ir as ir
+
+from ..fusion.call import FlashAttentionCall
+from ..graph.emitter import Emitter
+from .contrib import CONTRIB_DOMAIN, CONTRIB_VERSION, MIN_CONTRIB_OPSET, lower_contrib
+from .standard import ONNX_ATTENTION_OPSET, ONNX_IR_VERSION, lower_standard
+from .webgpu import lower_webgpu
+
+# Writes one call as the target's ops after ``e``'s anchor; returns (op written, how), or raises NotLowered.
+Writer = Callable[[Emitter, FlashAttentionCall, ir.Value], tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    write: Writer | None  # None: FlashAttention nodes stay as they are
+    summary: str  # one line for --help and the README
+    min_opset: int | None = None  # the default-domain opset its ops are written in
+    domain: tuple[str, int] | None = None  # the opset import its ops need
+    ir_version: int | None = None  # the least IR version its ops load with (a higher one is kept)
+    native_eps: tuple[str, ...] = ()  # execution providers that run its ops with their own kernels
+    # ONNX Runtime's own kernels compute the whole block, as the original ops did (the choice for
+    # blocks that feed a quantizer, where a rounding difference can flip an integer downstream)
+    ort_kernels: bool = False
+
+    @property
+    def needs_ortflash(self) -> bool:
+        """Whether the written model needs ortflash (its custom op) wherever it runs."""
+        return self.write is None
+
+    @property
+    def needs_head_count(self) -> bool:
+        """Whether the target's ops take the head count as a number (``--num-heads`` is written for it)."""
+        return self.write is not None
+
+
+ORTFLASH = Target(
+    "ortflash",
+    None,
+    "FlashAttention nodes, run by ortflash's kernels (ortflash.session_options())",
+)
+REGISTRY: Mapping[str, Target] = MappingProxyType(
+    {
+        target.name: target
+        for target in (
+            ORTFLASH,
+            Target(
+                "contrib",
+                lower_contrib,
+                "ONNX Runtime's com.microsoft MultiHeadAttention / GroupQueryAttention",
+                min_opset=MIN_CONTRIB_OPSET,
+                domain=(CONTRIB_DOMAIN, CONTRIB_VERSION),
+                native_eps=("cpu", "cuda", "webgpu"),
+                ort_kernels=True,
+            ),
+            Target(
+                "onnx",
+                lower_standard,
+                "the standard ONNX Attention op (opset 23)",
+                min_opset=ONNX_ATTENTION_OPSET,
+                ir_version=ONNX_IR_VERSION,
+                native_eps=("cpu", "cuda"),
+                ort_kernels=True,
+            ),
+            Target(
+                "webgpu",
+                lower_webgpu,
+                "the forms ONNX Runtime's WebGPU EP runs on the GPU and right (benchmarks/results/webgpu_capabilities.md)",
+                min_opset=MIN_CONTRIB_OPSET,
+                domain=(CONTRIB_DOMAIN, CONTRIB_VERSION),
+                native_eps=("webgpu",),
+            ),
+        )
+    }
+)
+TARGETS = tuple(REGISTRY)
+
+# Per execution provider, the targets whose ops run there natively, in order of preference
+# (README, "Choosing a target"). contrib first on the CPU and CUDA: ONNX Runtime's own
+# MultiHeadAttention / GroupQueryAttention kernels need nothing but onnxruntime at run time, were
+# bit-identical to the original graph on the CPU EP for most zoo models and 1.16-1.27x faster than it
+# (benchmarks/results/cpu_attention_*.md). onnx next: Attention-23 is the standard form, but on the
+# WebGPU EP it falls back to the CPU (issue 11), so it is not offered there. On the CPU the last
+# resort is ortflash's own op: faster still at long sequences but a custom op that needs ortflash
+# and onnxruntime-extensions wherever the model runs.
+EP_ORDER: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "cpu": ("contrib", "onnx", "ortflash"),
+        "cuda": ("contrib", "onnx"),
+        "webgpu": ("webgpu", "contrib"),
+    }
+)
+EXECUTION_PROVIDERS = tuple(EP_ORDER)
+# For blocks that feed a quantizer, in order: the targets whose ops are ONNX Runtime's own kernels.
+ORT_KERNEL_TARGETS = tuple(t.name for t in REGISTRY.values() if t.ort_kernels)
+DEFAULT_TARGET = ORTFLASH.name
+
+
+def target_named(name: str) -> Target:
+    """The record of a target, or KeyError."""
+    return REGISTRY[name]

@@ -1,0 +1,94 @@
+"""The target registry: one record per target, fusion once per model, and the head count a user
+gives written by the lowering that needs it (issue 21, item 2)."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import onnx
+import pytest
+from attention_graphs import Variant, build
+
+from ortflash import lowering
+from ortflash.fusion.emit import GIVEN_HEADS
+from ortflash.lowering.targets import EP_ORDER, ORT_KERNEL_TARGETS, REGISTRY, TARGETS
+from ortflash.optimize import optimize
+
+# the module (the package exports its function under the same name)
+pipeline = importlib.import_module("ortflash.optimize")
+
+
+def test_every_target_has_one_record_and_every_ep_order_names_registered_targets():
+    assert TARGETS == ("ortflash", "contrib", "onnx", "webgpu") == lowering.TARGETS
+    assert [t.name for t in REGISTRY.values() if t.needs_ortflash] == ["ortflash"]
+    assert ORT_KERNEL_TARGETS == ("contrib", "onnx")
+    assert all(set(order) <= set(TARGETS) for order in EP_ORDER.values())
+    # a target a provider prefers runs its ops natively there, except ortflash's own op on the CPU
+    for ep, order in EP_ORDER.items():
+        assert all(ep in REGISTRY[t].native_eps for t in order if not REGISTRY[t].needs_ortflash), ep
+
+
+def _counting_shape_inference(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = pipeline.with_shapes
+
+    def counted(model):
+        calls.append(1)
+        return real(model)
+
+    monkeypatch.setattr(pipeline, "with_shapes", counted)
+    return calls
+
+
+def test_auto_fuses_once_and_lowers_the_same_fused_model_for_each_candidate(monkeypatch):
+    # a finite fill above float32's lowest: no native op computes it, so contrib and onnx are both
+    # passed over and the cpu order ends at ortflash, three candidates
+    model = build(Variant(where_mask="keep", fill=-1e4))
+    calls = _counting_shape_inference(monkeypatch)
+    out, report = optimize(model, ep="cpu", load_check=lambda m, r: None)
+    assert report.target is not None and report.target.chosen == "ortflash"
+    assert len(report.target.tried) == 2  # contrib and onnx, each with its reason
+    assert len(calls) == 1  # the pass ran shape inference and fusion once, not once per candidate
+    assert [n.op_type for n in out.graph.node].count("FlashAttention") == 1
+
+
+def test_candidates_do_not_share_report_rows():
+    model = build(Variant(where_mask="keep"))
+    _, contrib = optimize(model, target="contrib", load_check=lambda m, r: None)
+    _, own = optimize(model, target="ortflash", load_check=lambda m, r: None)
+    assert contrib.blocks[0].lowered_to == "com.microsoft.MultiHeadAttention"
+    assert own.blocks[0].lowered_to is None and own.blocks[0].needs_ortflash
+
+
+def _unproved_heads_model() -> onnx.ModelProto:
+    """Q, K, V [B, H, S, D] with H a symbol nothing proves."""
+    model = build(Variant(heads="H"))  # type: ignore[arg-type]
+    return model
+
+
+def test_a_given_head_count_is_written_by_the_lowering_and_never_left_in_the_output():
+    model = _unproved_heads_model()
+    own, own_report = optimize(model, target="ortflash", num_heads=2, load_check=lambda m, r: None)
+    lowered, lowered_report = optimize(model, target="contrib", num_heads=2, load_check=lambda m, r: None)
+    # FlashAttention reads heads from shapes at run time: no reshape is written for it
+    assert not any(n.op_type == "Reshape" for n in own.graph.node)
+    assert own_report.blocks[0].heads == 2 and "2 heads given" in own_report.blocks[0].reason
+    # the native op takes the count as a number: Q, K and V are reshaped to it before the node
+    reshapes = [n for n in lowered.graph.node if n.op_type == "Reshape" and "num_heads" in n.name]
+    assert len(reshapes) == 3, [n.name for n in lowered.graph.node]
+    assert lowered_report.blocks[0].lowered_to == "com.microsoft.MultiHeadAttention"
+    for m in (own, lowered):
+        assert all(p.key != GIVEN_HEADS for n in m.graph.node for p in n.metadata_props)
+
+
+def test_a_wrong_given_head_count_fails_the_lowered_model_at_its_first_run():
+    import onnxruntime as ort
+
+    model = _unproved_heads_model()
+    lowered, _ = optimize(model, target="contrib", num_heads=3, load_check=lambda m, r: None)
+    session = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((1, 2, 5, 32)).astype(np.float32) for n in ("q", "k", "v")}
+    with pytest.raises(Exception, match="(?i)reshape|shape"):
+        session.run(None, feeds)
