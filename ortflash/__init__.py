@@ -1,33 +1,70 @@
 """ortflash: fuse attention in exported ONNX transformers into one FlashAttention op."""
 
+import importlib
+import sys
+import types
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__ as __version__
 from .errors import OrtflashError
-from .lowering import LoweringNote, lower
-from .model_io import save
-from .optimize import optimize
-from .policy import SoftmaxPolicy
-from .report import Block, Report
-from .session import InferenceSession, session_options
 
 if TYPE_CHECKING:
     from .api import NodeCheck, OutputDiff, ValidateResult, VerifyResult, make_feeds, validate, verify
+    from .lowering import LoweringNote, lower
+    from .model_io import save
+    from .optimize import optimize
+    from .policy import SoftmaxPolicy
+    from .report import Block, Report
+    from .session import InferenceSession, session_options
 
-# The checking API imports onnxruntime-extensions, whose import pulls in torch where torch is
-# installed (several seconds); `import ortflash` and the CLI load it only when it is used.
-_API_NAMES = frozenset(
-    {"verify", "validate", "make_feeds", "VerifyResult", "ValidateResult", "OutputDiff", "NodeCheck"}
+# Every public name but OrtflashError is imported where it is first used, from the module named here.
+# `import ortflash` then costs nothing, so the `ortflash` command turns a Ctrl-C into exit 130 from
+# its first instruction (onnx, onnx_ir and ONNX Runtime take about 0.9 s to import, and a Ctrl-C in
+# them printed a 28-line traceback); and the checking API's onnxruntime-extensions, whose import
+# pulls in torch where torch is installed (several seconds), loads only when it is used.
+_PUBLIC: Mapping[str, str] = types.MappingProxyType(
+    {
+        "optimize": "optimize",
+        "save": "model_io",
+        "session_options": "session",
+        "InferenceSession": "session",
+        "SoftmaxPolicy": "policy",
+        "Report": "report",
+        "Block": "report",
+        "lower": "lowering",
+        "LoweringNote": "lowering",
+        **dict.fromkeys(
+            ("verify", "validate", "make_feeds", "VerifyResult", "ValidateResult", "OutputDiff", "NodeCheck"), "api"
+        ),
+    }
 )
 
 
 def __getattr__(name: str) -> Any:
-    if name in _API_NAMES:
-        from . import api
-
-        return getattr(api, name)
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+        setattr(sys.modules[__name__], name, value)
+        return value
+    try:  # a submodule not imported yet (ortflash.spec, ortflash.model_io, ...), as an eager package had them
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
     raise AttributeError(f"module 'ortflash' has no attribute {name!r}")
 
+
+class _Package(types.ModuleType):
+    """This package's module object: ``ortflash.optimize`` stays the function when the submodule
+    of the same name is imported (the import system sets the parent's attribute to the module)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _PUBLIC.get(name) == name:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "optimize",

@@ -58,3 +58,33 @@ def test_ort_message_keeps_its_end_and_hints_at_batch_one(tmp_path, capsys):
     assert main(["verify", path, fused, "--batch", "1", "-q"]) == 0
     assert main(["optimize", path, "--verify", "--online-softmax", "-o", str(tmp_path / "o.onnx")]) == 2
     assert "try --batch 1" in capsys.readouterr().err
+
+
+def _console_script_target() -> str:
+    import tomllib
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+        return str(tomllib.load(f)["project"]["scripts"]["ortflash"])
+
+
+@pytest.mark.parametrize("launch", ["-m", "script"])
+@pytest.mark.parametrize("delay", [0.05, 0.3])
+def test_ctrl_c_during_start_up_is_exit_130_and_one_line(tmp_path, launch, delay):
+    """Item 2: a Ctrl-C in the first second (the imports) printed importlib's KeyboardInterrupt traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    module, function = _console_script_target().split(":")
+    script = f"import sys; from {module} import {function}; sys.argv[0] = 'ortflash'; sys.exit({function}())"
+    head = [sys.executable, "-m", "ortflash"] if launch == "-m" else [sys.executable, "-c", script]
+    model = tmp_path / "m.onnx"
+    onnx.save(projected_block(upstream="Identity"), str(model))
+    started = time.monotonic()
+    proc = subprocess.Popen([*head, "inspect", str(model)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - started < 30
+    assert (proc.returncode, err.strip(), out) == (130, "ortflash: interrupted", ""), err[-2000:]
