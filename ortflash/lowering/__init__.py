@@ -5,7 +5,7 @@ target ops, layout.py what they need around them; this module runs the pass.
 
     model, notes = lower(model, "contrib")   # or "onnx", or "ortflash" (no change)
 
-Targets (DESIGN.md, "Targets"):
+Targets (the README's ``--target``, under "Command line"):
 
 - ``ortflash``: nothing changes; FlashAttention runs through ``ortflash.session_options()``.
 - ``contrib``: ONNX Runtime's ``com.microsoft`` MultiHeadAttention; GroupQueryAttention for
