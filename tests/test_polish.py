@@ -88,3 +88,33 @@ def test_ctrl_c_during_start_up_is_exit_130_and_one_line(tmp_path, launch, delay
     out, err = proc.communicate(timeout=60)
     assert time.monotonic() - started < 30
     assert (proc.returncode, err.strip(), out) == (130, "ortflash: interrupted", ""), err[-2000:]
+
+
+@pytest.mark.parametrize("given", [None, "/nonexistent/run", "mine"])
+def test_wgpu_runs_with_a_private_runtime_dir_when_none_is_usable(tmp_path, given):
+    """Item 3: lavapipe's Wayland probe printed "error: XDG_RUNTIME_DIR is invalid or not set" on
+    every use where the variable was unset; a runtime dir the user has stays as it is."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("wgpu")
+    mine = tmp_path / "run"
+    mine.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    if given is not None:
+        env["XDG_RUNTIME_DIR"] = str(mine) if given == "mine" else given
+    code = (
+        "import json, os, stat; from ortflash.kernels.wgpu.adapter import find_adapter; s = find_adapter(); "
+        "d = os.environ.get('XDG_RUNTIME_DIR', ''); "
+        "print(json.dumps([d, os.path.isdir(d) and stat.S_IMODE(os.stat(d).st_mode), s.adapter is not None]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    folder, mode, _ = json.loads(done.stdout)
+    assert "XDG_RUNTIME_DIR" not in done.stderr
+    if given == "mine":
+        assert folder == str(mine)
+    else:
+        assert folder != (given or "") and "ortflash-runtime-" in folder and mode == 0o700
+        assert not os.path.exists(folder)  # removed at exit

@@ -3,7 +3,10 @@ driver (lavapipe), and why there is none when wgpu finds nothing."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -16,6 +19,8 @@ _TYPE_RANK = MappingProxyType({"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU
 _UNKNOWN_TYPE_RANK = 9
 # Environment variable naming part of the device name of the adapter to use.
 ADAPTER_ENV = "ORTFLASH_WGPU_ADAPTER"
+# The per-user runtime folder of the XDG Base Directory spec, where Wayland looks for its socket.
+RUNTIME_DIR_ENV = "XDG_RUNTIME_DIR"
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,24 @@ def _preference(adapter: wgpu.GPUAdapter) -> tuple[int, int]:
     return type_rank, 0 if info.get("backend_type") == "Vulkan" else 1
 
 
+def ensure_runtime_dir() -> None:
+    """Give the process a private XDG_RUNTIME_DIR where it has none (or one that is no folder).
+
+    Mesa's software Vulkan driver (lavapipe) probes for a Wayland display when wgpu creates its
+    instance, and libwayland prints "error: XDG_RUNTIME_DIR is invalid or not set in the
+    environment." on stderr each time (3 times per ``validate --backend wgpu``, 8 in the README's
+    resident-tensor snippet) on a server or container with no login session. Nothing here draws
+    on a display, so a fresh empty folder of our own (mode 0700, as the spec asks, removed at exit)
+    silences it; a runtime dir the user has is left as it is.
+    """
+    current = os.environ.get(RUNTIME_DIR_ENV, "")
+    if current and os.path.isdir(current):
+        return
+    private = tempfile.mkdtemp(prefix="ortflash-runtime-")  # created 0700
+    atexit.register(shutil.rmtree, private, ignore_errors=True)
+    os.environ[RUNTIME_DIR_ENV] = private
+
+
 def find_adapter(prefer: str | None = None) -> AdapterSearch:
     """The adapter to use: a GPU when there is one, else lavapipe (or any other).
 
@@ -41,6 +64,7 @@ def find_adapter(prefer: str | None = None) -> AdapterSearch:
     """
     import wgpu
 
+    ensure_runtime_dir()  # before wgpu's instance exists: the driver reads it then
     prefer = prefer or os.environ.get(ADAPTER_ENV)
     errors = []
     try:
