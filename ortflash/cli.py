@@ -233,6 +233,15 @@ def _unrunnable(
     return checked.problem
 
 
+def _refuse_unloadable_input(path: str) -> None:
+    """Where a new model does not load, an input ONNX Runtime cannot load either is bad input (exit 2)."""
+    from .checks.first_run import input_problem
+
+    unloadable = input_problem(path)
+    if unloadable is not None:
+        raise OrtflashError(f"{unloadable}; nothing written")
+
+
 def _optimize(args: argparse.Namespace, console: Console) -> int:
     out_path = _output_path(args)
     override = policy_from_args(args)
@@ -242,6 +251,8 @@ def _optimize(args: argparse.Namespace, console: Console) -> int:
 
     def load_check(candidate: onnx.ModelProto, candidate_report: Report) -> str | None:
         checked[id(candidate)] = _unrunnable(candidate, candidate_report, original, args, console)
+        if checked[id(candidate)] is not None:
+            _refuse_unloadable_input(args.model)
         return checked[id(candidate)]
 
     model, report = optimize(
@@ -276,6 +287,7 @@ def _optimize(args: argparse.Namespace, console: Console) -> int:
     # a model with lowered nodes is run once too (some native ops check their inputs only at run time)
     problem = checked[id(model)] if id(model) in checked else _unrunnable(model, report, original, args, console)
     if problem is not None:
+        _refuse_unloadable_input(args.model)
         print(f"ortflash: error: {problem}; nothing written to {out_path}", file=sys.stderr)
         return finish(EXIT_MISMATCH, None)
     verification = None

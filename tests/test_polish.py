@@ -7,7 +7,7 @@ import os
 import numpy as np
 import onnx
 import pytest
-from attention_graphs import projected_block
+from attention_graphs import Variant, build, projected_block
 
 import ortflash
 from ortflash.cli import main
@@ -118,3 +118,18 @@ def test_wgpu_runs_with_a_private_runtime_dir_when_none_is_usable(tmp_path, give
     else:
         assert folder != (given or "") and "ortflash-runtime-" in folder and mode == 0o700
         assert not os.path.exists(folder)  # removed at exit
+
+
+@pytest.mark.parametrize("target", [[], ["--target", "auto", "--ep", "cpu"]])
+def test_an_input_onnx_runtime_cannot_load_is_bad_input(tmp_path, capsys, target):
+    """Item 4: an IR version newer than ONNX Runtime reads (onnx 1.23's make_model writes 14) gave
+    exit 1 and "could not load the optimized model"; the input is the problem."""
+    model = build(Variant())
+    model.ir_version = 14
+    path, out = str(tmp_path / "ir14.onnx"), tmp_path / "out.onnx"
+    onnx.save(model, path)
+    assert main(["optimize", path, "-o", str(out), *target]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"could not load the input model {path}" in err[0], err
+    assert "IR version: 14" in err[0] and err[0].endswith("nothing written")
+    assert not out.exists() and not os.path.exists(str(out).replace(".onnx", ".unverified.onnx"))

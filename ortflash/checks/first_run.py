@@ -60,3 +60,17 @@ def first_run(
     except OrtflashError as exc:
         return FirstRun(problem=f"{exc} (on inputs the original model runs on)")
     return FirstRun()
+
+
+def input_problem(path: str) -> str | None:
+    """Why ONNX Runtime cannot open the user's model itself (None when it can), in the words a
+    new model's load check uses: a model made from an input ONNX Runtime cannot load is not the
+    fault of the rewrite, and the input is what to fix (an IR version newer than ONNX Runtime
+    reads: onnx 1.23's make_model writes IR 14, ONNX Runtime 1.31 reads up to 13)."""
+    import onnxruntime as ort
+
+    try:
+        open_session(path, what=f"the input model {path} (ONNX Runtime {ort.__version__})", config=_CHECK_CONFIG)
+    except OrtflashError as exc:
+        return str(exc)
+    return None
