@@ -60,7 +60,14 @@ def assert_fuses(
         f"expected {blocks} attention block(s) fused for target {target!r}, got {got} "
         f"({len(report.blocks)} Softmax/Attention node(s) in the model)"
     ]
-    lines += [_block_line(b, target) for b in missed] or ["  (every block was fused: the model has more than expected)"]
+    lines += [_block_line(b, target) for b in missed]
+    if got > blocks:
+        lines.append(f"  ({got - blocks} more than expected: the model has more attention blocks than {blocks})")
+    elif not missed:
+        lines.append(
+            f"  (all {len(report.blocks)} Softmax/Attention node(s) were fused: the model has fewer attention blocks "
+            f"than {blocks})"
+        )
     raise AssertionError("\n".join(lines))
 
 

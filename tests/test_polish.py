@@ -133,3 +133,21 @@ def test_an_input_onnx_runtime_cannot_load_is_bad_input(tmp_path, capsys, target
     assert len(err) == 1 and f"could not load the input model {path}" in err[0], err
     assert "IR version: 14" in err[0] and err[0].endswith("nothing written")
     assert not out.exists() and not os.path.exists(str(out).replace(".onnx", ".unverified.onnx"))
+
+
+def test_assert_fuses_says_fewer_or_more_blocks_than_expected():
+    """Item 6: a model with fewer blocks than asked was said to have "more than expected"."""
+    from ortflash.testing import assert_fuses
+
+    model = build(Variant())  # one block
+    with pytest.raises(AssertionError) as fewer:
+        assert_fuses(model, blocks=3)
+    assert fewer.value.args[0].splitlines() == [
+        "expected 3 attention block(s) fused for target 'ortflash', got 1 (1 Softmax/Attention node(s) in the model)",
+        "  (all 1 Softmax/Attention node(s) were fused: the model has fewer attention blocks than 3)",
+    ]
+    with pytest.raises(AssertionError) as more:
+        assert_fuses(model, blocks=0)
+    assert more.value.args[0].splitlines()[1:] == [
+        "  (1 more than expected: the model has more attention blocks than 0)"
+    ]
