@@ -7,7 +7,7 @@ import os
 import numpy as np
 import onnx
 import pytest
-from attention_graphs import Variant, build, projected_block
+from attention_graphs import Variant, broadcast_block, build, projected_block
 
 import ortflash
 from ortflash.cli import main
@@ -151,3 +151,25 @@ def test_assert_fuses_says_fewer_or_more_blocks_than_expected():
     assert more.value.args[0].splitlines()[1:] == [
         "  (1 more than expected: the model has more attention blocks than 0)"
     ]
+
+
+def test_verify_claims_no_run_at_a_length_a_static_model_does_not_take(tmp_path, capsys):
+    """Item 7: on static [1, 2, 64, 32] inputs verify's second run was headed "at length 1024, where
+    auto runs online", ran naive at 64 keys again, and repeated run 1."""
+    import json
+
+    static = [1, 2, 64, 32]
+    path, fused = str(tmp_path / "static.onnx"), str(tmp_path / "static.flash.onnx")
+    onnx.save(broadcast_block(static, static, static), path)
+    assert main(["optimize", path, "--online-softmax", "-o", fused, "-q"]) == 0
+    report = str(tmp_path / "v.json")
+    assert main(["verify", path, fused, "--json", report]) == 0
+    verification = json.load(open(report))["verification"]
+    runs = [(r["why"], r["softmax"], r["key_lengths"]) for r in verification["runs"]]
+    node = next(iter(runs[0][1]))
+    assert runs == [("as configured", {node: "naive"}, {node: 64}), ("online forced", {node: "online"}, {node: 64})]
+    assert (
+        "the inputs keep their shapes at length 1024 (q [1, 2, 64, 32], k [1, 2, 64, 32], v [1, 2, 64, 32])"
+        in (verification["notes"][0])
+    )
+    assert "1024" not in capsys.readouterr().out.split("note:")[0]  # no run is headed with a length it did not run

@@ -226,6 +226,32 @@ def _missing(deployed: Mapping[str, list[str]], runs: list[VerifyRun]) -> dict[s
     }
 
 
+def _run_at_length(
+    prover: _Prover,
+    original: ModelSource,
+    original_proto: onnx.ModelProto,
+    length: int,
+    batch: int,
+    dims: dict[str, int],
+    result: Verification,
+) -> tuple[VerifyRun | None, str]:
+    """The comparison on random inputs of ``length``, or None and why it was not made: the original
+    does not run there, or the inputs keep their shapes (static dims), so it would repeat a run made."""
+    try:
+        feeds = make_feeds(original_proto, seq_len=length, batch=batch, dims=dims)
+        if any(_same_shapes(feeds, run.inputs) for run in result.runs):
+            shapes = ", ".join(f"{name} {shape_text(list(v.shape))}" for name, v in feeds.items())
+            return None, f"the inputs keep their shapes at length {length} ({shapes})"
+        expected = run_model(original, feeds, what="the original model", opt_level=prover.opt_level)
+    except OrtflashError as exc:
+        return None, f"the original model does not run at length {length} ({exc})"
+    return prover.run(f"at length {length}", feeds, prover.policy, expected), ""
+
+
+def _same_shapes(feeds: Mapping[str, np.ndarray], shapes: Mapping[str, list[int]]) -> bool:
+    return feeds.keys() == shapes.keys() and all(list(v.shape) == shapes[name] for name, v in feeds.items())
+
+
 def _nodes_text(nodes: list[str]) -> str:
     return f"{len(nodes)} fused node{'s' if len(nodes) != 1 else ''}"
 
@@ -284,13 +310,13 @@ def prove(
         why_forced = "the inputs given (--feeds) are shorter than min_seq_len"
     elif short:
         length = max(int(_node_policy(n, policy).min_seq_len or 0) for n in short)
-        try:
-            long_feeds = make_feeds(original_proto, seq_len=length, batch=batch, dims=dict(dims or {}))
-            expected = run_model(original, long_feeds, what="the original model", opt_level=opt_level)
-        except OrtflashError as exc:
-            why_forced = f"the original model does not run at length {length} ({exc})"
-        else:
-            result.runs.append(prover.run(f"at length {length}, where auto runs online", long_feeds, policy, expected))
+        run, why_forced = _run_at_length(prover, original, original_proto, length, batch, dict(dims or {}), result)
+        if run is not None:
+            online = [n.name for n in short if run.modes.get(n.name) == "online"]
+            run.why += ", where auto runs online" if online else ", where the keys stay under min_seq_len"
+            if 0 < len(online) < len(short):
+                run.why += f" in {_nodes_text(online)} of {len(short)}"
+            result.runs.append(run)
             missing = _missing(result.deployed, result.runs)
             if any("online" in m for m in missing.values()):
                 why_forced = f"some key lengths stay under min_seq_len at length {length}"
