@@ -43,11 +43,9 @@ TARGET_OPS = {"contrib": {"MultiHeadAttention", "GroupQueryAttention"}, "onnx": 
 LOWEST = float(np.finfo(np.float32).min)
 
 # Zoo models whose blocks cannot all be lowered exactly: (file, target) -> what the notes say.
-# The model without shapes: once converted to opset 23, neither inference finds the bias's rank
-# (tests/test_zoo.py lowers it through ortflash.optimize, which keeps the fusion's shapes).
-ZOO_KEPT: dict[tuple[str, str], str] = {
-    ("bert_shapeless_eager_torchscript.onnx", "onnx"): "the rank of the bias is unknown",
-}
+# (None since the opset is raised op by op, lowering/opset.py: the model without shapes kept its
+# blocks while onnx.version_converter's conversion to opset 23 lost the bias's rank.)
+ZOO_KEPT: dict[tuple[str, str], str] = {}
 
 
 def plain_session(model: onnx.ModelProto) -> ort.InferenceSession:

@@ -92,6 +92,7 @@ from ..graph.emitter import Emitter
 from ..model_shapes import graphs_of
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .head_count import with_given_head_counts
+from .opset import raise_default_opset
 from .read import is_flash_attention, read_call, with_shapes
 from .standard import OP_ATTENTION
 from .targets import REGISTRY, TARGETS, Target
@@ -151,7 +152,7 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
     least = record.min_opset
     if least is not None and u.default_opset(work) < least:
         try:
-            work = onnx.version_converter.convert_version(work, least)
+            work = raise_default_opset(work, least)
         except Exception as exc:  # noqa: BLE001 - the converter raises several types
             why = (
                 f"the model could not be converted to opset {least} for {target} "
