@@ -42,7 +42,7 @@ from .cli_arguments import (
 )
 from .errors import OrtflashError
 from .model_io import external_locations, load
-from .optimize import optimize, save
+from .optimize import AUTO, optimize, save
 from .policy import SoftmaxPolicy
 from .report import Report, result_document
 
@@ -138,9 +138,17 @@ def _print_diffs(diffs: Sequence[OutputDiff], console: Console, title: str) -> b
 # Commands
 
 
+def _check_dims(args: argparse.Namespace, model: onnx.ModelProto) -> None:
+    """A --dim naming no input dim of the model is bad usage, said before any work."""
+    from .checks.feeds import check_dim_names
+
+    check_dim_names(model, dict(args.dim))
+
+
 def _load_feeds(args: argparse.Namespace, model: onnx.ModelProto) -> dict[str, np.ndarray]:
     from .checks.feeds import make_feeds, read_feeds
 
+    _check_dims(args, model)
     return (
         read_feeds(args.feeds)
         if args.feeds
@@ -243,10 +251,16 @@ def _refuse_unloadable_input(path: str) -> None:
 
 
 def _optimize(args: argparse.Namespace, console: Console) -> int:
+    if args.ep is not None and args.target not in (None, AUTO):
+        raise OrtflashError(
+            f"--ep {args.ep} picks the target, so it goes with --target {AUTO} or no --target, not with "
+            f"--target {args.target}: give one of them"
+        )
     out_path = _output_path(args)
     override = policy_from_args(args)
     policy = override.applied_to(SoftmaxPolicy()) if override else SoftmaxPolicy()
     original = load(args.model)
+    _check_dims(args, original)
     checked: dict[int, str | None] = {}  # id(model) -> its load check, so the chosen model is not opened twice
 
     def load_check(candidate: onnx.ModelProto, candidate_report: Report) -> str | None:
@@ -324,7 +338,8 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def _verify_command(args: argparse.Namespace, console: Console) -> int:
-    load(args.original), load(args.optimized)  # one-line errors for bad files, before any work
+    original, _ = load(args.original), load(args.optimized)  # one-line errors for bad files, before any work
+    _check_dims(args, original)
     result = _prove(args.original, args.optimized, policy_from_args(args), args, console)
     code = EXIT_OK if result.ok else EXIT_MISMATCH
     _write_json(

@@ -6,6 +6,7 @@ The commands themselves (what each does with its arguments) are in ``ortflash.cl
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -63,6 +64,17 @@ def positive_int(text: str) -> int:
 
 def _nonneg_int(text: str) -> int:
     return _int_at_least(text, 0, "must be >= 0")
+
+
+def _tolerance(text: str) -> float:
+    """argparse type of --rtol/--atol: a finite number >= 0 (a negative one fails every comparison)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
 
 
 def _add_policy(p: argparse.ArgumentParser, overrides: bool) -> None:
@@ -127,10 +139,16 @@ def _add_feeds(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=positive_int, default=2, help="batch size of random inputs (default %(default)s)")
     (rtol, atol), (rtol16, atol16) = FLOAT32_TOLERANCE, FLOAT16_TOLERANCE
     p.add_argument(
-        "--rtol", type=float, default=None, help=f"relative tolerance (default {rtol:g}; {rtol16:g} for float16 models)"
+        "--rtol",
+        type=_tolerance,
+        default=None,
+        help=f"relative tolerance (default {rtol:g}; {rtol16:g} for float16 models)",
     )
     p.add_argument(
-        "--atol", type=float, default=None, help=f"absolute tolerance (default {atol:g}; {atol16:g} for float16 models)"
+        "--atol",
+        type=_tolerance,
+        default=None,
+        help=f"absolute tolerance (default {atol:g}; {atol16:g} for float16 models)",
     )
 
 

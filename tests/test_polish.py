@@ -173,3 +173,46 @@ def test_verify_claims_no_run_at_a_length_a_static_model_does_not_take(tmp_path,
         in (verification["notes"][0])
     )
     assert "1024" not in capsys.readouterr().out.split("note:")[0]  # no run is headed with a length it did not run
+
+
+@pytest.fixture()
+def one_block(tmp_path) -> str:
+    path = str(tmp_path / "attn.onnx")
+    onnx.save(build(Variant()), path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["optimize", "validate", "verify", "web-check"])
+@pytest.mark.parametrize("option", [["--atol", "-1"], ["--rtol", "-1"], ["--rtol", "nan"], ["--atol", "inf"]])
+def test_a_negative_or_infinite_tolerance_is_refused(one_block, capsys, command, option):
+    """Item 8: --atol -1 was accepted, and then every comparison failed."""
+    args = [command, one_block] + ([one_block] if command == "verify" else [])
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, *option])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1
+    assert f"argument {option[0]}: must be a finite number >= 0, got {option[1]}" in err[0]
+
+
+@pytest.mark.parametrize("command", ["optimize --verify", "verify", "validate", "web-check"])
+def test_a_dim_name_no_input_has_is_refused_with_the_names_it_has(one_block, tmp_path, capsys, command):
+    """Item 9: --dim nosuch=4 was silently ignored (the inputs were made at another size than asked)."""
+    name, *flags = command.split()
+    out = tmp_path / "out.onnx"
+    args = [name, one_block, *flags] + ([one_block] if name == "verify" else []) + (["-o", str(out)] if flags else [])
+    assert main([*args, "--dim", "nosuch=4", "--dim", "S=5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "ortflash: error: --dim nosuch: no input of the model has that dim; its inputs' dim names are B, S, T"
+    ]
+    assert not out.exists()
+
+
+def test_ep_with_a_fixed_target_is_refused(one_block, tmp_path, capsys):
+    """Item 10: --target ortflash --ep cpu was accepted silently; --ep picks a target only with auto."""
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", one_block, "--target", "ortflash", "--ep", "cpu", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ep cpu picks the target" in err[0] and "not with --target ortflash" in err[0]
+    assert not out.exists()
+    assert main(["optimize", one_block, "--target", "auto", "--ep", "cpu", "-o", str(out), "-q"]) == 0
