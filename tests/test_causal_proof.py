@@ -404,3 +404,24 @@ def test_zoo_kv_cache_decoders_are_proved_bottom_right_causal(name):
     f = make_feeds(model, seq_len=3, batch=2, dims={"past": 5, "seq": 3})
     for g, w in zip(_run(fused, f), _run(model, f)):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_absorbing_fill_absorbs_scores_below_2_to_102_and_not_all_below_2_to_103():
+    """spec.ABSORBING_FILL's bound, in float32: every fill at or below it absorbs |s| < 2**102
+    (fill + s == fill); -2**127 itself does not absorb a positive s just above 2**102, since the
+    next float32 towards zero is 2**103 away (the bound once written as 2**103 was wrong)."""
+    from ortflash.fusion.causal.proof import absorbs_scores
+
+    f32 = np.float32
+    fills = np.array([spec.ABSORBING_FILL, np.finfo(np.float32).min, -1.5 * 2.0**127], f32)
+    below = np.nextafter(f32(2.0**102), f32(0))
+    scores = np.concatenate([np.random.default_rng(0).uniform(-1, 1, 1000) * 2.0**102, [below, -below, 0.0]])
+    scores = scores.astype(f32)
+    assert np.abs(scores).max() < 2.0**102
+    for fill in fills:
+        assert ((fill + scores) == fill).all()
+    above = np.nextafter(f32(2.0**102), f32(np.inf))
+    assert f32(spec.ABSORBING_FILL) + above != f32(spec.ABSORBING_FILL)
+    assert f32(spec.ABSORBING_FILL) + f32(1.5 * 2.0**102) != f32(spec.ABSORBING_FILL)  # below 2**103
+    assert absorbs_scores(spec.ABSORBING_FILL) and absorbs_scores(-np.inf)
+    assert not absorbs_scores(float(np.nextafter(f32(spec.ABSORBING_FILL), f32(0))))
