@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from ortflash import bench as B
-from ortflash.bench import inputs, probes, runner, worker
+from ortflash.bench import inputs, probes, runner, sgemm, worker
 from ortflash.errors import OrtflashError
 
 ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
@@ -46,6 +46,7 @@ def test_bench_runs_each_variant_and_writes_results(tmp_path):
         profile=8,
         progress=False,
         name="tiny",
+        sgemm_size=256,
     )
     runs = res["runs"]
     assert [(r["seq_len"], r["variant"]) for r in runs] == [
@@ -75,7 +76,17 @@ def test_bench_runs_each_variant_and_writes_results(tmp_path):
         # the kernel called directly on the fused nodes' own inputs, beside the session's time
         assert r["kernel_ms"]["median"] > 0 and r["kernel_ms"]["nodes"] == r["build"]["fused"]
         assert r["session_over_kernel"] == pytest.approx(r["latency_ms"]["median"] / r["kernel_ms"]["median"], rel=1e-2)
+        # attention's two products over the fused nodes' own shapes, as GFLOP/s of the direct kernel
+        # and as a fraction of the same run's sgemm rate
+        assert r["attention_flops"] > 0 and r["attention_flops"] % (4 * r["seq_len"] ** 2) == 0
+        assert r["kernel_gflops"] == pytest.approx(r["attention_flops"] / r["kernel_ms"]["median"] / 1e6, rel=1e-2)
+        assert r["kernel_vs_sgemm"] == pytest.approx(r["kernel_gflops"] / res["sgemm"]["gflops"], rel=1e-2)
     assert "original" not in [r["variant"] for r in runs if "kernel_ms" in r]
+    assert "kernel_gflops" not in runs[0]
+    rate = res["sgemm"]
+    assert rate["start"]["status"] == rate["end"]["status"] == "ok" and rate["start"]["size"] == 256
+    assert rate["gflops"] == max(rate["start"]["gflops"], rate["end"]["gflops"]) > 0
+    assert "numpy.matmul float32 256 x 256 x 256" in rate["method"]
     assert "per_op_ms" in online[0]["profile"]  # profiled at S=8 only
     assert online[0]["node_over_kernel"] > 0  # the FlashAttention nodes in ORT vs the kernel alone
     assert "profile" not in online[1]
@@ -89,6 +100,7 @@ def test_bench_runs_each_variant_and_writes_results(tmp_path):
     assert on_disk["runs"][0]["latency_ms"]["median"] == runs[0]["latency_ms"]["median"]
     md = (tmp_path / "tiny.md").read_text()
     assert "| 16 |" in md and "online" in md and "session / kernel" in md
+    assert "of sgemm" in md and f"sgemm rate: {rate['gflops']} GFLOP/s" in md
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -205,7 +217,21 @@ def test_variant_names_and_cli_arguments():
     assert p.parse_args(["m.onnx"]).block_size == 128  # spec's default
 
 
-@pytest.mark.parametrize("option", [["--block-size", "0"], ["--repeats", "0"], ["--max-slowdown", "0.5"]])
+def test_attention_flops_count_the_two_products_of_the_visible_pairs():
+    assert sgemm.attention_flops((1, 12, 4096, 64), (1, 12, 4096, 64), (1, 12, 4096, 64), 0) == 4 * 4096**2 * 64 * 12
+    assert sgemm.visible_pairs(4, 4, 1) == 10  # 1 + 2 + 3 + 4: about half, the diagonal included
+    assert sgemm.visible_pairs(2, 4, 2) == 3 + 4  # is_causal=2: the rows end at the last keys
+    assert sgemm.visible_pairs(4, 2, 2) == 0 + 0 + 1 + 2
+    # GQA and Dv != D: per query head, 2 * pairs * (D + Dv)
+    assert sgemm.attention_flops((2, 8, 3, 16), (2, 2, 5, 16), (2, 2, 5, 24), 0) == 2 * 2 * 8 * 15 * (16 + 24)
+    runs = [{"status": "ok", "attention_flops": 2e9, "kernel_ms": {"median": 20.0}}, {"status": "ok"}]
+    sgemm.kernel_rates(runs, 200.0)
+    assert (runs[0]["kernel_gflops"], runs[0]["kernel_vs_sgemm"]) == (100.0, 0.5) and "kernel_gflops" not in runs[1]
+
+
+@pytest.mark.parametrize(
+    "option", [["--block-size", "0"], ["--repeats", "0"], ["--max-slowdown", "0.5"], ["--sgemm-size", "-1"]]
+)
 def test_bad_numbers_exit_2_with_one_line(option):
     proc = subprocess.run(
         [sys.executable, "-m", "ortflash", "bench", _tiny_zoo_model(), *option],

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from ..cli_arguments import positive_int
 from ..errors import OrtflashError
 from . import baseline as baseline_check
+from . import sgemm
 from .report import write_results
 from .runner import DEFAULT_SEQ_LENS, bench
 from .variants import DEFAULT_BLOCK_SIZE, DEFAULT_VARIANTS, VARIANTS, parse_variant
@@ -35,6 +36,16 @@ def _int_list(text: str) -> list[int]:
     if not vals or min(vals) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give positive integers")
     return vals
+
+
+def _sgemm_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (not measured) or a matrix size, got {text}")
+    return value
 
 
 def _variant_list(text: str) -> list[str]:
@@ -93,6 +104,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-profile", action="store_true", help="skip the extra ORT-profiled run")
     p.add_argument(
+        "--sgemm-size",
+        type=_sgemm_size,
+        default=sgemm.DEFAULT_SIZE,
+        metavar="N",
+        help="the kernel's attention GFLOP/s is reported as a fraction of numpy's float32 N x N x N matmul rate, "
+        "measured in the same run (default %(default)s; 0: not measured)",
+    )
+    p.add_argument(
         "--baseline",
         metavar="OLD.json",
         help="a results JSON of an earlier run: exit 1 when a variant's time ratio to original got worse",
@@ -126,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         timeout_s=args.timeout,
         profile=not args.no_profile,
+        sgemm_size=args.sgemm_size,
         out_dir=None,
         name=args.name,
         console=console,

@@ -131,6 +131,23 @@ def print_table(results: Results, console: Any = None) -> None:
             table.add_row(seq_label(s), *[_cell(results, v, s, key) for v in variants])
         # a log or pipe gets the whole table unfolded; a terminal gets its own width
         console.print(table, width=None if console.is_terminal else max(console.width, 12 + 20 * len(variants)))
+    rated = [r for r in results["runs"] if r.get("kernel_gflops")]
+    if rated:
+        table = Table(title=f"{results['title']}: the kernel called directly", title_justify="left")
+        for column in ("S", "variant", "kernel", "kernel GFLOP/s", "of sgemm"):
+            table.add_column(column, justify="left" if column == "variant" else "right")
+        for r in rated:
+            table.add_row(
+                seq_label(r["seq_len"]),
+                r["variant"],
+                _ms(r["kernel_ms"]["median"]),
+                f"{r['kernel_gflops']:.1f}",
+                _percent(r.get("kernel_vs_sgemm")),
+            )
+        console.print(table)
+        line = sgemm_line(results)
+        if line:
+            console.print(line, markup=False, highlight=False)
 
 
 def _md_table(results: Results, key: str) -> list[str]:
@@ -172,7 +189,7 @@ def _header(results: Results) -> list[str]:
             "- memory: peak resident set size during the runs minus the RSS just before the first run "
             "(Linux VmHWM reset through /proc/self/clear_refs: exact, not sampled)"
         ),
-    ] + [f"- {note}" for note in results.get("notes", [])]
+    ] + [f"- {note}" for note in results.get("notes", []) + [sgemm_line(results)] if note]
 
 
 def _kernel_table(results: Results) -> list[str]:
@@ -191,13 +208,14 @@ def _kernel_table(results: Results) -> list[str]:
             "projections): compare it with the kernel column, not with the sessions."
         ),
         "",
-        "| S | variant | session | kernel | session / kernel | ORT node | node / kernel | kernel used |",
-        "|---:|---|---:|---:|---:|---:|---:|---|",
+        "| S | variant | session | kernel | session / kernel | ORT node | node / kernel | kernel GFLOP/s | "
+        "of sgemm | kernel used |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         if "kernel_ms" not in r:  # the peer: attention only, no session
             lines.append(
-                f"| {seq_label(r['seq_len'])} | {r['variant']} | | {_ms(r['latency_ms']['median'])} | | | | "
+                f"| {seq_label(r['seq_len'])} | {r['variant']} | | {_ms(r['latency_ms']['median'])} | | | | | | "
                 f"PyTorch scaled_dot_product_attention ({r.get('torch_threads')} threads) |"
             )
             continue
@@ -210,9 +228,29 @@ def _kernel_table(results: Results) -> list[str]:
         lines.append(
             f"| {seq_label(r['seq_len'])} | {r['variant']} | {_ms(r['latency_ms']['median'])} | "
             f"{_ms(k['median'])} | {r.get('session_over_kernel')} | "
-            f"{_ms(r['ort_node_ms']) if r.get('ort_node_ms') else ''} | {r.get('node_over_kernel') or ''} | {used} |"
+            f"{_ms(r['ort_node_ms']) if r.get('ort_node_ms') else ''} | {r.get('node_over_kernel') or ''} | "
+            f"{r.get('kernel_gflops', '')} | {_percent(r.get('kernel_vs_sgemm'))} | {used} |"
         )
     return lines
+
+
+def _percent(fraction: float | None) -> str:
+    return "" if fraction is None else f"{fraction:.0%}"
+
+
+def sgemm_line(results: Results) -> str | None:
+    """The run's sgemm rate, in words, or None when it was not measured."""
+    rate = results.get("sgemm")
+    if not rate:
+        return None
+    if "gflops" not in rate:
+        return f"sgemm rate: not measured ({rate['start'].get('error') or rate['end'].get('error')})"
+    both = " / ".join(str(rate[k].get("gflops", rate[k].get("status"))) for k in ("start", "end"))
+    return (
+        f"sgemm rate: {rate['gflops']} GFLOP/s ({rate['method']}, {rate['blas']}; best of the measurements at the "
+        f"run's start / end: {both}); kernel GFLOP/s counts attention's two products, 2*Sq*Sk*(D+Dv)*H*B FLOPs "
+        "(4*S^2*D*H*B for D = Dv; only the visible pairs under is_causal), over the kernel called directly"
+    )
 
 
 def markdown(results: Results) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 import onnx
 
 from ..errors import OrtflashError
-from . import inputs, report
+from . import inputs, report, sgemm
 from .probes import loadavg, machine_info, versions
 from .variants import (
     DEFAULT_BLOCK_SIZE,
@@ -127,6 +127,7 @@ def bench(
     isa: str | None = None,
     max_seq_len: dict[str, int] | None = None,
     profile: bool | int = True,
+    sgemm_size: int = sgemm.DEFAULT_SIZE,
     dims: dict[str, int] | None = None,
     name: str = "bench",
     title: str | None = None,
@@ -147,6 +148,9 @@ def bench(
     ``rounds_max_seq`` when given); latency is the median over all rounds' timed runs and memory
     the largest round's. ``threads``: ORT intra-op, kernel and BLAS threads per worker.
     ``isa``: the compiled CPU kernel's build, set in the workers' environment (ORTFLASH_CPU_ISA).
+    ``sgemm_size``: the N of the float32 N x N x N product whose rate, measured at the start and
+    the end of the run with the workers' environment, the kernel's attention GFLOP/s is given as a
+    fraction of (``kernel_vs_sgemm``; see ortflash.bench.sgemm); 0 leaves it out.
     """
     from rich.console import Console
     from rich.progress import (
@@ -191,6 +195,7 @@ def bench(
             "rounds_max_seq": rounds_max_seq,
             "threads": threads,
             "isa": isa,
+            "sgemm_size": sgemm_size,
         },
         "notes": list(notes or []) + length_notes,
         "loadavg_start": loadavg(),
@@ -206,6 +211,8 @@ def bench(
             # round 0 in the given order, then reversed, and so on: a load that drifts during the
             # run then weighs on every variant alike
             todo += [(s, v, r) for v in (variants if r % 2 == 0 else variants[::-1])]
+    sgemm_env = _worker_env({"threads": threads, "isa": isa})
+    sgemm_start = sgemm.measure_in_process(sgemm_size, sgemm_env) if sgemm_size else {}
     raw: dict[tuple[int, str], list[dict[str, Any]]] = {}
     # Every worker reads the same bytes, even if the file is rewritten while the benchmark runs.
     snapshot = tempfile.TemporaryDirectory(prefix="ortflash-bench-model-")
@@ -281,6 +288,9 @@ def bench(
                     )
             bar.advance(task)
     results["runs"] = [report.merge_rounds(raw[(s, v)]) for s in seq_lens for v in variants if (s, v) in raw]
+    if sgemm_size:
+        results["sgemm"] = sgemm.summary(sgemm_start, sgemm.measure_in_process(sgemm_size, sgemm_env))
+    sgemm.kernel_rates(results["runs"], results.get("sgemm", {}).get("gflops"))
     results["isa_used"] = sorted({r["isa"] for r in results["runs"] if r.get("isa")})
     results["loadavg_end"] = loadavg()
     results["ratios"] = report.ratios(results)

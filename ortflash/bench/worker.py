@@ -25,7 +25,7 @@ import onnx
 
 from .. import spec
 from ..policy import SoftmaxPolicy
-from . import direct
+from . import direct, sgemm
 from .inputs import bench_feeds
 from .probes import MIB, PeakProbe, maxrss, rss
 from .variants import (
@@ -169,6 +169,9 @@ def _measure_session(built: BuiltVariant, feeds: dict, cfg: dict[str, Any], tmp:
         policy = SoftmaxPolicy(built.softmax or "naive", built.block_size, 0)
         k = direct.time_kernel(calls, backend, policy, threads, out["latency_ms"]["repeats"])
         out["kernel_ms"] = k
+        out["attention_flops"] = sum(
+            sgemm.attention_flops(c.q.shape, c.k.shape, c.v.shape, int(c.attrs.get("is_causal", 0))) for c in calls
+        )
         out["backend"] = backend
         out["isa"] = k.get("isa")
         out["session_over_kernel"] = round(out["latency_ms"]["median"] / k["median"], 3) if k["median"] else None
