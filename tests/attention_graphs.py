@@ -445,3 +445,30 @@ def scale_from_shape_block(head_dim: int = 8, gather: bool = False) -> onnx.Mode
         helper.make_node("MatMul", ["p", "v"], ["out"]),
     ]
     return model_of(nodes, inputs, inits)
+
+
+KERAS_QK = "aecd,abcd->acbe"  # Keras MultiHeadAttention's dot product: Einsum(key, query)
+KERAS_PV = "acbe,aecd->abcd"  # and its combine: the output [B, S, H, D], heads not moved first
+
+
+def keras_einsum_block(
+    qk_eq: str = KERAS_QK, pv_eq: str = KERAS_PV, key_first: bool = True, bias: bool = False
+) -> onnx.ModelProto:
+    """Keras MultiHeadAttention as tf2onnx writes it for 3D inputs: Q, K, V [B, S|T, H, D] (heads
+    after the sequence), Q scaled by Mul, scores [B, H, S, T] from one Einsum, P·V by another whose
+    output is [B, S, H, D]; bias: + a padding bias [B, 1, 1, T]."""
+    inputs = [tensor("q", ["B", "S", 2, 8]), tensor("k", ["B", "T", 2, 8]), tensor("v", ["B", "T", 2, 8])]
+    nodes = [
+        helper.make_node("Mul", ["q", "scale"], ["q_s"]),
+        helper.make_node("Einsum", ["k", "q_s"] if key_first else ["q_s", "k"], ["s0"], equation=qk_eq),
+    ]
+    scores = "s0"
+    if bias:
+        inputs.append(tensor("pad_bias", ["B", 1, 1, "T"]))
+        nodes.append(helper.make_node("Add", ["s0", "pad_bias"], ["s1"]))
+        scores = "s1"
+    nodes += [
+        helper.make_node("Softmax", [scores], ["p"], axis=-1),
+        helper.make_node("Einsum", ["p", "v"], ["out"], equation=pv_eq),
+    ]
+    return model_of(nodes, inputs, [initializer("scale", 8**-0.5, np.float32)])

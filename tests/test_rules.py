@@ -281,3 +281,49 @@ def test_bias_added_after_the_mask_fuses_in_that_order(fill):
 
 def test_biases_on_both_sides_of_the_mask_are_not_fused():
     _near_miss(lambda: _mask_then_bias(-100.0, bias_before_mask=True), "biases on both sides of a mask")
+
+
+# ---------------------------------------------------------------- Keras MultiHeadAttention through tf2onnx (issue 22)
+
+KERAS_FORMS = {  # name -> keras_einsum_block arguments
+    "key_first": {},
+    "query_first": {"qk_eq": "abcd,aecd->acbe", "key_first": False},
+    "padding_bias": {"bias": True},
+    "heads_first_output": {"pv_eq": "acbe,aecd->acbd"},
+}
+
+
+@pytest.mark.parametrize("target", ["ortflash", "contrib", "onnx"])
+@pytest.mark.parametrize("form", sorted(KERAS_FORMS))
+def test_keras_einsum_attention_over_bshd_fuses_and_matches_ort(form, target):
+    """tf2onnx's 3D BERT: Einsum(key, query) 'aecd,abcd->acbe' and P·V 'acbe,aecd->abcd' straight
+    into [B, S, H, D]; read as Transpose(q) and a Transpose of the fused output."""
+    from attention_graphs import keras_einsum_block
+
+    model = keras_einsum_block(**KERAS_FORMS[form])
+    fused, report = ortflash.optimize(model, softmax="naive", target=target)
+    assert report.fused == 1, report.blocks[0].reason
+    assert not {"Einsum", "Softmax"} & set(_op_types(fused)), _op_types(fused)
+    assert len(set(_op_types(fused)) & {"FlashAttention", "MultiHeadAttention", "Attention"}) == 1
+    for i, dims in enumerate([{"B": 2, "S": 5, "T": 7}, {"B": 1, "S": 1, "T": 9}]):
+        f = feeds(model, dims, np.random.default_rng(i))
+        want, got = _run(model, f), _run(fused, f, softmax="naive")
+        heads_first = form == "heads_first_output"
+        assert (
+            got.shape == want.shape == ((dims["B"], 2, dims["S"], 8) if heads_first else (dims["B"], dims["S"], 2, 8))
+        )
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_probs_einsum_contracting_the_query_axis_is_not_fused():
+    from attention_graphs import keras_einsum_block
+
+    # 'acbe,abcd->aecd' sums P over its rows (Keras's backward equation), not over the keys
+    _near_miss(lambda: keras_einsum_block(pv_eq="acbe,abcd->aecd"), "(acbe,abcd->aecd) is not a batched P·V")
+
+
+def test_scores_einsum_that_is_not_q_kt_is_not_fused_and_the_pv_rewrite_is_not_written():
+    from attention_graphs import keras_einsum_block
+
+    # the key's head dim is summed away on its own: no shared contracted axis
+    _near_miss(lambda: keras_einsum_block(qk_eq="aecd,abce->acbe"), "(aecd,abce->acbe) is not a batched Q·Kᵀ")

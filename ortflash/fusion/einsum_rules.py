@@ -4,14 +4,26 @@ Q·Kᵀ and ``bhqk,bhkd->bhqd`` for P·V, K and V in any axis order the equation
 Read only where the equation is exactly a batched product over the last axis: two operands,
 no ellipsis, no repeated letter, the batch letters in the same order in Q (P) and the output,
 and Q (P) laid out as [batch..., rows, contracted]. K's (V's) order is free: it becomes the
-Transpose the fused op reads it through."""
+Transpose the fused op reads it through.
+
+Keras MultiHeadAttention (through tf2onnx) writes 4D attention over [B, S, H, D] projections:
+``aecd,abcd->acbe`` (key first, query with its heads after the sequence) and
+``acbe,aecd->abcd`` (P·V written straight into [B, S, H, D]). The fused op has no Q layout and no
+output layout, so such an Einsum is first rewritten into the form above plus a Transpose: the Q
+operand transposed to [batch..., rows, contracted] and the operands in Q, K order; the P·V
+output computed in [batch..., rows, V's kept axis] and transposed to the written order. Each
+rewrite computes exactly what the Einsum did, and is undone when the block is not read there;
+a later precondition of the block can still fail, and then the rewrite stays (same values)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import onnx_ir as ir
 
 from ..errors import NotFused
 from ..graph import ir_utils as u
+from ..graph.emitter import replace_output
 from .qk_operands import QKOperands, scaled_q, take_qk
 from .softmax_rules import Rule, WalkState
 
@@ -36,9 +48,11 @@ def batched_product(node: ir.Node) -> tuple[int, list[int] | None] | None:
     right some order of [L..., c, n], output [L..., r, n]; perm takes right to [L..., n, c]
     (None when it already is) and keeps dim 0 first. Rank 3 or 4."""
     eq = _equation(node)
-    if eq is None:
-        return None
-    left, right, out = eq
+    return None if eq is None else _batched(*eq)
+
+
+def _batched(left: str, right: str, out: str) -> tuple[int, list[int] | None] | None:
+    """batched_product of the equation left,right->out."""
     if len(out) not in (3, 4) or len(left) != len(out) or len(right) != len(out):
         return None
     lead, row, col = out[:-2], out[-2], out[-1]
@@ -50,6 +64,118 @@ def batched_product(node: ir.Node) -> tuple[int, list[int] | None] | None:
     if perm[0] != 0:
         return None  # the batch axis moves: the fused op's batch broadcasting reads dim 0
     return len(out), None if perm == list(range(len(out))) else perm
+
+
+def _scores_rewrite(node: ir.Node) -> tuple[bool, list[int], str] | None:
+    """(swap, q_perm, equation) writing a Q·Kᵀ Einsum whose Q is the second operand or not laid
+    out [batch..., rows, contracted] as a batched product over Transpose(q, q_perm), k; None where
+    it is not such an Einsum, or already the plain form."""
+    eq = _equation(node)
+    if eq is None or batched_product(node) is not None:
+        return None
+    left, right, out = eq
+    if len(out) not in (3, 4):
+        return None
+    lead, row, col = out[:-2], out[-2], out[-1]
+    shared = [c for c in left if c in right and c not in out]
+    swap = row in right and row not in left
+    q, k = (right, left) if swap else (left, right)
+    if len(shared) != 1 or row not in q or col in q or col not in k or row in k:
+        return None
+    plain_q = lead + row + shared[0]
+    if sorted(q) != sorted(plain_q) or _batched(plain_q, k, out) is None:
+        return None
+    return swap, [q.index(c) for c in plain_q], f"{plain_q},{k}->{out}"
+
+
+def _probs_rewrite(node: ir.Node) -> tuple[list[int], str] | None:
+    """(perm, equation): a P·V Einsum whose output is another order of P's [batch..., rows] and
+    V's kept letter, written as the plain batched product followed by Transpose(perm)."""
+    eq = _equation(node)
+    if eq is None or batched_product(node) is not None:
+        return None
+    left, right, out = eq
+    kept = [c for c in right if c not in left]
+    if len(kept) != 1 or len(left) != len(out):
+        return None
+    plain_out = left[:-1] + kept[0]
+    if sorted(out) != sorted(plain_out) or out == plain_out or _batched(left, right, plain_out) is None:
+        return None
+    return [plain_out.index(c) for c in out], f"{left},{right}->{plain_out}"
+
+
+def _set_equation(node: ir.Node, equation: str) -> None:
+    node.attributes["equation"] = ir.AttrString("equation", equation)
+
+
+def _transposed_shape(value: ir.Value, perm: list[int]) -> ir.Shape | None:
+    if value.shape is None or len(value.shape) != len(perm):
+        return None
+    return ir.Shape([value.shape[i] for i in perm])
+
+
+def _rewrite_scores(node: ir.Node) -> Callable[[], None] | None:
+    """Rewrite a Q·Kᵀ Einsum into the plain form (see the module docstring); what undoes it."""
+    found = _scores_rewrite(node)
+    graph = node.graph
+    if found is None or graph is None:
+        return None
+    swap, q_perm, equation = found
+    before, old_eq = list(node.inputs), node.attributes["equation"]
+    q, k = (before[1], before[0]) if swap else (before[0], before[1])
+    assert q is not None and k is not None
+    if q_perm != list(range(len(q_perm))):
+        transpose = ir.node("Transpose", [q], attributes={"perm": q_perm}, name=f"{node.name or 'Einsum'}/q_transposed")
+        transpose.outputs[0].name = f"{q.name}/{node.name or 'Einsum'}/transposed"
+        if q.dtype is not None:
+            transpose.outputs[0].dtype = q.dtype
+        transpose.outputs[0].shape = _transposed_shape(q, q_perm)
+        graph.insert_before(node, transpose)
+        q_in: ir.Value = transpose.outputs[0]
+    else:
+        transpose, q_in = None, q
+    node.replace_input_with(0, q_in)
+    node.replace_input_with(1, k)
+    _set_equation(node, equation)
+
+    def undo() -> None:
+        for index, value in enumerate(before):
+            node.replace_input_with(index, value)
+        node.attributes["equation"] = old_eq
+        if transpose is not None:
+            graph.remove(transpose, safe=True)
+
+    return undo
+
+
+def _rewrite_probs(node: ir.Node) -> Callable[[], None] | None:
+    """Rewrite a P·V Einsum with a permuted output into the plain form and a Transpose to the
+    written order (the Einsum's output value then holds the plain form); what undoes it."""
+    found = _probs_rewrite(node)
+    graph = node.graph
+    if found is None or graph is None:
+        return None
+    perm, equation = found
+    old_eq, written = node.attributes["equation"], node.outputs[0]
+    written_shape = written.shape
+    transpose = ir.node("Transpose", [None], attributes={"perm": perm}, name=f"{node.name or 'Einsum'}/to_written")
+    ordered = transpose.outputs[0]
+    ordered.name = f"{written.name}/ordered"
+    graph.insert_after(node, transpose)
+    replace_output(graph, written, ordered)  # readers and a graph output's name move to the Transpose
+    transpose.replace_input_with(0, written)
+    inverse = [perm.index(i) for i in range(len(perm))]
+    written.shape = _transposed_shape(ordered, inverse) if written_shape is not None else None
+    _set_equation(node, equation)
+
+    def undo() -> None:
+        transpose.replace_input_with(0, None)
+        replace_output(graph, ordered, written)
+        written.shape = written_shape
+        graph.remove(transpose, safe=True)
+        node.attributes["equation"] = old_eq
+
+    return undo
 
 
 class QKEinsum(Rule):
@@ -70,7 +196,13 @@ class QKEinsum(Rule):
         return QKOperands(q, k, perm, rank, scale), q_label
 
     def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        take_qk(node, m, self._read(node, m)[0], dry_run=True)
+        undo = _rewrite_scores(node)
+        try:
+            take_qk(node, m, self._read(node, m)[0], dry_run=True)
+        except NotFused:
+            if undo is not None:
+                undo()
+            raise
 
     def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         read, q_label = self._read(node, m)
@@ -88,8 +220,11 @@ class ProbsEinsumV(Rule):
         return node.op_type == "Einsum" and len(node.inputs) == 2 and node.inputs[0] is value
 
     def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
+        eq = node.attributes.get("equation")
+        undo = _rewrite_probs(node)
         if self._v_perm(node) is None:
-            eq = node.attributes.get("equation")
+            if undo is not None:
+                undo()
             raise NotFused(f"Einsum {node.name} ({eq.as_string() if eq else '?'}) is not a batched P·V")
 
     @staticmethod
