@@ -359,11 +359,13 @@ def _backend_label(backend: str) -> str:
 
 
 def _validate(args: argparse.Namespace, console: Console) -> int:
-    from .checks.validate import in_subgraphs, validate
+    from .checks.validate import check_derived, in_subgraphs, validate
 
     backend = BACKEND_ALIASES.get(args.backend, args.backend)
     original = _load_with_weights(args.original)
-    optimized = _load_with_weights(args.optimized) if args.optimized else optimize(original)[0]
+    optimized = _load_with_weights(args.optimized) if args.optimized else optimize(original, target="ortflash")[0]
+    if args.optimized:
+        check_derived(original, optimized, args.original, args.optimized)
     feeds = _load_feeds(args, original)
     rtol, atol = tolerance(original, args.rtol, args.atol)
     checks = validate(original, optimized, feeds, backend=backend, policy=policy_from_args(args), rtol=rtol, atol=atol)

@@ -19,12 +19,18 @@ from .. import spec
 from ..errors import OrtflashError
 from ..fusion.emit import REPLACES
 from ..kernels.config import DEFAULT_BACKEND, KernelConfig
+from ..model_io import graphs_of
 from ..policy import SoftmaxPolicy
 from .compare import compare, tolerance
 from .run import run_model
 
 if TYPE_CHECKING:
     from ..kernels.ort_bridge import Kernel
+
+
+# What the rewrites add (nodes, values, initializers) is named under this prefix (the emitters'
+# "ortflash/attention_N", "ortflash/lower_N" scopes); everything else of a fused model is the original's.
+ADDED_PREFIX = "ortflash"
 
 
 @dataclass
@@ -49,6 +55,70 @@ def _replaced_name(node: onnx.NodeProto) -> str:
     raise OrtflashError(f"FlashAttention node {node.name} does not say which original value it replaces")
 
 
+def _interface(model: onnx.ModelProto) -> tuple[dict[str, int], list[str]]:
+    """A model's graph inputs (name -> element type; initializers listed as inputs left out) and outputs."""
+    inits = {i.name for i in model.graph.initializer}
+    inputs = {i.name: i.type.tensor_type.elem_type for i in model.graph.input if i.name not in inits}
+    return inputs, [o.name for o in model.graph.output]
+
+
+def _weights(model: onnx.ModelProto, ours: bool) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Initializers of every graph (name -> dims, type); ``ours``: with the ones ortflash adds."""
+    return {
+        i.name: (tuple(i.dims), i.data_type)
+        for g in graphs_of(model.graph)
+        for i in g.initializer
+        if ours or not i.name.startswith(ADDED_PREFIX)
+    }
+
+
+def _foreign_parts(original: onnx.ModelProto, optimized: onnx.ModelProto) -> str:
+    """What in ``optimized`` does not come from ``original``, in words ("" when all of it may).
+
+    A rewrite keeps every weight it does not replace (same name, shape and type; what ortflash
+    adds is named ortflash*), and each fused node says which original value it computes. Lowered
+    nodes carry no such mark, so weights are what tell a lowered model of another model apart
+    (a lowered GPT-2 and a BERT both take input_ids and attention_mask and give last_hidden_state)."""
+    have, theirs = _weights(original, ours=True), _weights(optimized, ours=False)
+    foreign = [name for name, meta in theirs.items() if have.get(name) != meta]
+    if foreign:
+        return f"{len(foreign)} of its weights are not the original's (same name, shape and type): {', '.join(foreign[:3])}"
+    if have and not theirs:
+        return "it keeps none of the original's weights"
+    values = {o for g in graphs_of(original.graph) for n in g.node for o in n.output}
+    fused = [n for n in optimized.graph.node if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN]
+    unknown = [n.name for n in fused if _replaced_name(n) not in values]
+    if unknown:
+        return f"its FlashAttention node(s) {', '.join(unknown[:3])} replace no value of the original graph"
+    return ""
+
+
+def check_derived(
+    original: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    original_name: str = "the original model",
+    optimized_name: str = "the optimized model",
+) -> None:
+    """Refuse an ``optimized`` that is not a rewrite of ``original`` (OrtflashError, one line): its
+    outputs are the original's, its inputs among the original's with the same types, and every fused
+    node replaces a value of the original graph. Unrelated models otherwise gave "no FlashAttention
+    node to validate" and success, or nodes compared with whatever values shared their names."""
+    (have_in, have_out), (got_in, got_out) = _interface(original), _interface(optimized)
+    why = ""
+    if sorted(got_out) != sorted(have_out):
+        why = f"its outputs are {', '.join(got_out) or 'none'}, the original's {', '.join(have_out) or 'none'}"
+    elif set(got_in) - set(have_in):
+        extra = ", ".join(sorted(set(got_in) - set(have_in)))
+        why = f"it has inputs the original does not ({extra}; the original's: {', '.join(have_in) or 'none'})"
+    elif any(have_in[name] != elem for name, elem in got_in.items()):
+        changed = ", ".join(sorted(n for n, elem in got_in.items() if have_in[n] != elem))
+        why = f"its inputs {changed} have other element types than the original's"
+    else:
+        why = _foreign_parts(original, optimized)
+    if why:
+        raise OrtflashError(f"{optimized_name} is not an optimized model of {original_name}: {why}")
+
+
 def capture_model(
     original: onnx.ModelProto, optimized: onnx.ModelProto
 ) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
@@ -61,7 +131,7 @@ def capture_model(
     known |= {o for n in g.node for o in n.output}
     have_init = {i.name for i in g.initializer}
     for init in optimized.graph.initializer:
-        if init.name not in have_init and init.name.startswith("ortflash"):
+        if init.name not in have_init and init.name.startswith(ADDED_PREFIX):
             g.initializer.append(init)
             known.add(init.name)
     fused_outputs = {o for n in fused for o in n.output}
@@ -127,6 +197,7 @@ def validate(
 
     ``policy`` overrides each node's own softmax (a field it leaves as None stays the node's).
     """
+    check_derived(original, optimized)
     kernel = _kernel(backend)
     model, fused = capture_model(original, optimized)
     values = run_model(model, feeds, what="the original model")
