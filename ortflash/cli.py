@@ -9,6 +9,7 @@ with one line on stderr; any other exception is a bug in ortflash and shows its 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -241,6 +242,15 @@ def _unrunnable(
     return checked.problem
 
 
+def _older_file(path: str) -> str:
+    """What a message that nothing was written to ``path`` must add where a file is there already:
+    a script that ignores the exit code would pick it up as this run's result."""
+    if not os.path.exists(path):
+        return ""
+    modified = datetime.datetime.fromtimestamp(os.path.getmtime(path)).astimezone()
+    return f", which still holds an older file (modified {modified:%Y-%m-%d %H:%M:%S %Z}), not this run's"
+
+
 def _refuse_unloadable_input(path: str) -> None:
     """Where a new model does not load, an input ONNX Runtime cannot load either is bad input (exit 2)."""
     from .checks.first_run import input_problem
@@ -302,7 +312,7 @@ def _optimize(args: argparse.Namespace, console: Console) -> int:
     problem = checked[id(model)] if id(model) in checked else _unrunnable(model, report, original, args, console)
     if problem is not None:
         _refuse_unloadable_input(args.model)
-        print(f"ortflash: error: {problem}; nothing written to {out_path}", file=sys.stderr)
+        print(f"ortflash: error: {problem}; nothing written to {out_path}{_older_file(out_path)}", file=sys.stderr)
         return finish(EXIT_MISMATCH, None)
     verification = None
     if args.verify:  # each fused node as written, the policy just chosen
@@ -310,7 +320,10 @@ def _optimize(args: argparse.Namespace, console: Console) -> int:
         if not verification.ok:
             unverified = _unverified_path(out_path)
             save(model, unverified, source_dir=source_dir)
-            console.print(f"wrote the unverified model to {unverified}; nothing written to {out_path}", markup=False)
+            console.print(
+                f"wrote the unverified model to {unverified}; nothing written to {out_path}{_older_file(out_path)}",
+                markup=False,
+            )
             return finish(EXIT_MISMATCH, unverified, verification)
     save(model, out_path, source_dir=source_dir)
     console.print(f"wrote {out_path}", markup=False)
