@@ -325,3 +325,22 @@ def test_ops_that_cannot_be_carried_over_are_refused_by_name(node, opset, messag
 def test_a_model_at_the_target_or_above_comes_back_unchanged():
     model = projected_block("LayerNormalization", opset=23)
     assert raise_default_opset(model, 23) is model
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_11_carries_over_and_its_tf_half_pixel_for_nn_is_refused(mode):
+    node = helper.make_node(
+        "Resize", ["x", "roi", "scales"], ["y"], mode=mode, coordinate_transformation_mode="half_pixel"
+    )
+    inits = [initializer("roi", np.zeros(0), np.float32), initializer("scales", [1.0, 1.0, 2.0, 1.5], np.float32)]
+    model = one_op_model(
+        11, [node], [tensor("x", [1, 2, 3, 4])], [helper.make_tensor_value_info("y", F32, None)], inits
+    )
+    raised = raise_default_opset(model, 23)
+    assert [n.op_type for n in raised.graph.node] == ["Resize"]
+    assert_same_in_ort(model, raised, {"x": RNG.standard_normal((1, 2, 3, 4)).astype(np.float32)})
+    next(
+        a for a in model.graph.node[0].attribute if a.name == "coordinate_transformation_mode"
+    ).s = b"tf_half_pixel_for_nn"
+    with pytest.raises(OpsetNotRaised, match="tf_half_pixel_for_nn"):
+        raise_default_opset(model, 23)

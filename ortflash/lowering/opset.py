@@ -11,10 +11,13 @@ every graph (If branches, Loop and Scan bodies, model functions) is carried over
   that only widens the types (or narrows them where the node's own types stay allowed), a step
   that adds an attribute or input whose absence is the old behaviour (``_SAME_MEANING``), or a
   step written out here (``_REWRITES``: axes and split attributes become inputs, Softmax-13's
-  axis, Clip-11, Pad-11, inference Dropout-12, BatchNormalization-14, LayerNormalization-17);
+  axis, Clip-11, Pad-11, Resize-13, inference Dropout-12, BatchNormalization-14,
+  LayerNormalization-17);
 - anything else raises OpsetNotRaised naming the op, its node and the step.
 
 Ops ONNX has no schema for are read from ONNX Runtime's registry, where the model will run.
+Over 400 lines: the version steps, the table of steps that keep their meaning and the rewrites
+are one proof, read together.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ _SAME_MEANING = {
     ("Shape", 15): "start and end default to the whole shape",
     ("TopK", 11): "largest and sorted default to 1, the old behaviour",
     ("BatchNormalization", 15): "scale, bias, mean and variance may have their own types",
+    ("Resize", 18): "antialias 0, all axes and the stretch policy are the old behaviour",
 }
 
 _REDUCE_AXES_INPUT = {"ReduceSum": 13} | {
@@ -406,6 +410,14 @@ def _pad_11(raiser: _Raiser, node: onnx.NodeProto) -> Rewritten:
     return consts, node, []
 
 
+def _resize_13(raiser: _Raiser, node: onnx.NodeProto) -> Rewritten:
+    """Resize-13 makes roi and scales optional and drops the tf_half_pixel_for_nn coordinates."""
+    mode = next((a.s for a in node.attribute if a.name == "coordinate_transformation_mode"), b"half_pixel")
+    if mode == b"tf_half_pixel_for_nn":
+        raise OpsetNotRaised(f"Resize (node {node.name!r}): tf_half_pixel_for_nn coordinates have no opset-13 form")
+    return [], node, []
+
+
 def _only_first_output(reason: str) -> Callable[[_Raiser, onnx.NodeProto], Rewritten]:
     def rewrite(raiser: _Raiser, node: onnx.NodeProto) -> Rewritten:
         if not raiser.only_first_output(node):
@@ -453,6 +465,7 @@ _REWRITES: dict[tuple[str, int], Callable[[_Raiser, onnx.NodeProto], Rewritten]]
     **{(op, 13): _softmax_13 for op in ("Softmax", "LogSoftmax", "Hardmax")},
     ("Clip", 11): _clip_11,
     ("Pad", 11): _pad_11,
+    ("Resize", 13): _resize_13,
     ("Dropout", 12): _only_first_output("an inference Dropout is its input"),
     ("BatchNormalization", 14): _only_first_output("opset 14 writes running statistics only when training"),
     ("LayerNormalization", 17): _layer_normalization_17,
