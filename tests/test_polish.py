@@ -267,3 +267,22 @@ def test_a_failed_verify_says_that_out_still_holds_an_older_file(one_block, tmp_
         "not this run's"
     )
     assert out.read_bytes() == b"an older model"
+
+
+def test_regress_says_which_softmax_the_nodes_of_a_merged_decoder_ran(tmp_path):
+    """Item 14: the merged decoder's FlashAttention nodes sit in If branches, whose key length cannot
+    be read: the softmax column was empty, and the online softmax was never run (verify forced
+    nothing, having read no node). Now each softmax they run deployed is forced and recorded."""
+    import json
+
+    model = os.path.abspath(os.path.join(ZOO, "llama_merged_eager_torchscript.onnx"))
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(
+        f'version = 1\n[[model]]\npath = "{model}"\nblocks = {{ ortflash = 4 }}\ncases = [{{ batch = 1, seq_len = 7 }}]\n'
+    )
+    out = tmp_path / "r.json"
+    assert main(["regress", str(manifest), "--json", str(out), "-q"]) == 0
+    rows = json.load(open(out))["regress"]["results"]
+    assert [(r["target"], r["softmax"]) for r in rows] == [("ortflash", ["naive", "online"])]
+    runs = [run["why"] for v in rows[0]["verifications"] for run in v["runs"]]
+    assert runs[-2:] == ["naive forced", "online forced"]

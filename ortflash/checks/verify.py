@@ -22,7 +22,7 @@ import onnx
 
 from .. import spec
 from ..errors import OrtflashError
-from ..model_io import load
+from ..model_io import graphs_of, load
 from ..policy import SoftmaxPolicy
 from ..session import InferenceSession
 from .compare import OutputDiff, compare_outputs, shape_text, tolerance
@@ -134,6 +134,25 @@ def _fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [n for n in model.graph.node if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN]
 
 
+def _inner_fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The FlashAttention nodes inside If/Loop/Scan bodies (a merged decoder's branches): ONNX Runtime
+    cannot expose a subgraph's values, so their key length is not read, and the softmax they run is
+    known only where their policy fixes it."""
+    main = {id(n) for n in model.graph.node}
+    return [
+        n
+        for g in graphs_of(model.graph)
+        for n in g.node
+        if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN and id(n) not in main
+    ]
+
+
+def _fixed_softmax(policy: SoftmaxPolicy) -> str | None:
+    """The one softmax a node with this (complete) policy runs at every key length; None for auto."""
+    modes = deployed_softmaxes(policy)
+    return modes[0] if len(modes) == 1 else None
+
+
 def _node_policy(node: onnx.NodeProto, override: SoftmaxPolicy | None) -> SoftmaxPolicy:
     own = SoftmaxPolicy.from_attributes(spec.validate(spec.node_attributes(node)))
     return override.applied_to(own) if override else own
@@ -178,6 +197,7 @@ class _Prover:
         self.opt_level = opt_level
         self.rtol, self.atol = rtol, atol
         self.nodes = _fused_nodes(load(optimized))
+        self.inner = _inner_fused_nodes(load(optimized))
         # the optimized model as a proto with K exposed; its external weights stay where they are
         if weights_dir is None and not isinstance(optimized, onnx.ModelProto):
             weights_dir = os.path.dirname(os.path.abspath(optimized))
@@ -209,6 +229,10 @@ class _Prover:
         modes = {
             n.name: _node_policy(n, override).choose(key_lengths[n.name]) for n in self.nodes if n.name in key_lengths
         }
+        for node in self.inner:
+            fixed = _fixed_softmax(_node_policy(node, override))
+            if fixed is not None:
+                modes[node.name] = fixed
         inputs = {name: list(value.shape) for name, value in feeds.items()}
         return VerifyRun(why, inputs, modes, key_lengths, compare_outputs(expected, actual, self.rtol, self.atol))
 
@@ -281,7 +305,7 @@ def prove(
     rtol, atol = tolerance(original_proto, rtol, atol)
     prover = _Prover(original, optimized, policy, rtol, atol, weights_dir, opt_level)
     result = Verification(rtol, atol, opt_level)
-    result.deployed = {n.name: deployed_softmaxes(_node_policy(n, policy)) for n in prover.nodes}
+    result.deployed = {n.name: deployed_softmaxes(_node_policy(n, policy)) for n in (*prover.nodes, *prover.inner)}
     given = feeds is not None
     # a decoder with a cache runs in two shapes deployed: a prefill, then decode steps; each is run
     cases = [] if given else decoder_cases(original_proto, seq_len=seq_len, batch=batch, dims=dict(dims or {}))
@@ -327,11 +351,15 @@ def prove(
         if not nodes:
             continue
         forced = SoftmaxPolicy(mode, policy.block_size if policy else None, policy.min_seq_len if policy else None)
+        inner = {n.name for n in prover.inner} & set(nodes)
         reason = (
             (why_forced or "the inputs are shorter than min_seq_len")
             if mode == "online"
             else "the inputs are at least min_seq_len long"
         )
+        if inner:
+            body = f"{_nodes_text(sorted(inner))} inside If/Loop/Scan bodies, whose key length cannot be read, run auto"
+            reason = body if len(inner) == len(nodes) else f"{reason}; {body}"
         result.notes.append(
             f"{mode} softmax forced on every fused node at the first inputs' length, for "
             f"{_nodes_text(nodes)} that run{'s' if len(nodes) == 1 else ''} it deployed: {reason}"
