@@ -192,7 +192,7 @@ def tool_ortflash(path, entry) -> dict:
     import ortflash
 
     original = onnx.load(path)
-    fused, report = ortflash.optimize(original, softmax="naive")
+    fused, report = ortflash.optimize(original, softmax="naive", target="ortflash")
     res = _result(fused, original, entry, reasons=[b.reason for b in report.blocks if not b.fused])
     res["report_fused"] = report.fused
     res["fused"] = min(report.fused, entry["attention_blocks"])

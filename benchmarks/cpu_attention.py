@@ -66,8 +66,12 @@ TARGETS = (
 )
 
 
-def build_model(layers: int = 2, seed: int = 0, stack: str = "padding") -> onnx.ModelProto:
-    """The attention stack of one kind (see the module docstring), the same weights for all kinds."""
+def build_model(
+    layers: int = 2, seed: int = 0, stack: str = "padding", heads: int = HEADS, head_dim: int = HEAD_DIM
+) -> onnx.ModelProto:
+    """The attention stack of one kind (see the module docstring), the same weights for all kinds;
+    ``heads`` x ``head_dim`` other than BERT-base's 12 x 64 for other model sizes."""
+    hidden = heads * head_dim
     if stack not in STACKS:
         raise ValueError(f"unknown stack {stack!r}: use one of {', '.join(STACKS)}")
     rng = np.random.default_rng(seed)
@@ -87,9 +91,9 @@ def build_model(layers: int = 2, seed: int = 0, stack: str = "padding") -> onnx.
     const("one", np.array(1.0, np.float32))
     const("neg_big", np.array(np.finfo(np.float32).min, np.float32))
     const("axes_12", np.array([1, 2], np.int64))
-    const("shape_bshd", np.array([0, 0, HEADS, HEAD_DIM], np.int64))
-    const("shape_bsh", np.array([0, 0, HIDDEN], np.int64))
-    const("sqrt_d", np.array(math.sqrt(HEAD_DIM), np.float32))
+    const("shape_bshd", np.array([0, 0, heads, head_dim], np.int64))
+    const("shape_bsh", np.array([0, 0, hidden], np.int64))
+    const("sqrt_d", np.array(math.sqrt(head_dim), np.float32))
     mask = None
     if stack == "padding":  # extended attention mask [B, 1, 1, S]: 0 where attended, float32 min where padded
         m = node("Cast", ["attention_mask"], "mask_float", to=TensorProto.FLOAT)
@@ -102,12 +106,12 @@ def build_model(layers: int = 2, seed: int = 0, stack: str = "padding") -> onnx.
         p = f"l{i}_"
 
         def proj(name: str, src: str) -> str:
-            y = node("MatMul", [src, weight(f"{name}_w", HIDDEN, HIDDEN)], f"{name}_mm")
-            return node("Add", [y, weight(f"{name}_b", HIDDEN)], f"{name}_add")
+            y = node("MatMul", [src, weight(f"{name}_w", hidden, hidden)], f"{name}_mm")
+            return node("Add", [y, weight(f"{name}_b", hidden)], f"{name}_add")
 
         q3, k3, v3 = proj(p + "q", x), proj(p + "k", x), proj(p + "v", x)
         if stack == "causal":
-            ctx = node("Attention", [q3, k3, v3], p + "context_bsh", q_num_heads=HEADS, kv_num_heads=HEADS, is_causal=1)
+            ctx = node("Attention", [q3, k3, v3], p + "context_bsh", q_num_heads=heads, kv_num_heads=heads, is_causal=1)
         else:
             q = node("Transpose", [node("Reshape", [q3, "shape_bshd"], p + "q_bshd")], p + "q_bhsd", perm=[0, 2, 1, 3])
             kt = node("Transpose", [node("Reshape", [k3, "shape_bshd"], p + "k_bshd")], p + "k_bhds", perm=[0, 2, 3, 1])
@@ -120,24 +124,24 @@ def build_model(layers: int = 2, seed: int = 0, stack: str = "padding") -> onnx.
             ctx = node("Reshape", [ctx, "shape_bsh"], p + "context_bsh")
         o = node(
             "Add",
-            [node("MatMul", [ctx, weight(p + "wo", HIDDEN, HIDDEN)], p + "o_mm"), weight(p + "bo", HIDDEN)],
+            [node("MatMul", [ctx, weight(p + "wo", hidden, hidden)], p + "o_mm"), weight(p + "bo", hidden)],
             p + "o_add",
         )
         r = node("Add", [o, x], p + "residual")
-        gamma = const(p + "ln_gamma", np.ones(HIDDEN, np.float32))
-        beta = const(p + "ln_beta", np.zeros(HIDDEN, np.float32))
+        gamma = const(p + "ln_gamma", np.ones(hidden, np.float32))
+        beta = const(p + "ln_beta", np.zeros(hidden, np.float32))
         x = node("LayerNormalization", [r, gamma, beta], p + "ln", axis=-1, epsilon=1e-12)
 
     nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="output"))
     used = {i for n in nodes for i in n.input}
-    graph_inputs = [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, ["batch", "seq", HIDDEN])]
+    graph_inputs = [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, ["batch", "seq", hidden])]
     if stack == "padding":
         graph_inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]))
     graph = helper.make_graph(
         nodes,
         f"bert_base_attention_stack_{stack}",
         graph_inputs,
-        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", HIDDEN])],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", hidden])],
         [t for t in inits if t.name in used],
     )
     opset = 23 if stack == "causal" else OPSET

@@ -87,7 +87,7 @@ def build_models(workdir: Path, torch_python: str) -> tuple[dict[str, Path], dic
         ("contrib", {"target": "contrib"}),
         ("onnx", {"target": "onnx"}),
     ):
-        out, report = ortflash.optimize(model, softmax="auto", **options)
+        out, report = ortflash.optimize(model, softmax="auto", **{"target": "ortflash", **options})
         assert report.fused == LAYERS, [b.reason for b in report.blocks]
         ortflash.save(out, str(paths[variant]))
         ops[variant] = ", ".join(sorted({b.target for b in report.blocks}))

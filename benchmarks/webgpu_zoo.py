@@ -176,7 +176,7 @@ def make(folder: str, manifest: str = "models/manifest.json", only: str | None =
         stem = entry["file"][: -len(".onnx")]
         path = os.path.join(os.path.dirname(manifest), entry["file"])
         model = onnx.load(path)
-        fused, _ = ortflash.optimize(model)
+        fused, _ = ortflash.optimize(model, target="ortflash")
         row: dict[str, Any] = {"model": stem, "original": path, "blocks": {}}  # tracked: travels anyway
         table = _shared_weights(model, os.path.join(folder, f"{stem}.data"))
         for target in TARGETS:
@@ -209,7 +209,7 @@ def make(folder: str, manifest: str = "models/manifest.json", only: str | None =
             original = causal_in_graph(original)
         stem = f"unfused__{kind}_s{s}"
         _save(original, os.path.join(caps_dir, f"{stem}.original.onnx"))
-        fused, report = ortflash.optimize(original)
+        fused, report = ortflash.optimize(original, target="ortflash")
         for target in ("contrib", "webgpu"):
             lowered, notes = lower(fused, target)
             _save(lowered, os.path.join(caps_dir, f"{stem}.{target}.onnx"))

@@ -199,12 +199,12 @@ def validate(
 
     The original runs in ONNX Runtime exposing each fused node's inputs and the value the
     replaced subgraph computed; the node's kernel (``backend``: cpu | reference | wgpu) runs on
-    those inputs and is compared with it. ``optimized`` None: ``ortflash.optimize(original)``.
+    those inputs and is compared with it. ``optimized`` None: ``ortflash.optimize(original, target="ortflash")`` (FlashAttention nodes to validate).
     """
     from .optimize import optimize
 
     original_proto = _with_weights(original)
-    optimized_proto = optimize(original_proto)[0] if optimized is None else _with_weights(optimized)
+    optimized_proto = optimize(original_proto, target="ortflash")[0] if optimized is None else _with_weights(optimized)
     inputs = dict(feeds) if feeds is not None else make_feeds(original_proto, dims=dims, seq_len=seq_len, batch=batch)
     rtol, atol = tolerance(original_proto, rtol, atol)
     nodes = _validate.validate(

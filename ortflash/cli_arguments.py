@@ -62,6 +62,14 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1, "must be a positive integer")
 
 
+def positive_ints(text: str) -> list[int]:
+    """argparse type: comma-separated integers >= 1 ("128,512")."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated positive integers, e.g. 128,512")
+    return [positive_int(item) for item in items]
+
+
 def _nonneg_int(text: str) -> int:
     return _int_at_least(text, 0, "must be >= 0")
 
@@ -107,6 +115,16 @@ def _add_policy(p: argparse.ArgumentParser, overrides: bool) -> None:
 def policy_from_args(args: argparse.Namespace) -> SoftmaxPolicy | None:
     """The policy the softmax options ask for; None when none is given."""
     return SoftmaxPolicy.from_options(
+        getattr(args, "softmax", None),
+        getattr(args, "online_softmax", False) or None,
+        getattr(args, "block_size", None),
+        getattr(args, "min_seq_len", None),
+    )
+
+
+def new_nodes_policy(args: argparse.Namespace) -> SoftmaxPolicy:
+    """The policy optimize writes on the nodes it creates: the options given, the defaults for the rest."""
+    return SoftmaxPolicy.for_new_nodes(
         getattr(args, "softmax", None),
         getattr(args, "online_softmax", False) or None,
         getattr(args, "block_size", None),
@@ -176,9 +194,24 @@ def _add_num_heads(p: argparse.ArgumentParser) -> None:
 
 
 def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
-    """What ortflash.optimize takes beyond the policy and the target: --num-heads, where given, and
-    --no-causal-proof."""
-    return {"num_heads": getattr(args, "num_heads", None), "prove_causal": not getattr(args, "no_causal_proof", False)}
+    """What ortflash.optimize takes beyond the policy and the target: --num-heads, where given,
+    --no-causal-proof and --seq-lens."""
+    return {
+        "num_heads": getattr(args, "num_heads", None),
+        "prove_causal": not getattr(args, "no_causal_proof", False),
+        "seq_lens": getattr(args, "seq_lens", None),
+    }
+
+
+def _add_seq_lens(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--seq-lens",
+        type=positive_ints,
+        metavar="N[,N...]",
+        help="the key lengths the model runs at: where --target is left open, a block is fused only where the "
+        "measured cost table says the fused form is faster than the original ops at every one of them "
+        "(default: a block's static length; a block whose length is known only at run time keeps its ops)",
+    )
 
 
 def _output_options() -> _Parser:
@@ -246,10 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _add_num_heads(p)
+    _add_seq_lens(p)
 
     p = sub.add_parser("inspect", parents=common, help="list every Softmax: fused or why not; writes nothing")
     p.add_argument("model")
     _add_num_heads(p)
+    _add_seq_lens(p)
 
     p = sub.add_parser("validate", parents=common, help="check each fused node's kernel against the naive ORT subgraph")
     p.add_argument("original")

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from . import spec
+from . import forms, spec
 from .errors import OrtflashError
 from .fusion.emit import BLOCK_ID, GIVEN_HEADS
 from .fusion.onnx_attention import fuse_attention_ops
@@ -48,6 +49,7 @@ def optimize(
     num_heads: int | None = None,
     load_check: LoadCheck | None = None,
     prove_causal: bool = True,
+    seq_lens: Sequence[int] | None = None,
 ) -> tuple[onnx.ModelProto, Report]:
     """Fuse every provable attention block into FlashAttention, in every graph of the model
     (If branches, Loop and Scan bodies included: their rows are named ``If_0.then_branch/...``).
@@ -70,6 +72,12 @@ def optimize(
     ``prove_causal``: read each block's mask subgraph for a causal frontier (fusion/causal_mask) and,
     where proved, set is_causal with a [B, 1, 1, Sk] padding part; False keeps every block's mask
     tensor as the graph computes it (for comparisons, and as an escape hatch).
+
+    Where ``target`` is left open (None, or auto), each fused block takes the form that runs
+    fastest where it runs (ortflash/forms.py): the chosen target's op where the measured cost
+    table says it beats the original ops at the block's key length (its static length, else
+    every one of ``seq_lens``), else the original ops, with the reason on its row. A target
+    asked for by name is written as asked.
     """
     if policy is None:
         try:
@@ -96,8 +104,56 @@ def optimize(
     check = load_check or _default_load_check(model_or_path, proto)
     if target == AUTO:
         assert ep is not None
-        return _choose_for_ep(ep, run, check)
-    return _choose_default(run, check)
+        model, report = _choose_for_ep(ep, run, check)
+    else:
+        model, report = _choose_default(run, check)
+    if seq_lens is not None and (not seq_lens or min(seq_lens) < 1):
+        raise OrtflashError(f"seq_lens must be positive key lengths, got {list(seq_lens)}")
+    return _fastest_forms(proto, policy, num_heads, prove_causal, (model, report), seq_lens, check)
+
+
+def _fastest_forms(
+    proto: onnx.ModelProto,
+    policy: SoftmaxPolicy,
+    num_heads: int | None,
+    prove_causal: bool,
+    chosen: tuple[onnx.ModelProto, Report],
+    seq_lens: Sequence[int] | None,
+    check: LoadCheck,
+) -> tuple[onnx.ModelProto, Report]:
+    """The chosen target's model with every block the cost table says is slower fused than as it
+    was left as it was (fused again without them); each row says why it took its form."""
+    model, report = chosen
+    assert report.target is not None
+    target = report.target.chosen
+    keep: dict[str, str] = {}
+    for block in report.blocks:
+        if not block.fused:
+            continue
+        # a block the chosen target did not lower is a FlashAttention node: its form is ortflash's
+        form = target if block.lowered_to else DEFAULT_TARGET
+        lengths = list(seq_lens) if seq_lens else ([block.key_len] if block.key_len else None)
+        choice = forms.choose(form, policy, block.head_dim, lengths)
+        if choice.fused:
+            block.reason = "; ".join(filter(None, [block.reason, choice.why]))
+        else:
+            keep[block.name] = choice.why
+    if not keep:
+        return model, report
+    fused, fusion_report = _fuse(proto, policy, num_heads, prove_causal, keep=keep)
+    faster, faster_report = _lower_for(proto, fused, fusion_report, target)
+    for block, before in zip(faster_report.blocks, report.blocks):
+        block.key_len = before.key_len
+        if block.fused:
+            block.reason = before.reason
+    faster_report.target = report.target
+    faster_report.notes += [n for n in report.notes if n not in faster_report.notes]
+    if faster_report.fused and faster is not proto:
+        problem = check(faster, faster_report)
+        if problem is not None:  # the subset fails where the whole loaded: say so, keep the whole
+            report.notes.append(f"the original ops were not kept where faster: {problem}")
+            return model, report
+    return faster, faster_report
 
 
 def _check_target(target: str | None, ep: str | None) -> None:
@@ -218,10 +274,15 @@ def _choose_default(
 
 
 def _fuse(
-    proto: onnx.ModelProto, policy: SoftmaxPolicy, num_heads: int | None, prove_causal: bool = True
+    proto: onnx.ModelProto,
+    policy: SoftmaxPolicy,
+    num_heads: int | None,
+    prove_causal: bool = True,
+    keep: Mapping[str, str] = MappingProxyType({}),
 ) -> tuple[onnx.ModelProto, Report]:
     """Every block fused, once, whatever the target: the fused model (its inferred value_info kept,
-    for the lowerings to prove from) and the report; the input itself when nothing is fused."""
+    for the lowerings to prove from) and the report; the input itself when nothing is fused.
+    ``keep``: report names of blocks left as they are, each with the reason for its row."""
     from .checks.rounding import mark_rounding_sensitive
 
     # Opset conversions a target needs (to 13 for contrib/webgpu, 23 for onnx) happen in lower(),
@@ -234,9 +295,10 @@ def _fuse(
     for graph, scope in _scopes(model.graph, ""):
         _forget_earlier_blocks(graph)
         # ONNX Attention ops (opset 23+) first: their Softmax is inside the op, not in the graph.
-        rows = fuse_attention_ops(graph, opset, policy, first_row=len(report.blocks))
+        here = {name[len(scope) :]: why for name, why in keep.items() if name.startswith(scope)}
+        rows = fuse_attention_ops(graph, opset, policy, first_row=len(report.blocks), keep=here)
         rows += fuse_softmax_blocks(
-            graph, opset, policy, first_row=len(report.blocks) + len(rows), prove_causal=prove_causal
+            graph, opset, policy, first_row=len(report.blocks) + len(rows), prove_causal=prove_causal, keep=here
         )
         for row in rows:
             row.name = scope + row.name
@@ -306,6 +368,7 @@ def _prove_heads(graph: ir.Graph, report: Report, num_heads: int | None) -> None
             continue  # the op's contract requires all three; a node without them is not ours to read
         hq, hkv = shapes.resolved_dim(q, 1), shapes.resolved_dim(k, 1)
         block.head_dim = shapes.static(shapes.resolved_dim(q, 3))
+        block.key_len = shapes.static(shapes.resolved_dim(k, 2))
         block.heads = None if three_d else shapes.static(hq)
         block.kv_heads = None if three_d else shapes.static(hkv)
         if num_heads is None or three_d:

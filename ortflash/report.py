@@ -26,6 +26,7 @@ class Block:
     heads: int | None = None
     kv_heads: int | None = None
     head_dim: int | None = None
+    key_len: int | None = None  # the key length, where the shapes fix it
     scale: float | None = None
     mask: str = ""  # bias / mask / causal summary
     softmax: str = ""  # naive | online | auto, as written on the fused node

@@ -89,8 +89,8 @@ def configure_model(
 class InferenceSession:
     """onnxruntime.InferenceSession for models with FlashAttention nodes.
 
-    ``InferenceSession(model, softmax="online")`` runs every fused node of this session
-    with that policy; ``backend`` picks the kernel (``cpu``: compiled, the default;
+    ``InferenceSession(model, softmax="online")`` (or ``policy=SoftmaxPolicy(...)``, the same
+    object the pipeline passes) runs every fused node of this session with that policy; ``backend`` picks the kernel (``cpu``: compiled, the default;
     ``reference``: numpy; ``wgpu``: the WGSL flash shader) and ``threads`` the compiled
     kernel's thread count. Each session carries its own choice: sessions in one process,
     or running in parallel threads, do not affect each other.
@@ -104,15 +104,19 @@ class InferenceSession:
         threads: int | None = None,
         providers: Sequence[str] | None = None,
         sess_options: ort.SessionOptions | None = None,
+        policy: SoftmaxPolicy | None = None,
         softmax: str | None = None,
         online_softmax: bool | None = None,
         block_size: int | None = None,
         min_seq_len: int | None = None,
     ) -> None:
         self.config = KernelConfig(backend=backend, threads=threads)
-        self.policy = SoftmaxPolicy.from_options(
+        options = SoftmaxPolicy.from_options(
             softmax=softmax, online_softmax=online_softmax, block_size=block_size, min_seq_len=min_seq_len
         )
+        if policy is not None and options is not None:
+            raise spec.SpecError("give either policy or the softmax options (softmax, block_size, ...), not both")
+        self.policy = policy if policy is not None else options
         model = configure_model(load(model_or_path), policy=self.policy, config=self.config)
         so = session_options(base=sess_options)
         if isinstance(model_or_path, (str, os.PathLike)) and external_locations(model):

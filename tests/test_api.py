@@ -21,7 +21,7 @@ def original() -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def fused(original: onnx.ModelProto) -> onnx.ModelProto:
-    model, report = ortflash.optimize(original, softmax="auto", block_size=8, min_seq_len=16)
+    model, report = ortflash.optimize(original, softmax="auto", block_size=8, min_seq_len=16, target="ortflash")
     assert report.fused == 1
     return model
 

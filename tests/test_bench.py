@@ -336,7 +336,7 @@ def test_cpu_attention_stacks_fuse(tmp_path):
 
     for stack in cpu_attention.STACKS:
         model = cpu_attention.build_model(1, stack=stack)
-        fused, report = ortflash.optimize(model, softmax="online", min_seq_len=0)
+        fused, report = ortflash.optimize(model, softmax="online", min_seq_len=0, target="ortflash")
         assert report.fused == 1, stack
         node = next(n for n in fused.graph.node if n.op_type == "FlashAttention")
         causal = next(a.i for a in node.attribute if a.name == "is_causal")

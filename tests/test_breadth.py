@@ -106,13 +106,13 @@ def _untyped(model: onnx.ModelProto, names: tuple[str, ...]) -> onnx.ModelProto:
 def test_untyped_operand_takes_its_type_from_the_matmul_it_shares():
     # V comes from an op shape inference cannot type; P·V's MatMul takes one type, P's.
     model = _untyped(broadcast_block(["B", 2, "S", 8], ["B", 2, "T", 8], ["B", 2, "T", 8]), ("v",))
-    _, report = ortflash.optimize(model)
+    _, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 1, report.blocks[0].reason
 
 
 def test_unknown_dtype_is_named_as_unknown_not_as_different():
     model = _untyped(broadcast_block(["B", 2, "S", 8], ["B", 2, "T", 8], ["B", 2, "T", 8]), ("q", "k", "v"))
-    _, report = ortflash.optimize(model)
+    _, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 0
     assert "different" not in report.blocks[0].reason and "not known" in report.blocks[0].reason, report.blocks[
         0
@@ -157,7 +157,7 @@ def test_einsum_that_is_not_a_batched_product_is_refused_with_its_equation():
     # the heads before the batch in the scores: not a product batched over dim 0 (the scores
     # transposed, bhqd,bhkd->bhkq, are attention with Q and K swapped, and fuse as that)
     model.graph.node[0].attribute[0].s = b"bhqd,bhkd->hbqk"
-    _, report = ortflash.optimize(model)
+    _, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 0 and "bhqd,bhkd->hbqk" in report.blocks[0].reason
 
 

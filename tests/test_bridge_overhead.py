@@ -26,7 +26,7 @@ DIMS = {"B": 1, "S": 24, "T": 24}
 @pytest.fixture(scope="module")
 def fused_and_feeds() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     model = build(Variant(bias_shapes=(("B", 1, 1, "T"),)))
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 1
     return fused, feeds(model, DIMS, np.random.default_rng(0))
 

@@ -132,7 +132,7 @@ def _largest_intermediate(model: onnx.ModelProto, f: dict) -> dict[str, tuple[in
 @pytest.mark.parametrize("fill", [LOWEST, -np.inf])
 def test_causal_mask_is_proved_and_the_square_tensor_is_gone(form, padding, fill):
     model = _decoder(fill=fill, padding=padding, form=form)
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 2, [b.reason for b in report.blocks]
     assert all("is_causal=1" in b.reason for b in report.blocks), [b.reason for b in report.blocks]
     attrs = _flash_nodes(fused)
@@ -164,7 +164,7 @@ NOT_PROVED = {
 def test_masks_that_are_not_causal_keep_their_tensor_and_say_why(name):
     kwargs, reason = NOT_PROVED[name]
     model = _decoder(**kwargs)  # type: ignore[arg-type]
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 2
     assert all(reason in b.reason for b in report.blocks), [b.reason for b in report.blocks]
     assert [a["is_causal"] for a in _flash_nodes(fused)] == [0, 0]
@@ -178,7 +178,7 @@ def test_zoo_decoder_prefill_has_no_square_mask_left(name):
     """The exported HF masks (both exporters): is_causal on every block, and at run time no
     [B, 1, S, S] value anywhere in the fused model."""
     model = onnx.load(os.path.join(ZOO, f"{name}.onnx"))
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert all(a["is_causal"] == 1 for a in _flash_nodes(fused)), [b.reason for b in report.blocks]
     from ortflash.checks.feeds import make_feeds
 
@@ -254,7 +254,7 @@ def test_a_sliced_causal_buffer_is_read_element_by_element():
     f = {x: rng.standard_normal((B, H, 9, D)).astype(np.float32) for x in ("q0", "k0", "v0")}
     for source, proved in (("buffer", True), ("broken", False)):
         original = model(source)
-        fused, report = ortflash.optimize(original, softmax="naive")
+        fused, report = ortflash.optimize(original, softmax="naive", target="ortflash")
         assert report.fused == 1
         assert (_flash_nodes(fused)[0]["is_causal"] == 1) is proved, report.blocks[0].reason
         if proved:
@@ -268,8 +268,8 @@ def test_the_causal_proof_can_be_switched_off(tmp_path):
     from ortflash.cli import main
 
     model = _decoder()
-    on, _ = ortflash.optimize(model, softmax="naive")
-    off, report = ortflash.optimize(model, softmax="naive", prove_causal=False)
+    on, _ = ortflash.optimize(model, softmax="naive", target="ortflash")
+    off, report = ortflash.optimize(model, softmax="naive", prove_causal=False, target="ortflash")
     assert report.fused == 2
     assert [a["is_causal"] for a in _flash_nodes(on)] == [1, 1]
     assert [a["is_causal"] for a in _flash_nodes(off)] == [0, 0]
@@ -361,7 +361,7 @@ def test_kv_cache_mask_is_proved_bottom_right_causal(padding):
     padding part read from attention_mask, sliced to Sk where the mask is longer (the graph reads
     only that prefix); the same outputs in prefill, decode and a chunk after a cache."""
     model = _cached_decoder(padding)
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 2
     assert all("is_causal=2" in b.reason for b in report.blocks), [b.reason for b in report.blocks]
     assert [a["is_causal"] for a in _flash_nodes(fused)] == [2, 2]
@@ -381,7 +381,7 @@ def test_kv_cache_mask_is_proved_bottom_right_causal(padding):
 def test_kv_cache_mask_with_another_offset_keeps_its_tensor():
     """j <= i + past + 1 is not Sk - Sq: the block keeps its [B, 1, S, P + S] bias and says why."""
     model = _cached_decoder(extra_offset=1)
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 2
     assert all("neither top-left (0) nor bottom-right" in b.reason for b in report.blocks), report.blocks[0].reason
     assert [a["is_causal"] for a in _flash_nodes(fused)] == [0, 0]
@@ -398,7 +398,7 @@ def test_zoo_kv_cache_decoders_are_proved_bottom_right_causal(name):
     from ortflash.checks.feeds import make_feeds
 
     model = onnx.load(os.path.join(ZOO, f"{name}.onnx"))
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 2
     assert [a["is_causal"] for a in _flash_nodes(fused)] == [2, 2], [b.reason for b in report.blocks]
     f = make_feeds(model, seq_len=3, batch=2, dims={"past": 5, "seq": 3})

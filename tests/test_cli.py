@@ -27,7 +27,7 @@ def _digest(path):
 
 def test_optimize_writes_default_output_and_verifies(model_path, capsys):
     before = _digest(model_path)
-    assert main(["optimize", model_path, "--online-softmax", "--verify"]) == 0
+    assert main(["optimize", model_path, "--online-softmax", "--verify", "--target", "ortflash"]) == 0
     out = capsys.readouterr().out
     assert "1 of 1" in out and "verified" in out
     flash = model_path[: -len(".onnx")] + ".flash.onnx"
@@ -37,13 +37,13 @@ def test_optimize_writes_default_output_and_verifies(model_path, capsys):
 
 
 def test_verify_fails_with_exit_1_on_a_tampered_model(model_path, tmp_path):
-    fused, _ = ortflash.optimize(model_path)
+    fused, _ = ortflash.optimize(model_path, target="ortflash")
     tamper_scale(fused, 1.5)
     bad = str(tmp_path / "bad.onnx")
     onnx.save(fused, bad)
     assert main(["verify", model_path, bad]) == 1
     good = str(tmp_path / "good.onnx")
-    onnx.save(ortflash.optimize(model_path)[0], good)
+    onnx.save(ortflash.optimize(model_path, target="ortflash")[0], good)
     assert main(["verify", model_path, good, "--softmax", "online", "--block-size", "5", "--seq-len", "40"]) == 0
 
 
@@ -51,7 +51,7 @@ def test_verify_with_feeds_file(model_path, tmp_path):
     from ortflash.checks.feeds import make_feeds
 
     out = str(tmp_path / "o.onnx")
-    assert main(["optimize", model_path, "-o", out]) == 0
+    assert main(["optimize", model_path, "-o", out, "--target", "ortflash"]) == 0
     feeds = make_feeds(onnx.load(model_path), seq_len=9)
     np.savez(tmp_path / "f.npz", **feeds)
     assert main(["verify", model_path, out, "--feeds", str(tmp_path / "f.npz")]) == 0
@@ -60,13 +60,13 @@ def test_verify_with_feeds_file(model_path, tmp_path):
 @pytest.mark.parametrize(
     "argv_tail",
     [
-        ["optimize", "{missing}"],
-        ["optimize", "{text}"],
-        ["optimize", "{model}", "--block-size", "0"],
-        ["optimize", "{model}", "--block-size", "-4"],
-        ["optimize", "{model}", "--softmax", "fast"],
-        ["optimize", "{model}", "-o", "{nofolder}"],
-        ["optimize", "{model}", "--bogus"],
+        ["optimize", "{missing}", "--target", "ortflash"],
+        ["optimize", "{text}", "--target", "ortflash"],
+        ["optimize", "{model}", "--block-size", "0", "--target", "ortflash"],
+        ["optimize", "{model}", "--block-size", "-4", "--target", "ortflash"],
+        ["optimize", "{model}", "--softmax", "fast", "--target", "ortflash"],
+        ["optimize", "{model}", "-o", "{nofolder}", "--target", "ortflash"],
+        ["optimize", "{model}", "--bogus", "--target", "ortflash"],
         ["verify", "{model}", "{missing}"],
         ["inspect", "{random}"],
     ],
@@ -117,7 +117,7 @@ def test_verify_block_size_alone_retiles_every_node_and_keeps_its_softmax(
     model_path, tmp_path, monkeypatch, options, block_size, min_seq_len
 ):
     out = str(tmp_path / "auto.onnx")
-    assert main(["optimize", model_path, "-o", out, "--online-softmax"]) == 0
+    assert main(["optimize", model_path, "-o", out, "--online-softmax", "--target", "ortflash"]) == 0
     seen = _fused_attributes_run(monkeypatch)
     assert main(["verify", model_path, out, *options]) == 0
     assert [(a["softmax"], a["block_size"], a["min_seq_len"]) for a in seen] == [("auto", block_size, min_seq_len)]
@@ -125,7 +125,7 @@ def test_verify_block_size_alone_retiles_every_node_and_keeps_its_softmax(
 
 def test_verify_softmax_overrides_every_node(model_path, tmp_path, monkeypatch):
     out = str(tmp_path / "naive.onnx")
-    assert main(["optimize", model_path, "-o", out, "--block-size", "32"]) == 0
+    assert main(["optimize", model_path, "-o", out, "--block-size", "32", "--target", "ortflash"]) == 0
     seen = _fused_attributes_run(monkeypatch)
     assert main(["verify", model_path, out, "--softmax", "online"]) == 0
     assert [(a["softmax"], a["block_size"]) for a in seen] == [("online", 128)]
@@ -138,7 +138,7 @@ def test_an_ortflash_bug_is_not_reported_as_bad_input(model_path, tmp_path, monk
         raise KeyError("a bug")
 
     out = str(tmp_path / "o.onnx")
-    assert main(["optimize", model_path, "-o", out]) == 0
+    assert main(["optimize", model_path, "-o", out, "--target", "ortflash"]) == 0
     monkeypatch.setattr(verify_module, "compare_outputs", broken)
     with pytest.raises(KeyError):
         main(["verify", model_path, out])
@@ -146,7 +146,7 @@ def test_an_ortflash_bug_is_not_reported_as_bad_input(model_path, tmp_path, monk
 
 def test_inputs_onnx_runtime_cannot_take_are_bad_input(model_path, tmp_path, capsys):
     out = str(tmp_path / "o.onnx")
-    assert main(["optimize", model_path, "-o", out]) == 0
+    assert main(["optimize", model_path, "-o", out, "--target", "ortflash"]) == 0
     np.savez(tmp_path / "wrong.npz", x=np.zeros(3, np.float32))
     assert main(["verify", model_path, out, "--feeds", str(tmp_path / "wrong.npz")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -178,5 +178,5 @@ def test_default_output_name(path, default, tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "load", lambda p: onnx.ModelProto())
     monkeypatch.setattr(cli, "save", lambda model, out, source_dir: written.append(out))
     monkeypatch.setattr(cli, "_unrunnable", lambda *args: None)
-    assert main(["optimize", path]) == 0
+    assert main(["optimize", path, "--target", "ortflash"]) == 0
     assert written == [default]

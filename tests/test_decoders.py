@@ -192,7 +192,7 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarra
 # 1. attention in subgraphs
 def test_merged_decoder_fuses_both_branches_and_names_them() -> None:
     model = merged_decoder()
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 2, report.blocks
     names = sorted(b.name for b in report.blocks)
     assert names == ["optimum::if.else_branch/no_past/softmax", "optimum::if.then_branch/with_past/softmax"]
@@ -249,17 +249,17 @@ def _no_attention_model() -> onnx.ModelProto:
 
 def test_a_model_with_nothing_fused_is_written_byte_identical(tmp_path: Path) -> None:
     model = _no_attention_model()
-    out, report = ortflash.optimize(model)
+    out, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 0 and out is model
     src = tmp_path / "plain.onnx"
     onnx.save(model, src)
     dst = tmp_path / "plain.flash.onnx"
-    assert main(["optimize", str(src), "-o", str(dst), "-q"]) == 0
+    assert main(["optimize", str(src), "-o", str(dst), "-q", "--target", "ortflash"]) == 0
     assert dst.read_bytes() == src.read_bytes()
 
 
 def test_fused_subgraphs_keep_no_inferred_value_info() -> None:
-    fused, _ = ortflash.optimize(merged_decoder())
+    fused, _ = ortflash.optimize(merged_decoder(), target="ortflash")
     choose = next(n for n in fused.graph.node if n.op_type == "If")
     assert all(not a.g.value_info for a in choose.attribute)
     assert not fused.graph.value_info
@@ -275,7 +275,7 @@ def _encoder_feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def test_a_shapeless_model_fuses_with_symbolic_shape_inference() -> None:
     model = shapeless_encoder_layer()
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert report.shape_inference == "onnxruntime-symbolic"
     assert report.fused == 1, report.blocks
     assert report.blocks[0].heads == HEADS
@@ -284,7 +284,7 @@ def test_a_shapeless_model_fuses_with_symbolic_shape_inference() -> None:
 
 
 def test_a_model_with_shapes_keeps_onnx_shape_inference() -> None:
-    _, report = ortflash.optimize(cached_decoder())
+    _, report = ortflash.optimize(cached_decoder(), target="ortflash")
     assert report.shape_inference == "onnx" and report.fused == 1
 
 
@@ -299,7 +299,7 @@ def test_an_opset_12_model_is_converted_for_contrib() -> None:
 
 
 def test_the_opset_is_not_converted_for_other_targets() -> None:
-    fused, report = ortflash.optimize(shapeless_encoder_layer())
+    fused, report = ortflash.optimize(shapeless_encoder_layer(), target="ortflash")
     assert not report.notes
     assert max(i.version for i in fused.opset_import if i.domain in ("", "ai.onnx")) == 12
 
@@ -410,7 +410,7 @@ def loop_encoder(seed: int = 0) -> onnx.ModelProto:
 
 def test_a_block_in_a_loop_body_fuses_and_matches() -> None:
     model = loop_encoder()
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert [(b.name, b.fused) for b in report.blocks] == [("layers.body/body/softmax", True)], report.blocks
     feeds = _encoder_feeds(np.random.default_rng(5))
     feeds["x0"] = feeds.pop("x")

@@ -44,7 +44,7 @@ def _fused(model: onnx.ModelProto) -> onnx.ModelProto:
     try:  # short blocks keep their original ops by default: fuse anyway
         fused, report = ortflash.optimize(model, target="ortflash")
     except ValueError:
-        fused, report = ortflash.optimize(model)
+        fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 1
     return fused
 

@@ -97,7 +97,7 @@ def test_fused_or_untouched(v, extra, sizes):
     b, s, t = sizes
     dims = {"B": b, "S": s, "T": t, "BH": b * v.heads}
     f = feeds(model, dims, np.random.default_rng(s * 100 + t))
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     want = _run(model, f)
     if report.fused == 0:
         assert [n.op_type for n in fused.graph.node] == [n.op_type for n in model.graph.node], report.blocks

@@ -192,7 +192,7 @@ def test_no_keys_give_zeros_as_the_graph_does(backend):
     import ortflash
 
     model = build(Variant(bias_shapes=(("B", 1, 1, "T"),)))
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 1
     inputs = feeds(model, {"B": 2, "S": 3, "T": 0}, np.random.default_rng(0))
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]

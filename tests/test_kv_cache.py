@@ -259,7 +259,7 @@ CACHED = [e for e in json.load(open(os.path.join(ZOO, "manifest.json")))["models
 def cached_zoo_model(request: pytest.FixtureRequest) -> tuple[dict[str, Any], onnx.ModelProto, onnx.ModelProto]:
     entry = request.param
     model = onnx.load(os.path.join(ZOO, entry["file"]))
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == entry["attention_blocks"], [b.reason for b in report.blocks]
     return entry, model, fused
 

@@ -89,7 +89,7 @@ def check_lowered_model(model: onnx.ModelProto, target: str) -> None:
 def zoo_fused(request):
     entry = request.param
     model = onnx.load(os.path.join(ZOO, entry["file"]))
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == entry["attention_blocks"], [b.reason for b in report.blocks if not b.fused]
     return entry, model, fused
 
@@ -189,7 +189,7 @@ def _with_masked_rows(model: onnx.ModelProto, f: dict) -> dict:
 def test_built_block_lowers_exactly_or_stays(name, target):
     variant, expect = BUILT[name]
     model = build(variant)
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 1, report.blocks[0].reason
     lowered, (note,) = lower(fused, target)
     if expect[target].startswith("kept: "):

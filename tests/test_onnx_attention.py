@@ -527,7 +527,7 @@ def test_expanded_function_body_fuses(name):
     model, feeds = build(EXPANDED[name])
     body = expanded(model)
     want = run_ort(body, feeds)
-    fused, report = ortflash.optimize(body)
+    fused, report = ortflash.optimize(body, target="ortflash")
     assert report.fused == 1, report.blocks[0].reason if report.blocks else "no Softmax"
     for mode in ("naive", "online"):
         assert_same(run_fused(fused, feeds, mode), want, False)

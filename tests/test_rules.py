@@ -49,7 +49,7 @@ def _op_types(model):
 def test_rule_fuses_and_matches_ort(name):
     variant = FUSING[name]
     model = build(variant)
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 1, report.blocks[0].reason
     assert _op_types(fused).count("FlashAttention") == 1
     assert "Softmax" not in _op_types(fused) and "MatMul" not in _op_types(fused)
@@ -66,7 +66,7 @@ def test_rule_fuses_and_matches_ort(name):
 
 def _near_miss(model_fn, reason_part):
     model = model_fn()
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 0
     assert reason_part in report.blocks[0].reason
     assert _op_types(fused) == _op_types(model)
@@ -154,7 +154,7 @@ def test_scale_after_bias_is_not_fused():
 def test_scores_also_graph_output_are_kept_and_block_fused():
     model = build(Variant(bias_shapes=(("B", 1, 1, "T"),)))
     model.graph.output.append(onnx.helper.make_tensor_value_info("s1", onnx.TensorProto.FLOAT, None))
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 1 and "kept" in report.blocks[0].reason
     f = feeds(model, SHAPES[0], np.random.default_rng(0))
     sess = ortflash.InferenceSession(fused)
@@ -167,7 +167,7 @@ def test_model_without_attention_is_unchanged():
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
     y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])
     model = onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]))
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert report.blocks == [] and "no Softmax" in report.summary()
     assert _op_types(fused) == ["Relu"]
 
@@ -177,7 +177,7 @@ def test_grouped_query_repeat_is_read_without_materialising(static):
     from attention_graphs import build_gqa
 
     model = build_gqa(heads=4, kv_heads=2, static=static)
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 1 and report.blocks[0].kv_heads == 2 and report.blocks[0].heads == 4
     node = next(n for n in fused.graph.node if n.op_type == "FlashAttention")
     assert list(node.input[:3]) == ["q", "k", "v"]  # the un-repeated K and V
@@ -202,7 +202,7 @@ def test_lowest_fill_and_bias_survive_the_bridge_exactly():
         head_dim=8,
     )
     model = build(variant)
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 1
     f = feeds(model, {"B": 1, "S": 1, "T": 3, "BH": 1}, np.random.default_rng(103))
     np.testing.assert_allclose(_run(fused, f), _run(model, f), rtol=1e-5, atol=1e-6)
@@ -220,14 +220,14 @@ def test_scale_with_more_than_six_digits_is_exact_in_the_kernel(monkeypatch):
 
     monkeypatch.setattr(ref, "flash_attention", spy)
     model = build(Variant(scale=float(np.float32(1 / np.sqrt(32))), scale_site="mul_scores"))
-    fused, _ = ortflash.optimize(model)
+    fused, _ = ortflash.optimize(model, target="ortflash")
     _run(fused, feeds(model, SHAPES[0], np.random.default_rng(0)))
     assert seen["scale"] == float(np.float32(1 / np.sqrt(32)))
 
 
 def test_plain_onnxruntime_session_with_ortflash_options_runs_a_fused_model(tmp_path):
     model = build(Variant(bias_shapes=(("B", 1, 1, "T"),)))
-    fused, _ = ortflash.optimize(model, softmax="online", block_size=8, min_seq_len=0)
+    fused, _ = ortflash.optimize(model, softmax="online", block_size=8, min_seq_len=0, target="ortflash")
     path = str(tmp_path / "fused.onnx")
     ortflash.save(fused, path)
     f = feeds(model, SHAPES[0], np.random.default_rng(0))
@@ -259,7 +259,7 @@ def test_bias_added_after_the_mask_fuses_in_that_order(fill):
     The bias is a graph input (no bounds), so the fill cannot absorb it: the node gets
     bias_after_mask=1 and computes fill + bias at masked positions, as the graph does."""
     model = _mask_then_bias(fill)
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 1, report.blocks[0].reason
     node = next(n for n in fused.graph.node if n.op_type == "FlashAttention")
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}

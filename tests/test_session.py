@@ -27,7 +27,7 @@ DIMS = {"B": 2, "S": 48, "T": 48}
 @pytest.fixture(scope="module")
 def fused_and_feeds() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     model = build(Variant(bias_shapes=(("B", 1, 1, "T"),)))
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 1
     return fused, feeds(model, DIMS, np.random.default_rng(0))
 
@@ -125,7 +125,7 @@ def test_session_options_turn_intra_op_spinning_off_unless_the_caller_chose():
     spinning = ort.SessionOptions()
     spinning.add_session_config_entry(SPINNING_KEY, "1")
     model = build(Variant())
-    session = ortflash.InferenceSession(ortflash.optimize(model)[0], sess_options=spinning)
+    session = ortflash.InferenceSession(ortflash.optimize(model, target="ortflash")[0], sess_options=spinning)
     assert session.run(None, feeds(model, DIMS, np.random.default_rng(1)))[0].shape[0] == DIMS["B"]
 
 

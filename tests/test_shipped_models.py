@@ -104,7 +104,7 @@ def test_paddle_identity_dropout_and_zero_bias_fuse(after_softmax: str, target: 
 
 
 def test_dropout_in_training_mode_stays() -> None:
-    _, report = ortflash.optimize(paddle_block("Dropout(training)"), softmax="naive")
+    _, report = ortflash.optimize(paddle_block("Dropout(training)"), softmax="naive", target="ortflash")
     assert report.fused == 0
     assert "training mode" in report.blocks[0].reason
 
@@ -114,7 +114,7 @@ def test_a_nonzero_bias_on_q_is_not_read_as_a_scale() -> None:
     model = paddle_block("Identity")
     zero = next(i for i in model.graph.initializer if i.name == "zero")
     zero.CopyFrom(_const("zero", 0.5, np.float32))
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 1
     assert report.blocks[0].scale == pytest.approx(1.0)
     f = _feeds(model, np.random.default_rng(2))
@@ -255,7 +255,7 @@ def test_causal_mask_beside_an_alibi_bias_is_proved(target: str) -> None:
 def test_two_query_dependent_masks_keep_their_tensors() -> None:
     """A band (two comparisons, two Where) is not one causal tensor: no proof, same outputs."""
     model = alibi_and_causal_block("two")
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 1
     assert "is_causal" not in report.blocks[0].reason
     f = _feeds(model, np.random.default_rng(5))
@@ -281,7 +281,7 @@ def test_cache_position_range_is_proved_bottom_right_causal() -> None:
     """Before: "not proved causal: a Range that does not start at 0 with step 1" (Optimum's GPT-2,
     Llama and Whisper decoders with a cache: 0 blocks causal)."""
     model = cache_position_decoder()
-    fused, report = ortflash.optimize(model, softmax="naive")
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
     assert report.fused == 2
     assert all("is_causal=2" in b.reason for b in report.blocks), [b.reason for b in report.blocks]
     rng = np.random.default_rng(6)

@@ -74,7 +74,10 @@ def online_kernel_is_wrong(monkeypatch):
 
 def test_verify_runs_auto_nodes_online_at_min_seq_len_when_the_model_takes_it(model_path, tmp_path, capsys):
     out = str(tmp_path / "o.onnx")
-    assert main(["optimize", model_path, "-o", out, "--online-softmax", "--verify", "--json", "-"]) == 0
+    assert (
+        main(["optimize", model_path, "-o", out, "--online-softmax", "--verify", "--json", "-", "--target", "ortflash"])
+        == 0
+    )
     captured = capsys.readouterr()
     verification = json.loads(captured.out)["verification"]
     runs = verification["runs"]
@@ -90,26 +93,26 @@ def test_quick_start_verify_runs_the_online_softmax(tmp_path, online_kernel_is_w
     """The bundled BERT stops at 128 positions, under min_seq_len: online is forced, and said so."""
     out = str(tmp_path / "bert.flash.onnx")
     src = os.path.join(ZOO, "bert_sdpa_dynamo.onnx")
-    assert main(["optimize", src, "-o", out, "--online-softmax", "--verify"]) == 1
+    assert main(["optimize", src, "-o", out, "--online-softmax", "--verify", "--target", "ortflash"]) == 1
     text = capsys.readouterr().out
     assert "online softmax forced" in text and "does not run at length 1024" in text
     assert "verification FAILED" in text
 
 
 def test_verify_command_exercises_online_too(model_path, tmp_path, online_kernel_is_wrong):
-    fused, _ = ortflash.optimize(model_path, online_softmax=True)
+    fused, _ = ortflash.optimize(model_path, online_softmax=True, target="ortflash")
     out = str(tmp_path / "auto.onnx")
     onnx.save(fused, out)
     assert main(["verify", model_path, out]) == 1
     naive = str(tmp_path / "naive.onnx")
-    onnx.save(ortflash.optimize(model_path)[0], naive)
+    onnx.save(ortflash.optimize(model_path, target="ortflash")[0], naive)
     assert main(["verify", model_path, naive]) == 0  # naive nodes never run online
 
 
 def test_a_failed_optimize_verify_leaves_nothing_at_the_target(model_path, tmp_path, online_kernel_is_wrong, capsys):
     out = tmp_path / "out" / "m.flash.onnx"
     out.parent.mkdir()
-    assert main(["optimize", model_path, "-o", str(out), "--online-softmax", "--verify"]) == 1
+    assert main(["optimize", model_path, "-o", str(out), "--online-softmax", "--verify", "--target", "ortflash"]) == 1
     assert not out.exists()
     assert sorted(p.name for p in out.parent.iterdir()) == ["m.flash.unverified.onnx"]
     assert "unverified" in capsys.readouterr().out
@@ -184,7 +187,7 @@ def test_a_model_onnx_runtime_cannot_load_is_never_written(model_path, tmp_path,
     monkeypatch.setattr(cli, "optimize", lambda model, **kw: (broken, ortflash.Report(model_path)))
     out = tmp_path / "out" / "m.onnx"
     out.parent.mkdir()
-    assert main(["optimize", model_path, "-o", str(out)]) == 1
+    assert main(["optimize", model_path, "-o", str(out), "--target", "ortflash"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "could not load the optimized model" in err[0] and "NoSuchOp" in err[0]
     assert list(out.parent.iterdir()) == []
@@ -300,7 +303,7 @@ def test_brackets_in_names_are_printed(tmp_path):
 
 def test_quiet(model_path, tmp_path, capsys):
     out = tmp_path / "o.onnx"
-    assert main(["optimize", model_path, "-o", str(out), "--verify", "--quiet"]) == 0
+    assert main(["optimize", model_path, "-o", str(out), "--verify", "--quiet", "--target", "ortflash"]) == 0
     assert capsys.readouterr().out == "" and out.exists()
 
 
@@ -311,12 +314,12 @@ def test_output_equal_to_the_input_is_refused_unless_in_place(model_path, tmp_pa
         r = _cli("optimize", model_path, "-o", out, cwd=str(tmp_path))
         assert r.returncode == 2 and "--in-place" in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert _digest(model_path) == before
-    assert main(["optimize", model_path, "--in-place"]) == 0
+    assert main(["optimize", model_path, "--in-place", "--target", "ortflash"]) == 0
     assert any(n.op_type == "FlashAttention" for n in onnx.load(model_path).graph.node)
 
 
 def test_json_to_stdout_is_only_json(model_path, tmp_path, capsys):
-    assert main(["optimize", model_path, "-o", str(tmp_path / "o.onnx"), "--json", "-"]) == 0
+    assert main(["optimize", model_path, "-o", str(tmp_path / "o.onnx"), "--json", "-", "--target", "ortflash"]) == 0
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
     assert doc["command"] == "optimize" and doc["fused"] == 1 and "1 of 1" in captured.err
@@ -333,7 +336,7 @@ def test_json_into_a_missing_folder_is_exit_2_before_anything_is_written(model_p
 def test_every_command_writes_one_versioned_json_schema(model_path, tmp_path):
     out = str(tmp_path / "o.onnx")
     runs = {
-        "optimize": ["optimize", model_path, "-o", out, "--verify"],
+        "optimize": ["optimize", model_path, "-o", out, "--verify", "--target", "ortflash"],
         "inspect": ["inspect", model_path],
         "verify": ["verify", model_path, out],
         "validate": ["validate", model_path, "--optimized", out, "--backend", "reference"],
@@ -452,11 +455,11 @@ def test_num_heads_lets_a_block_whose_count_nothing_proves_lower(tmp_path, capsy
 
 def test_num_heads_never_overrides_a_proved_count(model_path, tmp_path, capsys):
     out = tmp_path / "m.onnx"
-    assert main(["optimize", model_path, "--num-heads", "3", "-o", str(out)]) == 2
+    assert main(["optimize", model_path, "--num-heads", "3", "-o", str(out), "--target", "ortflash"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "2 query heads, proved" in err[0] and not out.exists()
     with pytest.raises(ortflash.OrtflashError, match="--num-heads 3"):
-        ortflash.optimize(model_path, num_heads=3)
+        ortflash.optimize(model_path, num_heads=3, target="ortflash")
 
 
 @pytest.mark.parametrize(
@@ -647,7 +650,7 @@ def test_the_api_takes_an_onnx_ir_model():
     import onnx_ir as ir
 
     model = ir.serde.deserialize_model(build(Variant()))
-    _, report = ortflash.optimize(model)
+    _, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 1
 
 

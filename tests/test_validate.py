@@ -33,7 +33,7 @@ def test_every_fused_node_agrees_with_the_naive_ort_subgraph(entry, backend):
     if backend == "wgpu":
         _wgsl_ready()
     model = onnx.load(os.path.join(ZOO, entry["file"]))
-    fused, _ = ortflash.optimize(model)
+    fused, _ = ortflash.optimize(model, target="ortflash")
     feeds = make_feeds(model, seq_len=13, batch=2)
     for softmax in ("naive", "online"):
         checks = validate(model, fused, feeds, backend=backend, policy=SoftmaxPolicy(softmax, block_size=8))
@@ -48,7 +48,7 @@ def test_a_tampered_scale_fails(tmp_path, backend):
     if backend in ("wgpu", "wgsl"):
         _wgsl_ready()
     path = os.path.join(ZOO, "bert_eager_torchscript.onnx")
-    fused, _ = ortflash.optimize(path)
+    fused, _ = ortflash.optimize(path, target="ortflash")
     tamper_scale(fused, 1.5)
     bad = str(tmp_path / "bad.onnx")
     onnx.save(fused, bad)
@@ -62,7 +62,7 @@ def test_inference_session_runs_fused_nodes_through_wgsl():
     _wgsl_ready()
     path = os.path.join(ZOO, "gpt2_sdpa_dynamo.onnx")
     model = onnx.load(path)
-    fused, _ = ortflash.optimize(model)
+    fused, _ = ortflash.optimize(model, target="ortflash")
     feeds = make_feeds(model, seq_len=11)
     want = run_model(model, feeds)
     sess = ortflash.InferenceSession(fused, backend="wgpu", softmax="online", block_size=4)
@@ -75,7 +75,7 @@ def test_equal_infinities_agree_in_validate_as_in_verify():
     """B4: validate used its own comparison, in which inf - inf = NaN made equal outputs DIFFERENT."""
 
     model = build(Variant())
-    fused, _ = ortflash.optimize(model)
+    fused, _ = ortflash.optimize(model, target="ortflash")
     feeds = make_feeds(model, seq_len=6)
     feeds["v"][:, :, 0, 0] = np.inf  # every row of the output's first column is +inf, here and in ORT
     feeds["v"][:, :, 0, 1] = -np.inf
@@ -101,7 +101,7 @@ def test_the_one_comparison(expected, actual, ok):
 def test_validate_block_size_alone_keeps_each_nodes_softmax():
 
     model = build(Variant())
-    fused, _ = ortflash.optimize(model, softmax="auto", min_seq_len=4)
+    fused, _ = ortflash.optimize(model, softmax="auto", min_seq_len=4, target="ortflash")
     feeds = make_feeds(model, seq_len=6)
     checks = validate(model, fused, feeds, backend="reference", policy=SoftmaxPolicy.from_options(block_size=2))
     assert [(c.mode, c.ok) for c in checks] == [("online", True)]

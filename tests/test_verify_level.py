@@ -21,7 +21,7 @@ from ortflash.cli import main
 def pair(tmp_path) -> tuple[str, str]:
     """An attention model and its fused form, as files."""
     original = build(Variant())
-    fused, _ = ortflash.optimize(original)
+    fused, _ = ortflash.optimize(original, target="ortflash")
     paths = str(tmp_path / "attn.onnx"), str(tmp_path / "attn.flash.onnx")
     onnx.save(original, paths[0])
     onnx.save(fused, paths[1])
@@ -68,7 +68,19 @@ def test_the_level_reaches_the_onnx_runtime_session(pair, level):
 
 def test_optimize_verify_takes_the_level(pair, tmp_path, levels_opened):
     out, doc = tmp_path / "o.onnx", tmp_path / "o.json"
-    argv = ["optimize", pair[0], "-o", str(out), "--verify", "--ort-opt-level", "basic", "--json", str(doc)]
+    argv = [
+        "optimize",
+        pair[0],
+        "-o",
+        str(out),
+        "--verify",
+        "--ort-opt-level",
+        "basic",
+        "--json",
+        str(doc),
+        "--target",
+        "ortflash",
+    ]
     assert main(argv) == 0 and out.exists()
     assert json.loads(doc.read_text())["verification"]["ort_opt_level"] == "basic"
     # the check before writing opens the model as deployed (ONNX Runtime's default); verify at the level asked
@@ -78,7 +90,22 @@ def test_optimize_verify_takes_the_level(pair, tmp_path, levels_opened):
 
 def test_optimize_verify_defaults_to_disabled(pair, tmp_path):
     doc = tmp_path / "o.json"
-    assert main(["optimize", pair[0], "-o", str(tmp_path / "o.onnx"), "--verify", "--json", str(doc)]) == 0
+    assert (
+        main(
+            [
+                "optimize",
+                pair[0],
+                "-o",
+                str(tmp_path / "o.onnx"),
+                "--verify",
+                "--json",
+                str(doc),
+                "--target",
+                "ortflash",
+            ]
+        )
+        == 0
+    )
     assert json.loads(doc.read_text())["verification"]["ort_opt_level"] == "disable"
 
 

@@ -52,7 +52,7 @@ def _lowered(entry, target):
     if key not in _lowered_cache:
         lower_mod = pytest.importorskip("ortflash.lowering", reason="ortflash.lowering not written yet")
         model = onnx.load(os.path.join(ZOO, entry["file"]))
-        fused, _ = ortflash.optimize(model)
+        fused, _ = ortflash.optimize(model, target="ortflash")
         out = lower_mod.lower(fused, target)
         lowered, notes = out if isinstance(out, tuple) else (out, [])
         kept = [getattr(n, "reason", str(n)) for n in notes if not getattr(n, "lowered", True)]
@@ -268,7 +268,7 @@ def test_random_feeds_when_none_given():
 
 
 def test_flash_attention_model_is_refused_with_the_targets_to_use():
-    fused, report = ortflash.optimize(build(Variant()))
+    fused, report = ortflash.optimize(build(Variant()), target="ortflash")
     assert report.fused == 1
     with pytest.raises(OrtflashError) as err:
         wc.web_check(fused)

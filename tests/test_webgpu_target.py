@@ -209,7 +209,7 @@ def test_blocks_outside_the_table_stay_flash_attention(kwargs, why):
 
 def test_float16_block_lowers_between_casts_and_matches():
     model = build(Variant(dtype=F16, where_mask="keep", mask_shape=("B", 1, 1, "T"), softmax_cast=True))
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     lowered, (note,) = lower(fused, "webgpu")
     assert report.fused == 1 and note.lowered and note.op == OP_MHA
     f = graph_feeds(model, {"B": 2, "S": 5, "T": 7}, np.random.default_rng(0))
@@ -258,7 +258,7 @@ ZOO = (
 @pytest.mark.parametrize("stem", ZOO)
 def test_zoo_model_lowers_every_block_and_matches(stem):
     model = onnx.load(os.path.join(ROOT, "models", f"{stem}.onnx"))
-    fused, report = ortflash.optimize(model)
+    fused, report = ortflash.optimize(model, target="ortflash")
     lowered, notes = lower(fused, "webgpu")
     assert len(notes) == report.fused > 0 and all(n.lowered for n in notes), [n.reason for n in notes]
     assert {n.op for n in notes} <= {OP_MHA, OP_GQA}

@@ -41,7 +41,7 @@ def test_zoo_model_fuses_every_block(zoo_model):
     """Numerics are checked by `ortflash regress models/regress.toml` in .ci/run (both softmaxes,
     two input sizes, every target), the command users run; here: the structure of the result."""
     entry, model = zoo_model
-    fused, report = ortflash.optimize(model, softmax="online", block_size=8, min_seq_len=0)
+    fused, report = ortflash.optimize(model, softmax="online", block_size=8, min_seq_len=0, target="ortflash")
     reasons = [b.reason for b in report.blocks if not b.fused]
     assert report.fused == entry["attention_blocks"], reasons
     # every graph: a merged decoder's blocks sit in its If branches
@@ -60,7 +60,7 @@ def test_zoo_model_verifies_in_both_softmaxes():
     for entry in picked.values():
         model = onnx.load(os.path.join(ZOO, entry["file"]))
         for mode in ("naive", "online"):
-            fused, _ = ortflash.optimize(model, softmax=mode, block_size=8, min_seq_len=0)
+            fused, _ = ortflash.optimize(model, softmax=mode, block_size=8, min_seq_len=0, target="ortflash")
             batch = 2 if entry.get("dynamic", {}).get("batch", True) else 1
             diffs = verify(model, fused, _feeds(model, entry, 21, batch))
             assert all(d.ok for d in diffs), (entry["file"], [(d.name, d.max_abs, d.nan_mismatch) for d in diffs])
@@ -73,7 +73,7 @@ def test_grouped_kv_heads_are_read_without_the_repeat(entry):
     TorchScript-computed shapes, so the fused node reads K and V with their own kv heads."""
     import onnx
 
-    fused, report = ortflash.optimize(onnx.load(os.path.join(ZOO, entry["file"])))
+    fused, report = ortflash.optimize(onnx.load(os.path.join(ZOO, entry["file"])), target="ortflash")
     assert all("repeat(k," in b.pattern for b in report.blocks), [b.pattern for b in report.blocks]
     nodes = [n for g in graphs_of(fused.graph) for n in g.node]
     made_by = {o: n.op_type for n in nodes for o in n.output}
@@ -90,7 +90,7 @@ PREFILL_DECODERS = ("gpt2", "llama", "qwen2", "mistral")
 def test_prefill_decoders_are_proved_causal_and_lose_the_square_mask(entry):
     import onnx
 
-    fused, report = ortflash.optimize(onnx.load(os.path.join(ZOO, entry["file"])))
+    fused, report = ortflash.optimize(onnx.load(os.path.join(ZOO, entry["file"])), target="ortflash")
     nodes = [n for g in graphs_of(fused.graph) for n in g.node]
     causal = [next(a.i for a in n.attribute if a.name == "is_causal") for n in nodes if n.op_type == "FlashAttention"]
     assert causal == [1] * entry["attention_blocks"], [b.reason for b in report.blocks]
@@ -114,7 +114,7 @@ def test_the_shapeless_opset_12_model_fuses_and_lowers(target):
         assert report.fused == entry["attention_blocks"] == 2
         assert [b.lowered_to for b in report.blocks] == ["Attention", "Attention"], [b.reason for b in report.blocks]
     else:
-        fused, report = ortflash.optimize(model)
+        fused, report = ortflash.optimize(model, target="ortflash")
         assert report.fused == 2
         lowered, notes = lower(fused, target)
         assert [n.op for n in notes] == ["com.microsoft.MultiHeadAttention"] * 2, notes

@@ -126,7 +126,9 @@ def build_variant(model_path: str, name: VariantName, block_size: int = DEFAULT_
     if name.kind == "torch-sdpa" and not torch_available():
         raise Unavailable("PyTorch is not installed (pip install torch): no peer row")
     softmax = FUSED[name.kind][0] if name.kind in FUSED else "naive"
-    fused, report = ortflash.optimize(original, softmax=softmax, block_size=block_size, min_seq_len=0)
+    fused, report = ortflash.optimize(
+        original, softmax=softmax, block_size=block_size, min_seq_len=0, target="ortflash"
+    )
     info: dict[str, Any] = {"blocks": len(report.blocks), "fused": report.fused}
     if name.kind in FUSED:
         info["block_size"] = block_size

@@ -131,12 +131,8 @@ def open_session(
         options.add_session_config_entry(_EXTERNAL_DATA_FOLDER, os.path.dirname(os.path.abspath(model)))
     elif weights_dir is not None:
         options.add_session_config_entry(_EXTERNAL_DATA_FOLDER, os.path.abspath(weights_dir))
-    # InferenceSession turns these back into the same policy (SoftmaxPolicy.from_options)
-    mode, block_size, min_seq_len = (policy.mode, policy.block_size, policy.min_seq_len) if policy else (None,) * 3
     try:
-        return InferenceSession(
-            model, sess_options=options, softmax=mode, block_size=block_size, min_seq_len=min_seq_len
-        )
+        return InferenceSession(model, sess_options=options, policy=policy)
     except _ORT_ERRORS as exc:
         raise OrtflashError(f"ONNX Runtime could not load {what}: {_ort_error(exc)}") from None
 

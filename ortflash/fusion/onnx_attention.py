@@ -34,7 +34,9 @@ masked score where this writes ``-inf``, which differs only for scores of magnit
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -363,13 +365,20 @@ def _emit(e: Emitter, p: AttentionOpReading, policy: SoftmaxPolicy, block_id: st
     return causal.how
 
 
-def fuse_attention_ops(graph: ir.Graph, opset: int, policy: SoftmaxPolicy, first_row: int = 0) -> list[Block]:
+def fuse_attention_ops(
+    graph: ir.Graph,
+    opset: int,
+    policy: SoftmaxPolicy,
+    first_row: int = 0,
+    keep: Mapping[str, str] = MappingProxyType({}),
+) -> list[Block]:
     """Rewrite every standard ONNX Attention node of graph into FlashAttention, in place.
 
     New nodes go before each Attention node and its outputs are rerouted to them; the
     Attention node is left dead for the caller's RemoveUnusedNodesPass. Returns one
     Block per Attention node: fused, or kept with the reason. Rows are numbered from
-    first_row; each fused node records its row in its metadata (emit.BLOCK_ID).
+    first_row; each fused node records its row in its metadata (emit.BLOCK_ID). ``keep``:
+    node names left as they are, each with the reason its row gives.
     """
     blocks: list[Block] = []
     taken = {n.name for n in graph}
@@ -379,6 +388,9 @@ def fuse_attention_ops(graph: ir.Graph, opset: int, policy: SoftmaxPolicy, first
             reading = _read(node, opset)
         except NotFused as why:
             blocks.append(Block(label, False, str(why), pattern="Attention"))
+            continue
+        if label in keep:
+            blocks.append(Block(label, False, keep[label], pattern="Attention", head_dim=reading.head_dim))
             continue
         # numbered by report row: unique across a model's graphs, as nested scopes need
         prefix = f"ortflash/onnx_attention_{first_row + index}"

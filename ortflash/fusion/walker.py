@@ -4,8 +4,9 @@ why it is not one, and fuse every block read into a FlashAttention node."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import onnx_ir as ir
 
@@ -469,7 +470,12 @@ def _split_call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None) -> Flas
 
 
 def fuse_softmax_blocks(
-    graph: ir.Graph, opset: int, policy: SoftmaxPolicy, first_row: int, prove_causal: bool = True
+    graph: ir.Graph,
+    opset: int,
+    policy: SoftmaxPolicy,
+    first_row: int,
+    prove_causal: bool = True,
+    keep: Mapping[str, str] = MappingProxyType({}),
 ) -> list[Block]:
     """Fuse the block around every Softmax of graph, in place; one report Block per Softmax.
 
@@ -478,7 +484,9 @@ def fuse_softmax_blocks(
     baseline of benchmarks/results/causal_proof.md).
 
     Rows are numbered from first_row (the report rows before them); each fused node records
-    its row in its metadata (emit.BLOCK_ID) for the lowering's notes."""
+    its row in its metadata (emit.BLOCK_ID) for the lowering's notes. ``keep``: Softmax names
+    whose block is read but left as it is, each with the reason its row gives (forms.py: the
+    original ops are faster there)."""
     blocks: list[Block] = []
     for softmax in [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]:
         row = first_row + len(blocks)
@@ -487,6 +495,9 @@ def fuse_softmax_blocks(
             block = read_block(softmax, opset)
         except NotFused as why:
             blocks.append(Block(label, False, str(why)))
+            continue
+        if label in keep:
+            blocks.append(Block(label, False, keep[label], **describe(block)))  # type: ignore[arg-type]
             continue
         matmul_pv = block.output.producer()
         assert matmul_pv is not None

@@ -1,0 +1,97 @@
+"""Each block's form by measured speed where the user leaves the target open (issue 20, item 2):
+the original ops stay where the cost table says the fused form is slower; a named target is kept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from attention_graphs import Variant, build
+
+from ortflash import forms
+from ortflash.optimize import optimize
+from ortflash.policy import SoftmaxPolicy
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "crossover_cpu.json"
+NO_CHECK = {"load_check": lambda m, r: None}
+
+
+def _static(length: int, head_dim: int = 32) -> onnx.ModelProto:
+    """One block whose query and key lengths are fixed at ``length``."""
+    model = build(Variant(head_dim=head_dim))
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        for axis, size in enumerate([1, 2, length, head_dim]):
+            dims[axis].Clear()
+            dims[axis].dim_value = size
+    return model
+
+
+def _a_measured_crossover() -> tuple[str, int, int]:
+    """A (form, head dim, crossover) the table has, for the tests that need a form that wins."""
+    for form, by_dim in forms.CPU_CROSSOVERS.items():
+        for dim, at in by_dim.items():
+            if at is not None and form in ("naive", "online"):
+                return form, dim, at
+    pytest.skip("no FlashAttention form beat the original ops at any measured length on the table's machine")
+
+
+def test_the_table_in_code_is_the_committed_benchmark_result():
+    doc = json.loads(RESULTS.read_text())
+    measured = {form: {int(d): row["crossover"] for d, row in by_dim.items()} for form, by_dim in doc["forms"].items()}
+    assert measured == {form: dict(by_dim) for form, by_dim in forms.CPU_CROSSOVERS.items()}
+    assert max(doc["seq_lens"]) == forms.MEASURED_UP_TO
+
+
+def test_a_block_at_a_short_static_length_keeps_the_original_ops():
+    model = _static(16)
+    out, report = optimize(model, **NO_CHECK)
+    assert report.fused == 0 and out is model  # written unchanged
+    assert "kept the original ops" in report.blocks[0].reason and "key length 16" in report.blocks[0].reason
+    assert report.blocks[0].head_dim == 32
+
+
+def test_a_named_target_is_written_as_asked_at_any_length():
+    out, report = optimize(_static(16), target="ortflash", **NO_CHECK)
+    assert report.fused == 1 and [n.op_type for n in out.graph.node].count("FlashAttention") == 1
+    out, report = optimize(_static(16), target="contrib", **NO_CHECK)
+    assert report.blocks[0].lowered_to == "com.microsoft.MultiHeadAttention"
+
+
+def test_a_dynamic_length_block_keeps_the_original_ops_unless_the_lengths_are_given():
+    model = build(Variant())
+    out, report = optimize(model, online_softmax=True, **NO_CHECK)
+    assert report.fused == 0 and "known only at run time" in report.blocks[0].reason
+    form, dim, at = _a_measured_crossover()
+    policy = {"softmax": form}
+    _, long_report = optimize(build(Variant(head_dim=dim)), seq_lens=[at, 4 * at], **policy, **NO_CHECK)
+    assert long_report.fused == 1 and f"faster than the original ops at key length {at}" in long_report.blocks[0].reason
+    _, mixed = optimize(build(Variant(head_dim=dim)), seq_lens=[at // 2, at], **policy, **NO_CHECK)
+    assert mixed.fused == 0 and f"at key length {at // 2}" in mixed.blocks[0].reason
+
+
+def test_a_block_at_or_past_its_crossover_is_fused_and_says_why():
+    form, dim, at = _a_measured_crossover()
+    out, report = optimize(_static(at, dim), softmax=form, **NO_CHECK)
+    assert report.fused == 1 and "faster than the original ops" in report.blocks[0].reason
+    _, short = optimize(_static(at // 2, dim), softmax=form, **NO_CHECK)
+    assert short.fused == 0
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "expected"),
+    [(16, {32}), (32, {32}), (48, {32, 64}), (64, {64}), (128, {64}), (None, {32, 64})],
+)
+def test_a_head_dim_between_measured_ones_takes_the_slower_of_its_neighbours(head_dim, expected):
+    for form, by_dim in forms.CPU_CROSSOVERS.items():
+        values = [by_dim[d] for d in expected]
+        want = None if any(v is None for v in values) else max(values)  # type: ignore[type-var]
+        assert forms.crossover(form, head_dim) == want, (form, head_dim)
+
+
+def test_auto_runs_the_online_softmax_from_min_seq_len_so_its_form_follows_the_length():
+    policy = SoftmaxPolicy.for_new_nodes(online_softmax=True)
+    assert forms.form_at("ortflash", policy, 512) == "naive" and forms.form_at("ortflash", policy, 4096) == "online"
+    assert forms.form_at("contrib", policy, 16) == "contrib" and forms.form_at("webgpu", policy, 16) is None
