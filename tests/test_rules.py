@@ -327,3 +327,24 @@ def test_scores_einsum_that_is_not_q_kt_is_not_fused_and_the_pv_rewrite_is_not_w
 
     # the key's head dim is summed away on its own: no shared contracted axis
     _near_miss(lambda: keras_einsum_block(qk_eq="aecd,abce->acbe"), "(aecd,abce->acbe) is not a batched Q·Kᵀ")
+
+
+def test_two_keras_blocks_over_one_query_write_unique_names():
+    """The rewrites name their values after each Einsum's output (unique), not after node names
+    (empty here, and free to repeat)."""
+    from attention_graphs import keras_einsum_block
+
+    model = keras_einsum_block()
+    model.graph.node.extend(
+        [
+            onnx.helper.make_node("Einsum", ["k", "q_s"], ["s0b"], equation="aecd,abcd->acbe"),
+            onnx.helper.make_node("Softmax", ["s0b"], ["pb"], axis=-1),
+            onnx.helper.make_node("Einsum", ["pb", "v"], ["outb"], equation="acbe,aecd->abcd"),
+        ]
+    )
+    model.graph.output.append(onnx.helper.make_tensor_value_info("outb", onnx.TensorProto.FLOAT, None))
+    fused, report = ortflash.optimize(model, target="ortflash")
+    assert report.fused == 2, [b.reason for b in report.blocks]
+    names = [o for n in fused.graph.node for o in n.output]
+    assert len(names) == len(set(names))
+    assert ortflash.verify(model, fused, seq_len=5).ok

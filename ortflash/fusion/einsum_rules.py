@@ -125,8 +125,10 @@ def _rewrite_scores(node: ir.Node) -> Callable[[], None] | None:
     q, k = (before[1], before[0]) if swap else (before[0], before[1])
     assert q is not None and k is not None
     if q_perm != list(range(len(q_perm))):
-        transpose = ir.node("Transpose", [q], attributes={"perm": q_perm}, name=f"{node.name or 'Einsum'}/q_transposed")
-        transpose.outputs[0].name = f"{q.name}/{node.name or 'Einsum'}/transposed"
+        # named after the Einsum's output, which is unique in its graph (node names need not be)
+        scores = node.outputs[0].name
+        transpose = ir.node("Transpose", [q], attributes={"perm": q_perm}, name=f"{scores}/Transpose_q")
+        transpose.outputs[0].name = f"{scores}/q_transposed"
         if q.dtype is not None:
             transpose.outputs[0].dtype = q.dtype
         transpose.outputs[0].shape = _transposed_shape(q, q_perm)
@@ -158,7 +160,7 @@ def _rewrite_probs(node: ir.Node) -> Callable[[], None] | None:
     perm, equation = found
     old_eq, written = node.attributes["equation"], node.outputs[0]
     written_shape = written.shape
-    transpose = ir.node("Transpose", [None], attributes={"perm": perm}, name=f"{node.name or 'Einsum'}/to_written")
+    transpose = ir.node("Transpose", [None], attributes={"perm": perm}, name=f"{written.name}/Transpose_to_written")
     ordered = transpose.outputs[0]
     ordered.name = f"{written.name}/ordered"
     graph.insert_after(node, transpose)
