@@ -286,3 +286,45 @@ def test_regress_says_which_softmax_the_nodes_of_a_merged_decoder_ran(tmp_path):
     assert [(r["target"], r["softmax"]) for r in rows] == [("ortflash", ["naive", "online"])]
     runs = [run["why"] for v in rows[0]["verifications"] for run in v["runs"]]
     assert runs[-2:] == ["naive forced", "online forced"]
+
+
+def _synopsis_by_command() -> dict[str, str]:
+    """The README's "Command line" code block, split into each command's lines."""
+    import re
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
+        block = f.read().split("## Command line\n", 1)[1].split("```", 2)[1]
+    sections: dict[str, str] = {}
+    command = None
+    for line in block.splitlines():
+        found = re.match(r"ortflash (\S+)", line)
+        if found:
+            command = found.group(1)
+            sections[command] = ""
+        if command:
+            sections[command] += line + "\n"
+    return sections
+
+
+def test_every_option_of_every_command_is_in_the_readme_synopsis():
+    """Item 16: the synopsis left out --dim, optimize's and validate's --rtol/--atol, and bench's
+    --isa, --baseline and --max-slowdown. --quiet and --json are said once, under the block."""
+    import argparse
+    import re
+
+    from ortflash.cli_arguments import build_parser
+
+    sections = _synopsis_by_command()
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(sections) - {"--version"} == set(commands)
+    missing = []
+    for name, command in commands.items():
+        written = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", sections[name]))
+        for action in command._actions:
+            shared = {"-h", "--help", "-q", "--quiet", "--json"}
+            if action.option_strings and not set(action.option_strings) & (written | shared):
+                missing.append(f"{name} {'/'.join(action.option_strings)}")
+    assert missing == []
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
+        assert "Every command but `bench` also takes `--quiet`" in f.read()
