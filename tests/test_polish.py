@@ -328,3 +328,45 @@ def test_every_option_of_every_command_is_in_the_readme_synopsis():
     assert missing == []
     with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
         assert "Every command but `bench` also takes `--quiet`" in f.read()
+
+
+def test_bench_prose_is_not_wrapped_when_piped(tmp_path):
+    """Item 17: bench's titles and notes wrapped at rich's default 80 columns in a pipe."""
+    import subprocess
+    import sys
+
+    model = tmp_path / ("a_model_whose_file_name_is_long_enough_that_every_bench_title_passes_80_columns" + ".onnx")
+    onnx.save(build(Variant()), str(model))
+    command = [sys.executable, "-m", "ortflash", "bench", str(model), "--seq-lens", "16"]
+    command += ["--variants", "original,naive", "--repeats", "1", "--no-profile", "--sgemm-size", "0"]
+    done = subprocess.run([*command, "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    title = f"ortflash bench: {model.name}: "
+    assert [line for line in lines if line.startswith(title)] == [
+        f"{title}median latency (speedup vs original)",
+        f"{title}inference peak memory above the loaded session (ratio vs original)",
+        f"{title}the kernel called directly",
+    ]
+    wrote = [line for line in lines if line.startswith("wrote ")]
+    assert len(wrote) == 1 and wrote[0].startswith(f"wrote {tmp_path / 'out' / 'bench.json'}, ")  # one line, too
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="item 17: Report.model is the graph's name; optimize.py (the lead's) needs one line: a path names it",
+)
+def test_report_print_is_titled_with_the_model_file(tmp_path):
+    """Item 17: report.print() titled the table `main_graph:` (the graph's name) for a model given by its path."""
+    import io
+
+    from rich.console import Console
+
+    model = build(Variant())
+    model.graph.name = "main_graph"
+    path = str(tmp_path / "encoder.onnx")
+    onnx.save(model, path)
+    _, report = ortflash.optimize(path, target="ortflash")
+    out = io.StringIO()
+    report.print(Console(file=out, width=200))
+    assert out.getvalue().splitlines()[0] == f"{path}: 1 of 1 attention blocks (Softmax or Attention nodes) fused"

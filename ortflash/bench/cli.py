@@ -10,7 +10,7 @@ from ..cli_arguments import positive_int
 from ..errors import OrtflashError
 from . import baseline as baseline_check
 from . import sgemm
-from .report import write_results
+from .report import make_console, write_results
 from .runner import DEFAULT_SEQ_LENS, bench
 from .variants import DEFAULT_BLOCK_SIZE, DEFAULT_VARIANTS, VARIANTS, parse_variant
 
@@ -128,9 +128,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Exit code: 0 when every measurement succeeded (and no regression), 1 otherwise."""
-    from rich.console import Console
-
-    console = Console()
+    console = make_console()
     old = baseline_check.load_baseline(args.baseline) if args.baseline else None
     res = bench(
         args.model,

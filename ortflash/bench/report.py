@@ -113,6 +113,20 @@ def _cell(results: Results, v: str, s: int, key: str) -> str:
     return f"{mem:,.0f} MiB" + (f" ({ratio:.2f}x)" if ratio is not None and v != "original" else "")
 
 
+def make_console() -> Any:
+    """The bench's console on stdout: a terminal's own width; in a pipe or a file, as wide as a line
+    needs (the CLI's PIPE_WIDTH), so titles and notes are not wrapped at rich's default 80 columns
+    where a log or a script reads them (the tables were already printed at their full width)."""
+    import sys
+
+    from rich.console import Console
+
+    from ..cli_arguments import PIPE_WIDTH
+
+    terminal = sys.stdout.isatty()
+    return Console(width=None if terminal else PIPE_WIDTH, highlight=terminal)
+
+
 def print_table(results: Results, console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -123,7 +137,9 @@ def print_table(results: Results, console: Any = None) -> None:
         ("latency", "median latency (speedup vs original)"),
         ("memory", "inference peak memory above the loaded session (ratio vs original)"),
     ):
-        table = Table(title=f"{results['title']}: {title}", title_justify="left")
+        # the title on a line of its own: a table's title is wrapped to the table's width
+        console.print(f"{results['title']}: {title}", markup=False, highlight=False)
+        table = Table()
         table.add_column("S", justify="right")
         for v in variants:
             table.add_column(v, justify="right")
@@ -133,7 +149,8 @@ def print_table(results: Results, console: Any = None) -> None:
         console.print(table, width=None if console.is_terminal else max(console.width, 12 + 20 * len(variants)))
     rated = [r for r in results["runs"] if r.get("kernel_gflops")]
     if rated:
-        table = Table(title=f"{results['title']}: the kernel called directly", title_justify="left")
+        console.print(f"{results['title']}: the kernel called directly", markup=False, highlight=False)
+        table = Table()
         for column in ("S", "variant", "kernel", "kernel GFLOP/s", "of sgemm"):
             table.add_column(column, justify="left" if column == "variant" else "right")
         for r in rated:
