@@ -38,6 +38,7 @@ from .cli_arguments import (
     STDOUT,
     UNVERIFIED_SUFFIX,
     build_parser,
+    new_nodes_policy,
     pipeline_options,
     policy_from_args,
 )
@@ -267,8 +268,7 @@ def _optimize(args: argparse.Namespace, console: Console) -> int:
             f"--target {args.target}: give one of them"
         )
     out_path = _output_path(args)
-    override = policy_from_args(args)
-    policy = override.applied_to(SoftmaxPolicy()) if override else SoftmaxPolicy()
+    policy = new_nodes_policy(args)
     original = load(args.model)
     _check_dims(args, original)
     checked: dict[int, str | None] = {}  # id(model) -> its load check, so the chosen model is not opened twice
@@ -381,7 +381,14 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
         check_derived(original, optimized, args.original, args.optimized)
     feeds = _load_feeds(args, original)
     rtol, atol = tolerance(original, args.rtol, args.atol)
-    checks = validate(original, optimized, feeds, backend=backend, policy=policy_from_args(args), rtol=rtol, atol=atol)
+    try:
+        checks = validate(
+            original, optimized, feeds, backend=backend, policy=policy_from_args(args), rtol=rtol, atol=atol
+        )
+    except OrtflashError as exc:
+        from .checks.feeds import with_batch_hint
+
+        raise (exc if args.feeds else with_batch_hint(exc, args.batch)) from None
     ok = True
     unchecked = in_subgraphs(optimized)
     if unchecked:

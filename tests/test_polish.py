@@ -61,6 +61,14 @@ def test_ort_message_keeps_its_end_and_hints_at_batch_one(tmp_path, capsys):
         == 2
     )
     assert "try --batch 1" in capsys.readouterr().err
+    assert main(["validate", path, "--optimized", fused]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "Input shape:{2,16,32}, requested shape:{1,16,2,16}; the model may run at batch 1 only: try --batch 1"
+        )
+    )
 
 
 def _console_script_target() -> str:
