@@ -136,6 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="crossover_cpu")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="ORT, kernel and BLAS threads per worker (default 1: then a run's CPU time is its own work, "
+        "which other load on a shared machine does not change; 0: the libraries' own)",
+    )
+    parser.add_argument(
+        "--metric",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="which ratio the crossovers are read from: CPU time (default, with --threads 1) or wall time",
+    )
     args = parser.parse_args(argv)
 
     import onnx
@@ -151,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine,
         "heads": HEADS,
         "win": WIN,
+        "threads": args.threads or None,
+        "metric": args.metric,
         "seq_lens": seq_lens,
         "forms": {},
     }
@@ -168,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 repeats=args.repeats,
                 warmup=3,
                 rounds=args.rounds,
+                threads=args.threads or None,
                 profile=False,
                 plot=False,
                 progress=False,
@@ -184,10 +200,11 @@ def main(argv: list[str] | None = None) -> int:
                 doc["forms"].setdefault(form, {})[str(head_dim)] = {
                     "ratios": {str(s): r for s, r in ratios.items()},
                     "cpu_time_ratios": {str(s): r for s, r in cpu_ratios.items()},
-                    "crossover": crossover(ratios),
+                    "crossover": crossover(cpu_ratios if args.metric == "cpu" else ratios),
                 }
+            key = "cpu_speedup" if args.metric == "cpu" else "speedup"
             doc.setdefault("if_dispatch", {})[str(head_dim)] = {
-                str(s): by_length.get(str(s), {}).get("if_dispatch", {}).get("speedup") for s in seq_lens
+                str(s): by_length.get(str(s), {}).get("if_dispatch", {}).get(key) for s in seq_lens
             }
             print(head_dim, {f: doc["forms"][f][str(head_dim)] for f in FORMS}, flush=True)
     out = Path(args.out)
@@ -199,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Machine: {machine['model']}, {machine['cores']} cores, AVX-512 {machine['avx512f']}, AVX2 {machine['avx2']}, "
         f"kernel build {machine['kernel_isa']}, load average at start {tuple(round(x, 2) for x in machine['load_average'])}.",
         f"Model: 2-layer attention stack, {HEADS} heads, padding mask, batch 1 (benchmarks/cpu_attention.py), "
-        f"through `ortflash bench`, {args.rounds} rounds alternating, {args.repeats} timed runs each; "
-        "ratio = original time / form time in the same run (higher is better).",
+        f"through `ortflash bench`, {args.rounds} rounds alternating, {args.repeats} timed runs each, "
+        f"{args.threads or 'default'} thread(s) per worker; ratio = original time / form time in the same run "
+        f"(higher is better), read from {'CPU' if args.metric == 'cpu' else 'wall'} time.",
         f"Crossover: the least S where the form is >= {WIN}x and >= 1x at every larger measured S.",
         "",
         "| form | head dim | " + " | ".join(f"S={s}" for s in seq_lens) + " | crossover |",
@@ -208,9 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for form, by_dim in doc["forms"].items():
         for dim, row in by_dim.items():
-            cells = " | ".join(
-                "-" if row["ratios"][str(s)] is None else f"{row['ratios'][str(s)]:.2f}" for s in seq_lens
-            )
+            shown = row["cpu_time_ratios"] if args.metric == "cpu" else row["ratios"]
+            cells = " | ".join("-" if shown[str(s)] is None else f"{shown[str(s)]:.2f}" for s in seq_lens)
             lines.append(f"| {form} | {dim} | {cells} | {row['crossover'] or 'none measured'} |")
     lines += [
         "",

@@ -337,7 +337,7 @@ def _lower_for(
         after = u.default_opset(out)
         if after != before:
             report.notes.append(
-                f"converted from opset {before} to {after} for --target {target} (onnx.version_converter)"
+                f"raised the default opset from {before} to {after} for --target {target}, op by op (lowering/opset.py)"
             )
     if out is fused:  # the fused model is shared by every candidate: write on a copy
         out = onnx.ModelProto()

@@ -513,7 +513,7 @@ def test_auto_falls_back_when_the_first_target_does_not_lower_every_block(tmp_pa
     result = json.loads(doc.read_text())
     assert result["target"]["chosen"] == "onnx" and result["blocks"][0]["lowered_to"] == "Attention"
     assert result["target"]["tried"] == ["contrib: 1 of 1 fused blocks not lowered (Softmax_0)"]
-    assert "converted from opset 17 to 23 for --target onnx" in " ".join(result["notes"])
+    assert "raised the default opset from 17 to 23 for --target onnx" in " ".join(result["notes"])
     assert "passed over contrib" in capsys.readouterr().out
 
 
@@ -574,7 +574,7 @@ def test_the_conversion_to_opset_23_is_reported(model_path, capsys):
     assert main(["inspect", model_path]) == 0
     assert "converted" not in capsys.readouterr().out
     _, report = ortflash.optimize(model_path, target="onnx")
-    assert report.notes == ["converted from opset 17 to 23 for --target onnx (onnx.version_converter)"]
+    assert report.notes == ["raised the default opset from 17 to 23 for --target onnx, op by op (lowering/opset.py)"]
 
 
 def test_symbolic_shape_inference_writes_nothing_into_the_current_folder(tmp_path, monkeypatch):
