@@ -83,6 +83,11 @@ class SoftmaxPolicy:
         assert policy is not None  # a mode is given, so a whole policy comes back
         return policy
 
+    def forcing(self, mode: str) -> SoftmaxPolicy:
+        """An override that runs every node in ``mode`` with this override's sizes (a size this
+        one leaves to each node stays each node's own)."""
+        return SoftmaxPolicy(mode, self.block_size, self.min_seq_len)
+
     @classmethod
     def from_attributes(cls, attrs: dict[str, Any]) -> SoftmaxPolicy:
         return cls(attrs["softmax"], attrs["block_size"], attrs["min_seq_len"])
@@ -103,3 +108,7 @@ class SoftmaxPolicy:
         if self.mode is None or self.mode == "auto":
             raise ValueError("this policy leaves the choice to each node: apply it to the node's own first")
         return self.mode
+
+
+# The override that changes nothing: every node keeps its own mode and sizes.
+NODES_OWN = SoftmaxPolicy(None, None, None)

@@ -187,7 +187,7 @@ def open_plain_session(
     from ortflash.session import configure_model
 
     if built.fused_kind and built.backend and built.softmax:
-        policy = SoftmaxPolicy(built.softmax, built.block_size, 0)
+        policy = SoftmaxPolicy.for_new_nodes(built.softmax, None, built.block_size, 0)
         model = configure_model(model, policy=policy, config=KernelConfig(built.backend, threads))
     if _uses_flash_attention(model):
         so = ortflash.session_options(base=so)

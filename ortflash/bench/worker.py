@@ -166,7 +166,7 @@ def _measure_session(built: BuiltVariant, feeds: dict, cfg: dict[str, Any], tmp:
     if backend is not None and built.info.get("fused"):
         _status(status, "kernel called directly")
         calls = _capture(built, feeds, threads)
-        policy = SoftmaxPolicy(built.softmax or "naive", built.block_size, 0)
+        policy = SoftmaxPolicy.for_new_nodes(built.softmax, None, built.block_size, 0)
         k = direct.time_kernel(calls, backend, policy, threads, out["latency_ms"]["repeats"])
         out["kernel_ms"] = k
         out["attention_flops"] = sum(

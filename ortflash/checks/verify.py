@@ -23,7 +23,7 @@ import onnx
 from .. import spec
 from ..errors import OrtflashError
 from ..model_io import graphs_of, load
-from ..policy import SoftmaxPolicy
+from ..policy import NODES_OWN, SoftmaxPolicy
 from ..session import InferenceSession
 from .compare import OutputDiff, compare_outputs, shape_text, tolerance
 from .feeds import decoder_cases, make_feeds, with_batch_hint
@@ -350,7 +350,7 @@ def prove(
         nodes = [node for node, modes in missing.items() if mode in modes]
         if not nodes:
             continue
-        forced = SoftmaxPolicy(mode, policy.block_size if policy else None, policy.min_seq_len if policy else None)
+        forced = (policy or NODES_OWN).forcing(mode)
         inner = {n.name for n in prover.inner} & set(nodes)
         reason = (
             (why_forced or "the inputs are shorter than min_seq_len")

@@ -199,10 +199,8 @@ def _cases(path: str, where: str, raw: list[Any], dims: Mapping[str, int]) -> tu
 
 def _policy(path: str, where: str, settings: Mapping[str, Any]) -> SoftmaxPolicy:
     try:
-        return SoftmaxPolicy(
-            settings.get("softmax", "auto"),
-            settings.get("block_size", spec.ATTRIBUTES["block_size"].default),
-            settings.get("min_seq_len", spec.ATTRIBUTES["min_seq_len"].default),
+        return SoftmaxPolicy.for_new_nodes(
+            settings.get("softmax"), None, settings.get("block_size"), settings.get("min_seq_len")
         )
     except spec.SpecError as exc:
         raise _fail(path, where, str(exc)) from None

@@ -1,0 +1,49 @@
+"""One place constructs SoftmaxPolicy (ortflash/policy.py) and one module writes FlashAttention
+nodes (ortflash/fusion/emit.py): ARCHITECTURE.md's "one of each", checked on the source (issue 21)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ortflash"
+
+
+def _calls(name: str) -> dict[str, int]:
+    """Modules (relative paths) with calls of ``name(...)``, and how many."""
+    found: dict[str, int] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        n = sum(
+            1
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and (
+                (isinstance(node.func, ast.Name) and node.func.id == name)
+                or (isinstance(node.func, ast.Attribute) and node.func.attr == name)
+            )
+        )
+        if n:
+            found[str(path.relative_to(PACKAGE))] = n
+    return found
+
+
+def test_only_the_policy_module_constructs_a_softmax_policy():
+    assert set(_calls("SoftmaxPolicy")) == {"policy.py"}
+
+
+def test_only_emit_writes_flash_attention_nodes():
+    writers = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            # e.node(spec.OP_TYPE, ..., domain=spec.DOMAIN): an Emitter writing the op
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "node"
+                and node.args
+                and isinstance(node.args[0], ast.Attribute)
+                and node.args[0].attr == "OP_TYPE"
+            ):
+                writers.add(str(path.relative_to(PACKAGE)))
+    assert writers == {"fusion/emit.py"}
