@@ -275,8 +275,6 @@ def _optimize(args: argparse.Namespace, console: Console) -> int:
 
     def load_check(candidate: onnx.ModelProto, candidate_report: Report) -> str | None:
         checked[id(candidate)] = _unrunnable(candidate, candidate_report, original, args, console)
-        if checked[id(candidate)] is not None:
-            _refuse_unloadable_input(args.model)
         return checked[id(candidate)]
 
     model, report = optimize(
