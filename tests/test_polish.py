@@ -200,7 +200,7 @@ def one_block(tmp_path) -> str:
     return path
 
 
-@pytest.mark.parametrize("command", ["optimize", "validate", "verify", "web-check", "--target", "ortflash"])
+@pytest.mark.parametrize("command", ["optimize", "validate", "verify", "web-check"])
 @pytest.mark.parametrize("option", [["--atol", "-1"], ["--rtol", "-1"], ["--rtol", "nan"], ["--atol", "inf"]])
 def test_a_negative_or_infinite_tolerance_is_refused(one_block, capsys, command, option):
     """Item 8: --atol -1 was accepted, and then every comparison failed."""
@@ -284,16 +284,19 @@ def test_regress_says_which_softmax_the_nodes_of_a_merged_decoder_ran(tmp_path):
     import json
 
     model = os.path.abspath(os.path.join(ZOO, "llama_merged_eager_torchscript.onnx"))
-    manifest = tmp_path / "m.toml"
-    manifest.write_text(
-        f'version = 1\n[[model]]\npath = "{model}"\nblocks = {{ ortflash = 4 }}\ncases = [{{ batch = 1, seq_len = 7 }}]\n'
-    )
-    out = tmp_path / "r.json"
-    assert main(["regress", str(manifest), "--json", str(out), "-q"]) == 0
-    rows = json.load(open(out))["regress"]["results"]
-    assert [(r["target"], r["softmax"]) for r in rows] == [("ortflash", ["naive", "online"])]
-    runs = [run["why"] for v in rows[0]["verifications"] for run in v["runs"]]
-    assert runs[-2:] == ["naive forced", "online forced"]
+    entry = f'[[model]]\npath = "{model}"\nblocks = {{ ortflash = 4 }}\ncases = [{{ batch = 1, seq_len = 7 }}]\n'
+    for defaults, softmaxes, forced in (
+        ('[defaults]\nsoftmax = "auto"\n', ["naive", "online"], ["naive forced", "online forced"]),
+        ("", ["naive"], []),  # a manifest's default: optimize's, naive, which needs no forcing
+    ):
+        manifest = tmp_path / "m.toml"
+        manifest.write_text(f"version = 1\n{defaults}{entry}")
+        out = tmp_path / "r.json"
+        assert main(["regress", str(manifest), "--json", str(out), "-q"]) == 0
+        rows = json.load(open(out))["regress"]["results"]
+        assert [(r["target"], r["softmax"]) for r in rows] == [("ortflash", softmaxes)]
+        runs = [run["why"] for v in rows[0]["verifications"] for run in v["runs"]]
+        assert [why for why in runs if why.endswith("forced")] == forced
 
 
 def _synopsis_by_command() -> dict[str, str]:
