@@ -88,15 +88,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--isa", action="append", help="a build to run (default: every build this CPU runs)")
+    parser.add_argument("--commit", help="the commit measured, where this copy is no git checkout")
+    parser.add_argument(
+        "--machine",
+        default="shared by several engineers while it ran: errors are exact, times are not recorded",
+        help="how the machine was used while it ran, for the results",
+    )
     args = parser.parse_args()
     cpu_name, flags = _cpu()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
     document: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_name,
         "cpu_flags": flags,
-        "machine": "shared by several engineers while it ran: errors are exact, times are not recorded",
-        "commit": commit.stdout.strip(),
+        "machine": args.machine,
+        "commit": args.commit or git.stdout.strip(),
         "onnxruntime": onnxruntime.__version__,
         "manifest": "models/regress.toml",
         "builds": {},
