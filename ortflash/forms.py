@@ -22,12 +22,13 @@ from .policy import SoftmaxPolicy
 
 RESULTS = "benchmarks/results/crossover_cpu.md"
 # form -> head dim -> the least key length where the form ran faster than the original ops on
-# the CPU EP (None: at no measured length up to MEASURED_UP_TO). Written from RESULTS.
+# the CPU EP (None: at no measured length up to MEASURED_UP_TO). Written from RESULTS: a 2-core
+# AMD EPYC with AVX2 (no AVX-512), 2026-12-01, CPU-time ratios at one thread per worker.
 CPU_CROSSOVERS: Mapping[str, Mapping[int, int | None]] = MappingProxyType(
     {
-        "naive": MappingProxyType({32: None, 64: None}),
-        "online": MappingProxyType({32: None, 64: None}),
-        "contrib": MappingProxyType({32: None, 64: None}),
+        "naive": MappingProxyType({32: 256, 64: 128}),
+        "online": MappingProxyType({32: 512, 64: 512}),
+        "contrib": MappingProxyType({32: None, 64: 1024}),
         "onnx": MappingProxyType({32: None, 64: None}),
     }
 )
