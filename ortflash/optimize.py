@@ -93,6 +93,8 @@ def optimize(
     check_opsets(proto)
 
     fused, fusion_report = _fuse(proto, policy, num_heads, prove_causal)
+    if isinstance(model_or_path, (str, os.PathLike)):
+        fusion_report.model = os.fspath(model_or_path)  # the report is titled with the file the user named
 
     def run(candidate: str) -> tuple[onnx.ModelProto, Report]:
         return _lower_for(proto, fused, fusion_report, candidate)
@@ -141,12 +143,15 @@ def _fastest_forms(
     if not keep:
         return model, report
     fused, fusion_report = _fuse(proto, policy, num_heads, prove_causal, keep=keep)
+    fusion_report.model = report.model
     faster, faster_report = _lower_for(proto, fused, fusion_report, target)
     for block, before in zip(faster_report.blocks, report.blocks):
         block.key_len = before.key_len
         if block.fused:
             block.reason = before.reason
     faster_report.target = report.target
+    kept_all = "every fused block" if len(keep) == report.fused else f"{len(keep)} of {report.fused} fused blocks"
+    report.target.why += f"; {kept_all} then kept the original ops, faster there (ortflash/forms.py)"
     faster_report.notes += [n for n in report.notes if n not in faster_report.notes]
     if faster_report.fused and faster is not proto:
         problem = check(faster, faster_report)
@@ -163,6 +168,10 @@ def _check_target(target: str | None, ep: str | None) -> None:
         raise OrtflashError(f"ep must be one of {', '.join(EXECUTION_PROVIDERS)}, got {ep!r}")
     if target == AUTO and ep is None:
         raise OrtflashError(f"target auto picks per execution provider: name one ({', '.join(EXECUTION_PROVIDERS)})")
+    if ep is not None and target not in (None, AUTO):
+        raise OrtflashError(
+            f"ep={ep!r} picks the target, so it goes with target='auto' or no target, not with target={target!r}"
+        )
 
 
 def _default_load_check(model_or_path: ModelLike, original: onnx.ModelProto) -> LoadCheck:

@@ -363,10 +363,6 @@ def test_bench_prose_is_not_wrapped_when_piped(tmp_path):
     assert len(wrote) == 1 and wrote[0].startswith(f"wrote {tmp_path / 'out' / 'bench.json'}, ")  # one line, too
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="item 17: Report.model is the graph's name; optimize.py (the lead's) needs one line: a path names it",
-)
 def test_report_print_is_titled_with_the_model_file(tmp_path):
     """Item 17: report.print() titled the table `main_graph:` (the graph's name) for a model given by its path."""
     import io
