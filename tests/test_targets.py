@@ -46,7 +46,8 @@ def test_auto_fuses_once_and_lowers_the_same_fused_model_for_each_candidate(monk
     # passed over and the cpu order ends at ortflash, three candidates
     model = build(Variant(where_mask="keep", fill=-1e4))
     calls = _counting_shape_inference(monkeypatch)
-    out, report = optimize(model, ep="cpu", load_check=lambda m, r: None)
+    # (at a length where FlashAttention is the faster form, so no block is re-read to keep its ops)
+    out, report = optimize(model, ep="cpu", seq_lens=[4096], load_check=lambda m, r: None)
     assert report.target is not None and report.target.chosen == "ortflash"
     assert len(report.target.tried) == 2  # contrib and onnx, each with its reason
     assert len(calls) == 1  # the pass ran shape inference and fusion once, not once per candidate
@@ -92,3 +93,19 @@ def test_a_wrong_given_head_count_fails_the_lowered_model_at_its_first_run():
     feeds = {n: rng.standard_normal((1, 2, 5, 32)).astype(np.float32) for n in ("q", "k", "v")}
     with pytest.raises(Exception, match="(?i)reshape|shape"):
         session.run(None, feeds)
+
+
+def test_auto_where_no_target_lowers_any_block_says_so_once():
+    # issue 24 item 5: "contrib lowers the most" beside "passed over contrib: 1 of 1 not lowered"
+    model = build(Variant(where_mask="keep", fill=-1e4))
+    _, report = optimize(model, ep="cuda", load_check=lambda m, r: None)
+    assert report.target is not None and report.target.chosen == "contrib"
+    assert "lowers any block" in report.target.why and "lowers the most" not in report.target.why
+    assert [t.split(":")[0] for t in report.target.tried] == ["onnx"]
+
+
+def test_ep_with_a_fixed_target_is_refused():
+    from ortflash.errors import OrtflashError
+
+    with pytest.raises(OrtflashError, match="picks the target"):
+        optimize(build(Variant()), target="contrib", ep="cpu")
