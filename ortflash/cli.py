@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from .arg_types import PIPE_WIDTH
 from .checks.compare import (
     OutputDiff,
     tolerance,
@@ -34,7 +35,6 @@ from .cli_arguments import (
     EXIT_USAGE,
     ONNX_SUFFIX,
     OPTIMIZED_SUFFIX,
-    PIPE_WIDTH,
     STDOUT,
     UNVERIFIED_SUFFIX,
     build_parser,

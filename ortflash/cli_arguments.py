@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__, spec
+from .arg_types import int_at_least, positive_int, positive_ints
 from .checks.compare import (
     FLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
@@ -37,9 +38,6 @@ UNVERIFIED_SUFFIX = ".unverified.onnx"
 BACKEND_ALIASES = MappingProxyType({"wgsl": "wgpu"})
 # `--json -`: the JSON goes to stdout, and the tables to stderr
 STDOUT = "-"
-# Console width when the output is a pipe or a file: wide enough that no table folds or splits a
-# number; rich pads only to the width a table needs.
-PIPE_WIDTH = 100_000
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,31 +45,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"ortflash: error: {message} (see {self.prog} --help)\n")
 
 
-def _int_at_least(text: str, minimum: int, requirement: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"{requirement}, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (also the regress and bench parsers')."""
-    return _int_at_least(text, 1, "must be a positive integer")
-
-
-def positive_ints(text: str) -> list[int]:
-    """argparse type: comma-separated integers >= 1 ("128,512")."""
-    items = [item.strip() for item in text.split(",")]
-    if not all(items):
-        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated positive integers, e.g. 128,512")
-    return [positive_int(item) for item in items]
-
-
 def _nonneg_int(text: str) -> int:
-    return _int_at_least(text, 0, "must be >= 0")
+    return int_at_least(text, 0, "must be >= 0")
 
 
 def _tolerance(text: str) -> float:

@@ -237,16 +237,16 @@ def _choose_for_ep(
         report.target = TargetChoice(AUTO, ep, candidates[0], why, tried)
         return model, report
     model, report, candidate = fallback
-    kept = len(_unlowered(report))
-    if kept == report.fused:
+    staying = len(_unlowered(report))
+    if staying == report.fused:
         why = (
             f"no target of {', '.join(candidates)} lowers any block: written for {candidate}, the first that loads, "
-            f"with all {kept} fused block(s) FlashAttention (they need ortflash, on the CPU)"
+            f"with all {staying} fused block(s) FlashAttention (they need ortflash, on the CPU)"
         )
     else:
         why = (
             f"no target of {', '.join(candidates)} lowers every block; {candidate} lowers the most, "
-            f"and {kept} block(s) stay FlashAttention (they need ortflash, on the CPU)"
+            f"and {staying} block(s) stay FlashAttention (they need ortflash, on the CPU)"
         )
     # the chosen one is said in `why`; `tried` lists the others passed over
     others = [t for t in tried if not t.startswith(f"{candidate}:")]

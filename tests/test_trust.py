@@ -289,8 +289,8 @@ def _renamed_softmax(tmp_path, name: str) -> str:
     return path
 
 
-def test_piped_tables_are_full_width(tmp_path):
-    r = _cli("inspect", _renamed_softmax(tmp_path, LONG_NAME))
+def test_piped_tables_are_full_width(every_form_fuses, tmp_path):
+    r = _cli("inspect", _renamed_softmax(tmp_path, LONG_NAME), "--seq-lens", "4096")
     assert r.returncode == 0
     row = next(line for line in r.stdout.splitlines() if LONG_NAME in line)  # one line, not folded
     assert "fused" in row and "\x1b[" not in r.stdout  # plain: no colour codes in a pipe
@@ -333,7 +333,7 @@ def test_json_into_a_missing_folder_is_exit_2_before_anything_is_written(model_p
     assert not out.exists()
 
 
-def test_every_command_writes_one_versioned_json_schema(model_path, tmp_path):
+def test_every_command_writes_one_versioned_json_schema(every_form_fuses, model_path, tmp_path):
     out = str(tmp_path / "o.onnx")
     runs = {
         "optimize": ["optimize", model_path, "-o", out, "--verify", "--target", "ortflash"],
@@ -385,7 +385,7 @@ def _feeding_a_quantizer(tmp_path, quantizer: onnx.NodeProto) -> str:
         (helper.make_node("Cast", ["out"], ["y"], to=TensorProto.INT32), "Cast to an integer type"),
     ],
 )
-def test_blocks_feeding_a_quantizer_are_marked(tmp_path, capsys, quantizer, words):
+def test_blocks_feeding_a_quantizer_are_marked(every_form_fuses, tmp_path, capsys, quantizer, words):
     path = _feeding_a_quantizer(tmp_path, quantizer)
     assert main(["inspect", path, "--json", "-"]) == 0
     captured = capsys.readouterr()
@@ -465,14 +465,14 @@ def test_num_heads_never_overrides_a_proved_count(model_path, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("file", "heads", "kv_heads"), [("llama_sdpa_torchscript.onnx", 4, 2), ("bert_eager_torchscript.onnx", 2, 2)]
 )
-def test_heads_are_numbers_where_shapes_prove_them(capsys, file, heads, kv_heads):
+def test_heads_are_numbers_where_shapes_prove_them(every_form_fuses, capsys, file, heads, kv_heads):
     """TorchScript exports reshape heads from runtime shapes: the rules read unk__24 there; the numbers are provable."""
     assert main(["inspect", os.path.join(ZOO, file), "--json", "-"]) == 0
     blocks = json.loads(capsys.readouterr().out)["blocks"]
     assert [(b["heads"], b["kv_heads"], b["head_dim"]) for b in blocks] == [(heads, kv_heads, 32)] * len(blocks)
 
 
-def test_heads_in_json_are_ints_or_null(tmp_path, capsys):
+def test_heads_in_json_are_ints_or_null(every_form_fuses, tmp_path, capsys):
     assert main(["inspect", _unprovable_heads(tmp_path), "--json", "-"]) == 0
     captured = capsys.readouterr()
     (block,) = json.loads(captured.out)["blocks"]
@@ -492,7 +492,7 @@ def test_auto_needs_an_execution_provider(model_path, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("ep", "chosen", "auto"), [("cpu", "contrib", ["--target", "auto"]), ("cuda", "contrib", [])])
-def test_auto_takes_the_first_target_of_the_eps_order(model_path, tmp_path, capsys, ep, chosen, auto):
+def test_auto_takes_the_first_target_of_the_eps_order(every_form_fuses, model_path, tmp_path, capsys, ep, chosen, auto):
     doc = tmp_path / "r.json"
     assert main(["optimize", model_path, *auto, "--ep", ep, "-o", str(tmp_path / "m.onnx"), "--json", str(doc)]) == 0
     result = json.loads(doc.read_text())
@@ -502,7 +502,7 @@ def test_auto_takes_the_first_target_of_the_eps_order(model_path, tmp_path, caps
     assert f"target: {chosen}:" in capsys.readouterr().out
 
 
-def test_auto_falls_back_when_the_first_target_does_not_lower_every_block(tmp_path, capsys):
+def test_auto_falls_back_when_the_first_target_does_not_lower_every_block(every_form_fuses, tmp_path, capsys):
     """contrib needs a static head count; ONNX Attention does not: auto for the CPU takes onnx, and says why."""
     doc = tmp_path / "r.json"
     path = _unprovable_heads(tmp_path)
@@ -517,7 +517,7 @@ def test_auto_falls_back_when_the_first_target_does_not_lower_every_block(tmp_pa
     assert "passed over contrib" in capsys.readouterr().out
 
 
-def test_auto_falls_back_when_onnx_runtime_cannot_take_the_first_target(model_path):
+def test_auto_falls_back_when_onnx_runtime_cannot_take_the_first_target(every_form_fuses, model_path):
     def refuses_contrib(model: onnx.ModelProto, report: ortflash.Report) -> str | None:
         return "refused" if any(n.domain == "com.microsoft" for n in model.graph.node) else None
 
@@ -527,7 +527,7 @@ def test_auto_falls_back_when_onnx_runtime_cannot_take_the_first_target(model_pa
     assert [n.op_type for n in model.graph.node].count("Attention") == 1
 
 
-def test_the_default_target_prefers_native_ops_for_blocks_feeding_a_quantizer(tmp_path, capsys):
+def test_the_default_target_prefers_native_ops_for_blocks_feeding_a_quantizer(every_form_fuses, tmp_path, capsys):
     quantizer = helper.make_node("DynamicQuantizeLinear", ["out"], ["y", "y_scale", "y_zero"])
     path, doc = _feeding_a_quantizer(tmp_path, quantizer), tmp_path / "r.json"
     assert main(["optimize", path, "-o", str(tmp_path / "m.onnx"), "--json", str(doc)]) == 0
@@ -541,7 +541,7 @@ def test_the_default_target_prefers_native_ops_for_blocks_feeding_a_quantizer(tm
     assert json.loads(doc.read_text())["blocks"][0]["lowered_to"] is None
 
 
-def test_blocks_far_from_a_quantizer_keep_the_ortflash_default(model_path):
+def test_blocks_far_from_a_quantizer_keep_the_ortflash_default(every_form_fuses, model_path):
     _, report = ortflash.optimize(model_path)
     assert report.target is not None and (report.target.chosen, report.target.why) == ("ortflash", "the default")
 

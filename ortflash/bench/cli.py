@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ..cli_arguments import positive_int
+from ..arg_types import positive_int
 from ..errors import OrtflashError
 from . import baseline as baseline_check
 from . import sgemm

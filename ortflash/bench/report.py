@@ -121,7 +121,7 @@ def make_console() -> Any:
 
     from rich.console import Console
 
-    from ..cli_arguments import PIPE_WIDTH
+    from ..arg_types import PIPE_WIDTH
 
     terminal = sys.stdout.isatty()
     return Console(width=None if terminal else PIPE_WIDTH, highlight=terminal)

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from ..cli_arguments import positive_int
+from ..arg_types import positive_int
 from ..errors import OrtflashError
 from ..report import result_document
 from . import reports, update
