@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--merge", action="store_true", help="keep the other models of an earlier run's JSON in --out")
     args = parser.parse_args(argv)
 
     import onnx
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     written.setdefault(mode, {})[s] = {"kept": False, "variant": label, "fused": report.fused}
             results = bench(
                 path,
-                seq_lens=lengths,
+                seq_lens=None if fixed else lengths,  # a model with fixed shapes runs at its one size
                 variants=tuple(variants),
                 repeats=args.repeats,
                 warmup=3,
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 name=f"never_slower_{name}",
             )
             by_length = bench_ratios(results)
+            if fixed:  # bench names the one size by the model's own length
+                by_length = {str(fixed[0]): next(iter(by_length.values()), {})}
             row: dict[str, Any] = {"lengths": lengths, "forms": {}, "written": {}}
             for form in FORMS:
                 row["forms"][form] = {str(s): by_length.get(str(s), {}).get(form, {}).get("speedup") for s in lengths}
@@ -123,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             print(name, json.dumps(row["written"])[:400], flush=True)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    earlier = out_dir / "never_slower.json"
+    if args.merge and earlier.exists():  # models measured in an earlier run stay, with that run's machine line
+        doc["models"] = {**json.loads(earlier.read_text())["models"], **doc["models"]}
     (out_dir / "never_slower.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out_dir / "never_slower.md").write_text(_markdown(doc))
     _plot(doc, out_dir / "never_slower.png")
