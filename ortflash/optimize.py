@@ -69,7 +69,7 @@ def optimize(
     when blocks were lowered). ``num_heads``: the query head count of blocks whose count no shape
     or initializer proves; a count that is proved and differs raises OrtflashError.
     Opsets newer than the installed onnx knows are refused; opset conversions are in ``Report.notes``.
-    ``prove_causal``: read each block's mask subgraph for a causal frontier (fusion/causal_mask) and,
+    ``prove_causal``: read each block's mask subgraph for a causal frontier (fusion/causal) and,
     where proved, set is_causal with a [B, 1, 1, Sk] padding part; False keeps every block's mask
     tensor as the graph computes it (for comparisons, and as an escape hatch).
 

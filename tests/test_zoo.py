@@ -82,7 +82,7 @@ def test_grouped_kv_heads_are_read_without_the_repeat(entry):
     assert all(b.kv_heads == entry["kv_heads"] for b in report.blocks if isinstance(b.kv_heads, int))
 
 
-# issue 12: prefill decoders whose [B, 1, S, S] mask is proved causal x key padding (fusion/causal_mask)
+# issue 12: prefill decoders whose [B, 1, S, S] mask is proved causal x key padding (fusion/causal)
 PREFILL_DECODERS = ("gpt2", "llama", "qwen2", "mistral")
 
 
