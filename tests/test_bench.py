@@ -343,3 +343,27 @@ def test_cpu_attention_stacks_fuse(tmp_path):
         assert causal == (stack == "causal"), stack
         feeds = inputs.bench_feeds(model, 256, batch=1)
         assert feeds["hidden_states"].shape == (1, 256, 768)
+
+
+def _bench_doc(threads, wall, cpu):
+    """A results document of `ortflash bench`: original and online at S=1024, (wall, cpu) ms each."""
+    runs = [
+        {"variant": v, "seq_len": 1024, "status": "ok", "latency_ms": {"median": w, "cpu_median": c}}
+        for v, w, c in (("original", wall[0], cpu[0]), ("online", wall[1], cpu[1]))
+    ]
+    return {"config": {"seq_lens": [1024], "threads": threads}, "runs": runs}
+
+
+def test_the_guard_reads_cpu_time_at_one_thread_and_catches_a_1_3x_regression_that_load_hides():
+    from ortflash.bench.baseline import compare
+
+    baseline = _bench_doc(1, wall=(100.0, 80.0), cpu=(100.0, 80.0))
+    # a loaded run: the wall clock of the original doubled, so the wall ratio looks better, but the
+    # fused op's own work (CPU time) is 1.35x the baseline's ratio
+    loaded = _bench_doc(1, wall=(200.0, 110.0), cpu=(100.0, 108.0))
+    check = compare(loaded, baseline, max_slowdown=1.3)
+    assert not check.ok and "cpu time" in check.regressions[0]
+    quiet = _bench_doc(1, wall=(100.0, 82.0), cpu=(100.0, 84.0))
+    assert compare(quiet, baseline, max_slowdown=1.3).ok
+    # runs at the libraries' own threads are compared on wall time, as before
+    assert compare(_bench_doc(None, wall=(200.0, 110.0), cpu=(100.0, 108.0)), baseline, max_slowdown=1.3).ok

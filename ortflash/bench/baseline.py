@@ -43,22 +43,32 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def time_ratio(results: dict[str, Any], variant: str, s: int) -> float | None:
-    """Median latency of variant / that of ``original`` at S, in one run; None if either is missing."""
+def time_ratio(results: dict[str, Any], variant: str, s: int, clock: str = "wall") -> float | None:
+    """Median latency of variant / that of ``original`` at S, in one run; None if either is missing.
+    ``clock``: ``wall``, or ``cpu`` (the workers' own CPU time)."""
+    key = "cpu_median" if clock == "cpu" else "median"
     run, base = ok_run(results, variant, s), ok_run(results, REFERENCE_VARIANT, s)
-    if run is None or base is None or not base["latency_ms"]["median"]:
+    if run is None or base is None or not base["latency_ms"].get(key) or not run["latency_ms"].get(key):
         return None
-    return run["latency_ms"]["median"] / base["latency_ms"]["median"]
+    return float(run["latency_ms"][key] / base["latency_ms"][key])
+
+
+def clock_of(results: dict[str, Any], baseline: dict[str, Any]) -> str:
+    """CPU time where both runs measured one thread per worker: then a run's CPU time is its own
+    work, which other load on a shared machine does not change (wall time can move 2x there)."""
+    one_thread = all(r.get("config", {}).get("threads") == 1 for r in (results, baseline))
+    return "cpu" if one_thread else "wall"
 
 
 def compare(results: dict[str, Any], baseline: dict[str, Any], max_slowdown: float) -> BaselineCheck:
     """Check every (variant, S) measured in both runs; raise when nothing can be compared."""
     check = BaselineCheck(max_slowdown)
+    clock = clock_of(results, baseline)
     notes: list[str] = []
     measured = {(r["variant"], r["seq_len"]): r for r in results["runs"]}
     for old in baseline["runs"]:
         v, s = old["variant"], old["seq_len"]
-        base_ratio = time_ratio(baseline, v, s)
+        base_ratio = time_ratio(baseline, v, s, clock)
         if v == REFERENCE_VARIANT or base_ratio is None:
             continue
         where = f"{v} at S={seq_label(s)}"
@@ -66,7 +76,7 @@ def compare(results: dict[str, Any], baseline: dict[str, Any], max_slowdown: flo
         if new is None:
             notes.append(f"{where}: not in this run")
             continue
-        ratio = time_ratio(results, v, s)
+        ratio = time_ratio(results, v, s, clock)
         if ratio is None:
             status = new.get("status", "?") if new.get("status") != "ok" else f"{REFERENCE_VARIANT} not measured"
             if status in ("unavailable", "skipped"):
@@ -76,7 +86,7 @@ def compare(results: dict[str, Any], baseline: dict[str, Any], max_slowdown: flo
             continue
         limit = base_ratio * max_slowdown
         text = (
-            f"{where}: {ratio:.3f}x the original's time (baseline {base_ratio:.3f}x, "
+            f"{where}: {ratio:.3f}x the original's {clock} time (baseline {base_ratio:.3f}x, "
             f"limit {limit:.3f}x = baseline x {max_slowdown:g})"
         )
         if ratio > limit:
