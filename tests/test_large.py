@@ -115,7 +115,9 @@ def test_optimize_into_another_folder_copies_the_data(src, tmp_path):
 def test_optimize_into_the_same_folder_shares_the_data(src, tmp_path):
     before = _digests(src)
     out = src / "enc.flash.onnx"
-    r = _cli("optimize", src / "enc.onnx", "-o", out, "--verify", "--json", tmp_path / "report.json", "--target", "ortflash")
+    r = _cli(
+        "optimize", src / "enc.onnx", "-o", out, "--verify", "--json", tmp_path / "report.json", "--target", "ortflash"
+    )
     assert r.returncode == 0, r.stderr
     assert "verified" in r.stdout
     assert json.loads((tmp_path / "report.json").read_text())["fused"] == SMALL["layers"]
