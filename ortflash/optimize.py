@@ -4,6 +4,7 @@ target, with the native ops they lower to), and the choice of target where the u
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -149,15 +150,17 @@ def _fastest_forms(
         block.key_len = before.key_len
         if block.fused:
             block.reason = before.reason
-    faster_report.target = report.target
-    kept_all = "every fused block" if len(keep) == report.fused else f"{len(keep)} of {report.fused} fused blocks"
-    report.target.why += f"; {kept_all} then kept the original ops, faster there (ortflash/forms.py)"
     faster_report.notes += [n for n in report.notes if n not in faster_report.notes]
     if faster_report.fused and faster is not proto:
         problem = check(faster, faster_report)
         if problem is not None:  # the subset fails where the whole loaded: say so, keep the whole
             report.notes.append(f"the original ops were not kept where faster: {problem}")
             return model, report
+    kept_all = "every fused block" if len(keep) == report.fused else f"{len(keep)} of {report.fused} fused blocks"
+    faster_report.target = dataclasses.replace(
+        report.target,
+        why=f"{report.target.why}; {kept_all} then kept the original ops, faster there (ortflash/forms.py)",
+    )
     return faster, faster_report
 
 

@@ -100,3 +100,30 @@ def test_auto_runs_the_online_softmax_from_min_seq_len_so_its_form_follows_the_l
     policy = SoftmaxPolicy.for_new_nodes(online_softmax=True)
     assert forms.form_at("ortflash", policy, 512) == "naive" and forms.form_at("ortflash", policy, 4096) == "online"
     assert forms.form_at("contrib", policy, 16) == "contrib" and forms.form_at("webgpu", policy, 16) is None
+
+
+def test_where_the_model_with_blocks_kept_does_not_load_the_whole_fused_one_is_written_and_says_so():
+    from onnx import compose
+
+    short, long = compose.add_prefix(_static(16), "a_"), compose.add_prefix(_static(4096), "b_")
+    graphs = (short.graph, long.graph)
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [n for g in graphs for n in g.node],
+            "two_blocks",
+            [i for g in graphs for i in g.input],
+            [o for g in graphs for o in g.output],
+            [t for g in graphs for t in g.initializer],
+        ),
+        opset_imports=list(short.opset_import),
+    )
+    model.ir_version = short.ir_version
+
+    def refuses_one_node(m: onnx.ModelProto, report) -> str | None:  # loads only with both blocks fused
+        return "refused" if [n.op_type for n in m.graph.node].count("FlashAttention") == 1 else None
+
+    out, report = optimize(model, load_check=refuses_one_node)
+    assert report.fused == 2 and "the original ops were not kept where faster: refused" in report.notes
+    assert report.target is not None and "kept the original ops" not in report.target.why
+    _, kept = optimize(model, **NO_CHECK)
+    assert kept.fused == 1 and kept.target is not None and "1 of 2 fused blocks then kept" in kept.target.why
