@@ -7,7 +7,7 @@ about 0.02 s after the interpreter starts; everything else is imported inside th
 
 import sys
 
-# 128 + SIGINT, as a shell reports a run stopped by Ctrl-C (ortflash.cli_arguments.EXIT_INTERRUPTED:
+# 128 + SIGINT, as a shell reports a run stopped by Ctrl-C (ortflash.cli.args.EXIT_INTERRUPTED:
 # not imported from there, whose imports are what this guards)
 _EXIT_INTERRUPTED = 130
 

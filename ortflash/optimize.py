@@ -187,15 +187,9 @@ def _default_load_check(model_or_path: ModelLike, original: onnx.ModelProto) -> 
 
     def check(model: onnx.ModelProto, report: Report) -> str | None:
         from .checks.feeds import make_feeds
-        from .checks.first_run import first_run
+        from .checks.first_run import load_check
 
-        if not any(b.lowered_to for b in report.blocks):
-            return first_run(model, weights_dir=weights_dir).problem
-        try:
-            feeds = make_feeds(original)
-        except OrtflashError:
-            return first_run(model, weights_dir=weights_dir).problem
-        return first_run(model, weights_dir=weights_dir, original=original, feeds=feeds).problem
+        return load_check(original, lambda: make_feeds(original), weights_dir=weights_dir)(model, report)
 
     return check
 

@@ -155,11 +155,12 @@ def test_inputs_onnx_runtime_cannot_take_are_bad_input(model_path, tmp_path, cap
 
 def test_interrupt_exits_130(model_path, monkeypatch, capsys):
     from ortflash import cli
+    from ortflash.cli import inspect as inspect_command
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "optimize", interrupted)
+    monkeypatch.setattr(inspect_command, "optimize", interrupted)
     assert main(["inspect", model_path]) == cli.EXIT_INTERRUPTED == 130
     assert capsys.readouterr().err.strip() == "ortflash: interrupted"
 
@@ -169,7 +170,7 @@ def test_interrupt_exits_130(model_path, monkeypatch, capsys):
     [("m.onnx", "m.flash.onnx"), ("m.model", "m.model.flash.onnx"), ("dir.onnx/m.onnx", "dir.onnx/m.flash.onnx")],
 )
 def test_default_output_name(path, default, tmp_path, monkeypatch):
-    from ortflash import cli
+    from ortflash.cli import optimize as cli
 
     written = []
     monkeypatch.chdir(tmp_path)

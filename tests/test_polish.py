@@ -323,7 +323,7 @@ def test_every_option_of_every_command_is_in_the_readme_synopsis():
     import argparse
     import re
 
-    from ortflash.cli_arguments import build_parser
+    from ortflash.cli import build_parser
 
     sections = _synopsis_by_command()
     parser = build_parser()

@@ -20,8 +20,8 @@ from attention_graphs import Variant, build
 from onnx import TensorProto, helper
 
 import ortflash
-from ortflash import cli
 from ortflash.cli import main
+from ortflash.cli import optimize as cli
 from ortflash.policy import SoftmaxPolicy
 from ortflash.report import Block
 

@@ -9,14 +9,18 @@ Both open and run at ONNX Runtime's default optimization level, as the model wil
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from ..errors import OrtflashError
 from .run import ModelSource, open_session, run_model, run_session
+
+if TYPE_CHECKING:
+    from ..report import Report
 
 # Pre-packing copies every MatMul weight into a second, packed buffer when a session opens: on a
 # 1.2 GiB model it made the open 3.6-5.0 s and 1.48 GiB, against 0.62 s and 310 MiB without it
@@ -60,6 +64,34 @@ def first_run(
     except OrtflashError as exc:
         return FirstRun(problem=f"{exc} (on inputs the original model runs on)")
     return FirstRun()
+
+
+def load_check(
+    original: ModelSource,
+    make_inputs: Callable[[], Mapping[str, np.ndarray]],
+    *,
+    weights_dir: str | None = None,
+    note: Callable[[str], None] | None = None,
+) -> Callable[[onnx.ModelProto, Report], str | None]:
+    """optimize's check of a candidate model: why ONNX Runtime cannot open it, or, where its report
+    has lowered blocks, run it once on ``make_inputs()`` (where the original runs on them); None
+    when it can. ``note`` is told why a lowered model was opened but not run."""
+
+    def check(model: onnx.ModelProto, report: Report) -> str | None:
+        if not any(b.lowered_to for b in report.blocks):
+            return first_run(model, weights_dir=weights_dir).problem
+        try:
+            feeds = make_inputs()
+        except OrtflashError as exc:
+            if note is not None:
+                note(f"the lowered model was not run once: no random inputs for it ({exc})")
+            return first_run(model, weights_dir=weights_dir).problem
+        checked = first_run(model, weights_dir=weights_dir, original=original, feeds=feeds)
+        if checked.note and note is not None:
+            note(checked.note)
+        return checked.problem
+
+    return check
 
 
 def input_problem(path: str) -> str | None:

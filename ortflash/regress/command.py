@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from ..arg_types import positive_int
+from ..arg_types import STDOUT, console_for, positive_int
 from ..errors import OrtflashError
 from ..report import result_document
 from . import reports, update
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 EXIT_OK, EXIT_REGRESSED = 0, 1
-STDOUT = "-"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,8 +75,9 @@ def _run(checks: list[ModelCheck], jobs: int, console: Console) -> list[CheckRes
         return run_checks(checks, jobs, advance)
 
 
-def run(args: argparse.Namespace, console: Console) -> int:
+def run(args: argparse.Namespace) -> int:
     """The command: read the manifest, check every model, print, write the reports; the exit code."""
+    console = console_for(args)
     if args.junit_xml:
         reports.check_writable(args.junit_xml, "--junit-xml")
     manifest = load_manifest(args.manifest)

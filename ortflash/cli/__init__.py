@@ -1,0 +1,79 @@
+"""The ortflash command line: one module per command, found through one table.
+
+Every command module has ``HELP`` (its line in ``ortflash --help``), ``add_arguments(parser)``
+(its options) and ``run(args) -> int`` (the exit code); ``build_parser()`` builds the whole
+parser from them. Shared options and exit codes are in ``args``, argument types in
+``ortflash.arg_types``, tables and JSON in ``output``, models and inputs in ``inputs``.
+
+Only a problem with the user's input (an ``OrtflashError``, which every check raises for a model
+or inputs ONNX Runtime cannot take) becomes exit 2 with one line on stderr; any other exception
+is a bug in ortflash and shows its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType, ModuleType
+
+from .._version import __version__
+from ..errors import OrtflashError
+from . import bench, inspect, optimize, regress, validate, verify, web_check
+from .args import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, Parser, output_options
+from .output import check_json_target
+
+__all__ = ["COMMANDS", "EXIT_INTERRUPTED", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
+
+
+@dataclass(frozen=True)
+class Command:
+    module: ModuleType  # HELP, add_arguments(parser), run(args) -> int
+    output_options: bool = True  # --quiet and --json (bench writes its own result files)
+
+
+# In the order of ``ortflash --help``.
+COMMANDS: Mapping[str, Command] = MappingProxyType(
+    {
+        "optimize": Command(optimize),
+        "inspect": Command(inspect),
+        "validate": Command(validate),
+        "web-check": Command(web_check),
+        "bench": Command(bench, output_options=False),
+        "regress": Command(regress),
+        "verify": Command(verify),
+    }
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``ortflash`` with every command's sub-parser."""
+    parser = Parser(
+        prog="ortflash", description="Fuse attention in ONNX models into one FlashAttention op, and prove it."
+    )
+    parser.add_argument("--version", action="version", version=f"ortflash {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    shared = [output_options()]
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, parents=shared if command.output_options else [], help=command.module.HELP)
+        command.module.add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        check_json_target(getattr(args, "json", None))
+        code: int = COMMANDS[args.command].module.run(args)
+        return code
+    except OrtflashError as exc:
+        print(f"ortflash: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("ortflash: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""``ortflash inspect MODEL``: every Softmax, fused or why not; writes nothing."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..arg_types import console_for
+from ..optimize import optimize
+from ..report import result_document
+from .args import EXIT_OK, add_num_heads, add_seq_lens, pipeline_options
+from .output import print_report, write_json
+
+HELP = "list every Softmax: fused or why not; writes nothing"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model")
+    add_num_heads(p)
+    add_seq_lens(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = console_for(args)
+    _, report = optimize(args.model, **pipeline_options(args))  # a path: external weights are found for the load check
+    report.model = args.model
+    print_report(report, console)
+    write_json(args, result_document("inspect", EXIT_OK, model=args.model, report=report))
+    return EXIT_OK
