@@ -10,7 +10,13 @@ dominates the run):
                (inputs hidden_states and attention_mask, the last third of item 0 padded);
   ``nomask``   the same without the mask (input hidden_states only);
   ``causal``   ONNX ``Attention`` (opset 23) with ``is_causal=1``, which ortflash fuses with
-               is_causal proved (input hidden_states only).
+               is_causal proved (input hidden_states only);
+  ``causal_mask`` the ``nomask`` stack with a causal mask as decoder exports write it, computed in
+               the graph from the length: ``Where(key > query, finfo(float32).min, 0)`` of two
+               ``Range``s, ``[S, S]``, added to every layer's scores (ortflash proves it causal);
+  ``bias``     the ``nomask`` stack with a T5-like position bias: a learned ``[255, H]`` table
+               gathered at the clipped relative position key - query, as ``[1, H, S, S]``, added
+               to every layer's scores (a full per-head bias: no tile is skipped).
 
 Each stack runs through ``ortflash.bench.bench`` (one process per variant and S) and writes
 NAME_STACK.{json,md,png}, the markdown ending with the issue's targets, met or not.
@@ -38,7 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN, HEADS, HEAD_DIM = 768, 12, 64
 OPSET = 17
-STACKS = ("padding", "nomask", "causal")
+STACKS = ("padding", "nomask", "causal", "causal_mask", "bias")
 DEFAULT_VARIANTS = "original,naive,online,online@512,reference,contrib,onnx,torch-sdpa"
 
 
@@ -100,6 +106,30 @@ def build_model(
         m = node("Sub", ["one", m], "mask_inverted")
         m = node("Mul", [m, "neg_big"], "mask_bias")
         mask = node("Unsqueeze", [m, "axes_12"], "mask_bias_4d")
+
+    if stack in ("causal_mask", "bias"):  # both read the query and key positions 0 .. S-1
+        const("zero_i", np.array(0, np.int64))
+        const("one_i", np.array(1, np.int64))
+        const("axis_0", np.array([0], np.int64))
+        const("axis_1", np.array([1], np.int64))
+        length = node("Gather", [node("Shape", ["hidden_states"], "x_shape"), "one_i"], "seq_len", axis=0)
+        positions = node("Range", ["zero_i", length, "one_i"], "positions")
+        query_pos = node("Unsqueeze", [positions, "axis_1"], "query_pos")  # [S, 1]
+        key_pos = node("Unsqueeze", [positions, "axis_0"], "key_pos")  # [1, S]
+        if stack == "causal_mask":
+            const("zero_f", np.array(0.0, np.float32))
+            future = node("Greater", [key_pos, query_pos], "future")
+            mask = node("Where", [future, "neg_big", "zero_f"], "causal_bias")  # [S, S]
+        else:
+            const("rel_min", np.array(-127, np.int64))
+            const("rel_max", np.array(127, np.int64))
+            relative = node("Sub", [key_pos, query_pos], "relative")
+            relative = node("Clip", [relative, "rel_min", "rel_max"], "relative_clipped")
+            bucket = node("Add", [relative, "rel_max"], "bucket")
+            table = weight("relative_attention_bias", 255, heads, std=0.5)  # T5's name; not a position table
+            gathered = node("Gather", [table, bucket], "position_bias_ssh", axis=0)  # [S, S, H]
+            per_head = node("Transpose", [gathered], "position_bias_hss", perm=[2, 0, 1])
+            mask = node("Unsqueeze", [per_head, "axis_0"], "position_bias")  # [1, H, S, S]
 
     x = "hidden_states"
     for i in range(layers):

@@ -135,7 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--name", default="crossover_cpu")
+    parser.add_argument("--name", default=None, help="file stem (default crossover_cpu, crossover_cpu_STACK)")
+    parser.add_argument(
+        "--stack",
+        default="padding",
+        choices=("padding", "nomask", "causal_mask", "bias"),
+        help="the mask the blocks carry (benchmarks/cpu_attention.py): one row of the cost table per kind",
+    )
+    parser.add_argument("--no-if-dispatch", action="store_true", help="skip timing the If-dispatch variant")
     parser.add_argument(
         "--threads",
         type=int,
@@ -158,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     from ortflash.bench.runner import bench
 
     seq_lens = [int(s) for s in args.seq_lens.split(",")]
+    name = args.name or ("crossover_cpu" if args.stack == "padding" else f"crossover_cpu_{args.stack}")
     machine = _cpu()
     doc: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
@@ -166,20 +174,24 @@ def main(argv: list[str] | None = None) -> int:
         "win": WIN,
         "threads": args.threads or None,
         "metric": args.metric,
+        "stack": args.stack,
         "seq_lens": seq_lens,
         "forms": {},
     }
     with tempfile.TemporaryDirectory() as work:
         for head_dim in (int(d) for d in args.head_dims.split(",")):
             path = Path(work) / f"stack_{head_dim}.onnx"
-            stack = build_model(layers=2, stack="padding", heads=HEADS, head_dim=head_dim)
+            stack = build_model(layers=2, stack=args.stack, heads=HEADS, head_dim=head_dim)
             onnx.save(stack, path)
-            dispatching = Path(work) / f"stack_{head_dim}_if.onnx"
-            onnx.save(with_length_dispatch(stack), dispatching)
+            variants: tuple[str, ...] = ("original", *FORMS)
+            if not args.no_if_dispatch:
+                dispatching = Path(work) / f"stack_{head_dim}_if.onnx"
+                onnx.save(with_length_dispatch(stack), dispatching)
+                variants += (f"if_dispatch={dispatching}",)
             results = bench(
                 path,
                 seq_lens=seq_lens,
-                variants=("original", *FORMS, f"if_dispatch={dispatching}"),
+                variants=variants,
                 repeats=args.repeats,
                 warmup=3,
                 rounds=args.rounds,
@@ -203,19 +215,21 @@ def main(argv: list[str] | None = None) -> int:
                     "crossover": crossover(cpu_ratios if args.metric == "cpu" else ratios),
                 }
             key = "cpu_speedup" if args.metric == "cpu" else "speedup"
+            if args.no_if_dispatch:
+                continue
             doc.setdefault("if_dispatch", {})[str(head_dim)] = {
                 str(s): by_length.get(str(s), {}).get("if_dispatch", {}).get(key) for s in seq_lens
             }
             print(head_dim, {f: doc["forms"][f][str(head_dim)] for f in FORMS}, flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     lines = [
         f"# Crossovers on the CPU ({doc['date']})",
         "",
         f"Machine: {machine['model']}, {machine['cores']} cores, AVX-512 {machine['avx512f']}, AVX2 {machine['avx2']}, "
         f"kernel build {machine['kernel_isa']}, load average at start {tuple(round(x, 2) for x in machine['load_average'])}.",
-        f"Model: 2-layer attention stack, {HEADS} heads, padding mask, batch 1 (benchmarks/cpu_attention.py), "
+        f"Model: 2-layer attention stack, {HEADS} heads, mask `{args.stack}`, batch 1 (benchmarks/cpu_attention.py), "
         f"through `ortflash bench`, {args.rounds} rounds alternating, {args.repeats} timed runs each, "
         f"{args.threads or 'default'} thread(s) per worker; ratio = original time / form time in the same run "
         f"(higher is better), read from {'CPU' if args.metric == 'cpu' else 'wall'} time.",
@@ -229,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             shown = row["cpu_time_ratios"] if args.metric == "cpu" else row["ratios"]
             cells = " | ".join("-" if shown[str(s)] is None else f"{shown[str(s)]:.2f}" for s in seq_lens)
             lines.append(f"| {form} | {dim} | {cells} | {row['crossover'] or 'none measured'} |")
-    lines += [
+    lines += [] if args.no_if_dispatch else [
         "",
         "The cost of dispatching on the length: the original stack with each attention block inside an ONNX `If` "
         "whose both branches are the block's original ops (benchmarks/crossover.py `with_length_dispatch`), "
@@ -242,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(
             f"| {dim} | " + " | ".join("-" if row[str(s)] is None else f"{row[str(s)]:.2f}" for s in seq_lens) + " |"
         )
-    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     return 0
 
 

@@ -20,22 +20,61 @@ from types import MappingProxyType
 
 from .policy import SoftmaxPolicy
 
-RESULTS = "benchmarks/results/crossover_cpu.md"
-# form -> head dim -> the least key length from which the form ran faster than the original ops on
-# the CPU EP in both runs of benchmarks/crossover.py on this project's 2-core AMD EPYC with AVX2
-# (no AVX-512), 2026-12-01: CPU time at one thread per worker (RESULTS), and wall time at the
-# libraries' own threads on the loaded machine (crossover_cpu_wall.md). The larger of the two:
-# a form is chosen only where neither measurement says it is slower. None: at no measured length
-# up to MEASURED_UP_TO in one of them.
-CPU_CROSSOVERS: Mapping[str, Mapping[int, int | None]] = MappingProxyType(
+# The kinds of block the table has a row for, by what the fused node reads besides Q, K and V:
+# nothing; a padding bias or mask broadcast over the queries ([B, 1, 1, Sk]); is_causal (with at
+# most a padding part: the kernels skip the tiles past the diagonal); a full bias or mask with a
+# row per query ([B, H, Sq, Sk], T5's position bias), which the kernels read whole.
+MASK_KINDS = ("none", "padding", "causal", "bias")
+# mask kind -> the stack of benchmarks/crossover.py that measured it, and its results files: the
+# CPU-time run (one thread per worker) and, where one was made, the wall-time run (the libraries'
+# own threads).
+RESULTS_FILES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
-        "naive": MappingProxyType({32: 2048, 64: 512}),
-        "online": MappingProxyType({32: 2048, 64: 512}),
-        "contrib": MappingProxyType({32: None, 64: None}),
-        "onnx": MappingProxyType({32: None, 64: None}),
+        "padding": ("crossover_cpu", "crossover_cpu_wall"),
+        "none": ("crossover_cpu_nomask",),
+        "causal": ("crossover_cpu_causal_mask",),
+        "bias": ("crossover_cpu_bias",),
+    }
+)
+# The wall-time run of the padding stack bounds the kinds that have none: threads are what
+# separates the two measurements (ONNX Runtime's unfused ops spread over cores better than the
+# kernel does at short lengths), and that holds for every mask.
+WALL_FOR_ALL = "crossover_cpu_wall"
+
+
+def results_path(kind: str) -> str:
+    return f"benchmarks/results/{RESULTS_FILES[kind][0]}.md"
+
+
+# mask kind -> form -> head dim -> the least key length from which the form ran faster than the
+# original ops on the CPU EP in every run that measured it, on this project's 2-core AMD EPYC with
+# AVX2 (no AVX-512), 2026-12-01 (RESULTS_FILES, and WALL_FOR_ALL for kinds with no wall-time run of
+# their own): the largest of their crossovers, so a form is chosen only where no measurement says
+# it is slower. None: at no measured length up to MEASURED_UP_TO in one of them.
+def _rows(
+    naive: Mapping[int, int | None],
+    online: Mapping[int, int | None],
+    contrib: Mapping[int, int | None],
+    onnx: Mapping[int, int | None],
+) -> Mapping[str, Mapping[int, int | None]]:
+    return MappingProxyType(
+        {
+            form: MappingProxyType(dict(row))
+            for form, row in zip(("naive", "online", "contrib", "onnx"), (naive, online, contrib, onnx))
+        }
+    )
+
+
+CPU_CROSSOVERS: Mapping[str, Mapping[str, Mapping[int, int | None]]] = MappingProxyType(
+    {
+        "padding": _rows({32: 2048, 64: 512}, {32: 2048, 64: 512}, {32: None, 64: None}, {32: None, 64: None}),
+        "none": _rows({32: 2048, 64: 512}, {32: 2048, 64: 512}, {32: None, 64: None}, {32: None, 64: None}),
+        "causal": _rows({32: 2048, 64: 512}, {32: 2048, 64: 512}, {32: None, 64: None}, {32: None, 64: None}),
+        "bias": _rows({32: 2048, 64: 512}, {32: 2048, 64: 512}, {32: None, 64: None}, {32: None, 64: None}),
     }
 )
 MEASURED_UP_TO = 2048
+_KIND_NAMES = {"none": "no mask", "padding": "a padding mask", "causal": "causal", "bias": "a full bias"}
 # The target whose blocks the table measured for each form: FlashAttention (naive or online by
 # the policy) for ortflash, MultiHeadAttention for contrib, Attention-23 for onnx.
 _TARGET_FORMS = {"contrib": "contrib", "onnx": "onnx"}
@@ -54,10 +93,22 @@ def form_at(target: str, policy: SoftmaxPolicy, key_len: int) -> str | None:
     return _TARGET_FORMS.get(target)
 
 
-def crossover(form: str, head_dim: int | None) -> int | None:
-    """The form's crossover for this head dim: the measured dims around it (the larger crossover
-    of the two, None if either never wins); every dim's where the head dim is unknown."""
-    by_dim = CPU_CROSSOVERS[form]
+def mask_kind(is_causal: bool, bias_query_rows: tuple[int | None, ...]) -> str:
+    """The table's row for a fused block: ``bias_query_rows`` holds, for its bias and its mask
+    each (where present), the size of the query axis it has (1: broadcast over the queries; None:
+    not proved, so taken as a row per query)."""
+    if any(rows != 1 for rows in bias_query_rows):
+        return "bias"
+    if is_causal:
+        return "causal"
+    return "padding" if bias_query_rows else "none"
+
+
+def crossover(form: str, head_dim: int | None, kind: str = "padding") -> int | None:
+    """The form's crossover for this head dim and mask kind: the measured dims around it (the
+    larger crossover of the two, None if either never wins); every dim's where the head dim is
+    unknown."""
+    by_dim = CPU_CROSSOVERS[kind][form]
     dims = sorted(by_dim)
     if head_dim is None:
         around = dims
@@ -71,15 +122,22 @@ def crossover(form: str, head_dim: int | None) -> int | None:
     return None if any(v is None for v in values) else max(v for v in values if v is not None)
 
 
-def choose(target: str, policy: SoftmaxPolicy, head_dim: int | None, key_lens: Sequence[int] | None) -> FormChoice:
-    """Fused, or the original ops kept, for one block of ``target`` that runs at ``key_lens``
-    (None: the length is known only at run time)."""
+def choose(
+    target: str,
+    policy: SoftmaxPolicy,
+    head_dim: int | None,
+    key_lens: Sequence[int] | None,
+    kind: str = "padding",
+) -> FormChoice:
+    """Fused, or the original ops kept, for one block of ``target`` and mask ``kind`` that runs at
+    ``key_lens`` (None: the length is known only at run time)."""
     probe = form_at(target, policy, MEASURED_UP_TO)
     if probe is None:
         return FormChoice(True, f"no measured cost table for {target} on the CPU EP: fused as asked")
-    dim = "an unproved head dim" if head_dim is None else f"head dim {head_dim}"
+    dim = ("an unproved head dim" if head_dim is None else f"head dim {head_dim}") + f", {_KIND_NAMES[kind]}"
+    results = results_path(kind)
     if key_lens is None:
-        lowest = crossover(probe, head_dim)
+        lowest = crossover(probe, head_dim, kind)
         where = (
             f"{probe} beats the original ops only from key length {lowest}"
             if lowest is not None
@@ -88,18 +146,18 @@ def choose(target: str, policy: SoftmaxPolicy, head_dim: int | None, key_lens: S
         return FormChoice(
             False,
             f"kept the original ops, the faster form here: the key length is known only at run time, and {where} "
-            f"({dim}, {RESULTS}); --seq-lens says which lengths the model runs at, --target {target} fuses anyway",
+            f"({dim}, {results}); --seq-lens says which lengths the model runs at, --target {target} fuses anyway",
         )
     for key_len in key_lens:
         form = form_at(target, policy, key_len)
         assert form is not None
-        at = crossover(form, head_dim)
+        at = crossover(form, head_dim, kind)
         if at is None or key_len < at:
             beats = f"from {at}" if at is not None else f"at no measured length up to {MEASURED_UP_TO}"
             return FormChoice(
                 False,
                 f"kept the original ops, the faster form here: at key length {key_len}, {form} beats them only {beats} "
-                f"({dim}, {RESULTS}); --target {target} fuses anyway",
+                f"({dim}, {results}); --target {target} fuses anyway",
             )
     lengths = ", ".join(map(str, key_lens))
-    return FormChoice(True, f"{probe} is faster than the original ops at key length {lengths} ({dim}, {RESULTS})")
+    return FormChoice(True, f"{probe} is faster than the original ops at key length {lengths} ({dim}, {results})")

@@ -27,6 +27,7 @@ from .model_io import ModelLike, check_opsets, load, save
 from .model_shapes import graphs_of, with_shapes
 from .policy import SoftmaxPolicy
 from .report import Report, TargetChoice
+from .tune import TuneSettings
 
 __all__ = ["AUTO", "EP_TARGETS", "EXECUTION_PROVIDERS", "LoadCheck", "OrtflashError", "load", "optimize", "save"]
 
@@ -51,6 +52,7 @@ def optimize(
     load_check: LoadCheck | None = None,
     prove_causal: bool = True,
     seq_lens: Sequence[int] | None = None,
+    tune: TuneSettings | None = None,
 ) -> tuple[onnx.ModelProto, Report]:
     """Fuse every provable attention block into FlashAttention, in every graph of the model
     (If branches, Loop and Scan bodies included: their rows are named ``If_0.then_branch/...``).
@@ -78,7 +80,8 @@ def optimize(
     fastest where it runs (ortflash/forms.py): the chosen target's op where the measured cost
     table says it beats the original ops at the block's key length (its static length, else
     every one of ``seq_lens``), else the original ops, with the reason on its row. A target
-    asked for by name is written as asked.
+    asked for by name is written as asked. ``tune`` (ortflash/tune.py) times the candidates on
+    this machine at ``seq_lens`` (or the model's fixed size) instead, and keeps the fastest.
     """
     if policy is None:
         try:
@@ -88,12 +91,19 @@ def optimize(
     if target is None and ep is not None:
         target = AUTO  # naming the execution provider is asking for the target that fits it
     _check_target(target, ep)
+    if tune is not None and target not in (None, AUTO):
+        raise OrtflashError(
+            f"--tune chooses a block's form where the target is left open; --target {target} is written as asked"
+        )
+    if tune is not None and ep not in (None, "cpu"):
+        raise OrtflashError(f"--tune measures on ONNX Runtime's CPU EP, here; --ep {ep} runs elsewhere")
     if num_heads is not None and num_heads < 1:
         raise OrtflashError(f"num_heads must be a positive integer, got {num_heads}")
     proto = load(model_or_path)
     check_opsets(proto)
 
-    fused, fusion_report = _fuse(proto, policy, num_heads, prove_causal)
+    shaped = with_shapes(proto)  # once: the second fusion, with blocks kept, reads the same shapes
+    fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal)
     if isinstance(model_or_path, (str, os.PathLike)):
         fusion_report.model = os.fspath(model_or_path)  # the report is titled with the file the user named
 
@@ -112,11 +122,68 @@ def optimize(
         model, report = _choose_default(run, check)
     if seq_lens is not None and (not seq_lens or min(seq_lens) < 1):
         raise OrtflashError(f"seq_lens must be positive key lengths, got {list(seq_lens)}")
-    return _fastest_forms(proto, policy, num_heads, prove_causal, (model, report), seq_lens, check)
+    faster = _fastest_forms(proto, shaped, policy, num_heads, prove_causal, (model, report), seq_lens, check)
+    if tune is None:
+        return faster
+    return _tuned(
+        model_or_path, proto, shaped, policy, num_heads, prove_causal, (model, report), faster, tune, ep, target
+    )
+
+
+def _tuned(
+    model_or_path: ModelLike,
+    proto: onnx.ModelProto,
+    shaped: tuple[onnx.ModelProto, str],
+    policy: SoftmaxPolicy,
+    num_heads: int | None,
+    prove_causal: bool,
+    every_block: tuple[onnx.ModelProto, Report],
+    by_table: tuple[onnx.ModelProto, Report],
+    settings: TuneSettings,
+    ep: str | None,
+    target: str | None,
+) -> tuple[onnx.ModelProto, Report]:
+    """Of the original, every block fused and the cost table's choice, the one measured fastest
+    here (ortflash/tune.py); each fused row and the target's why say what was measured."""
+    from . import tune
+
+    (fused_model, fused_report), (table_model, table_report) = every_block, by_table
+    candidates: dict[str, tuple[onnx.ModelProto, Report]] = {}
+    if fused_report.fused:
+        candidates["fused"] = every_block
+    if table_report.fused and table_model is not fused_model:
+        candidates["table"] = by_table
+    if not candidates:
+        return by_table  # nothing fused, nothing to time
+    key = tune.cache_key(proto, ep=ep or "cpu", seq_lens=settings.seq_lens, policy=policy.mode or "", target=target)
+    weights_dir = (
+        os.path.dirname(os.path.abspath(os.fspath(model_or_path)))
+        if isinstance(model_or_path, (str, os.PathLike))
+        else None
+    )
+    measured = tune.measure(
+        proto, {label: m for label, (m, _) in candidates.items()}, settings, key=key, weights_dir=weights_dir
+    )
+    why = measured.why()
+    if measured.chosen == tune.ORIGINAL:
+        keep = {b.name: f"kept the original ops: {why}" for b in fused_report.blocks if b.fused}
+        _, report = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep)
+        report.model, report.notes = fused_report.model, list(fused_report.notes)
+        assert fused_report.target is not None
+        report.target = dataclasses.replace(fused_report.target, why=f"{fused_report.target.why}; {why}")
+        return proto, report
+    model, report = candidates[measured.chosen]
+    for block in report.blocks:
+        if block.fused:
+            block.reason = "; ".join(filter(None, [block.reason, why]))
+    assert report.target is not None
+    report.target = dataclasses.replace(report.target, why=f"{report.target.why}; {why}")
+    return model, report
 
 
 def _fastest_forms(
     proto: onnx.ModelProto,
+    shaped: tuple[onnx.ModelProto, str],
     policy: SoftmaxPolicy,
     num_heads: int | None,
     prove_causal: bool,
@@ -136,14 +203,14 @@ def _fastest_forms(
         # a block the chosen target did not lower is a FlashAttention node: its form is ortflash's
         form = target if block.lowered_to else DEFAULT_TARGET
         lengths = list(seq_lens) if seq_lens else ([block.key_len] if block.key_len else None)
-        choice = forms.choose(form, policy, block.head_dim, lengths)
+        choice = forms.choose(form, policy, block.head_dim, lengths, block.mask_kind or "padding")
         if choice.fused:
             block.reason = "; ".join(filter(None, [block.reason, choice.why]))
         else:
             keep[block.name] = choice.why
     if not keep:
         return model, report
-    fused, fusion_report = _fuse(proto, policy, num_heads, prove_causal, keep=keep)
+    fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep)
     fusion_report.model = report.model
     faster, faster_report = _lower_for(proto, fused, fusion_report, target)
     for block, before in zip(faster_report.blocks, report.blocks):
@@ -290,6 +357,7 @@ def _choose_default(
 
 def _fuse(
     proto: onnx.ModelProto,
+    shaped: tuple[onnx.ModelProto, str],
     policy: SoftmaxPolicy,
     num_heads: int | None,
     prove_causal: bool = True,
@@ -297,6 +365,7 @@ def _fuse(
 ) -> tuple[onnx.ModelProto, Report]:
     """Every block fused, once, whatever the target: the fused model (its inferred value_info kept,
     for the lowerings to prove from) and the report; the input itself when nothing is fused.
+    ``shaped``: ``with_shapes(proto)``, the model with inferred shapes and how they were inferred.
     ``keep``: report names of blocks left as they are, each with the reason for its row."""
     from .checks.rounding import mark_rounding_sensitive
 
@@ -304,8 +373,8 @@ def _fuse(
     # after fusion: converting first lets the 12 -> 13 adapter wrap Softmax in Reshapes where
     # shapes are unknown, and then no block fuses.
     opset = u.default_opset(proto)
-    shaped, inference = with_shapes(proto)
-    model = ir.serde.deserialize_model(shaped)
+    with_inferred, inference = shaped
+    model = ir.serde.deserialize_model(with_inferred)
     report = Report(proto.graph.name or "model", shape_inference=inference)
     for graph, scope in _scopes(model.graph, ""):
         _forget_earlier_blocks(graph)
@@ -384,6 +453,7 @@ def _prove_heads(graph: ir.Graph, report: Report, num_heads: int | None) -> None
         hq, hkv = shapes.resolved_dim(q, 1), shapes.resolved_dim(k, 1)
         block.head_dim = shapes.static(shapes.resolved_dim(q, 3))
         block.key_len = shapes.static(shapes.resolved_dim(k, 2))
+        block.mask_kind = _mask_kind(node)
         block.heads = None if three_d else shapes.static(hq)
         block.kv_heads = None if three_d else shapes.static(hkv)
         if num_heads is None or three_d:
@@ -402,6 +472,50 @@ def _prove_heads(graph: ir.Graph, report: Report, num_heads: int | None) -> None
         block.reason = "; ".join(filter(None, [block.reason, f"{num_heads} heads given (--num-heads), not proved"]))
         marked = [0] + [i for i, x in ((1, k), (2, v)) if same_kv and shapes.same_dim(hq, shapes.resolved_dim(x, 1))]
         node.metadata_props[GIVEN_HEADS] = given_heads.encode(num_heads, marked)
+
+
+def _mask_kind(node: ir.Node) -> str:
+    """The cost table's row for a fused node (forms.MASK_KINDS): what it reads besides Q, K and V."""
+    rows: list[int | None] = []
+    for value in node.inputs[3:5]:
+        constant = u.const_array(value)
+        if value is None or (constant is not None and constant.size == 1):
+            continue  # absent, or the neutral scalar the bridge needs in its place (spec.INPUTS)
+        rows.append(_query_rows(value))
+    causal = node.attributes.get("is_causal")
+    return forms.mask_kind(causal is not None and causal.as_int() != 0, tuple(rows))
+
+
+# Ops whose output is the broadcast of their inputs: what fusion writes between a mask the graph
+# computed and the fused node (Cast to bool, Where to a fill, Not), whose outputs it writes without
+# inferred shapes.
+_BROADCASTING = frozenset({"Cast", "Where", "Not", "Neg", "Add", "Sub", "Mul", "And", "Or", "Equal", "Less", "Greater"})
+
+
+def _query_rows(value: ir.Value, depth: int = 8) -> int | None:
+    """The size of a bias or mask operand's query axis (second from the right; 1 where it has
+    fewer axes), None where not proved."""
+    constant = u.const_array(value)
+    if constant is not None:
+        return 1 if constant.ndim < 2 else int(constant.shape[-2])
+    rank = u.rank(value)
+    node = value.producer()
+    if rank is not None:
+        axes = u.unsqueeze_axes(node) if node is not None and node.op_type == "Unsqueeze" else None
+        if node is not None and axes is not None:  # fusion's own Unsqueeze to [B, 1, 1, Sk]: its new axes are 1
+            axis = rank - 2
+            if axis in [a % rank for a in axes]:
+                return 1
+            inner = axis - sum(1 for a in axes if a % rank < axis)
+            return shapes.static(shapes.resolved_dim(node.inputs[0], inner))
+        return 1 if rank < 2 else shapes.static(shapes.resolved_dim(value, rank - 2))
+    if depth == 0 or node is None or node.op_type not in _BROADCASTING:
+        return None
+    sizes = [_query_rows(x, depth - 1) for x in node.inputs if x is not None]
+    if any(size is None for size in sizes):
+        return None
+    wider = [size for size in sizes if size != 1]
+    return wider[0] if wider else 1
 
 
 def _strip_given_head_counts(model: onnx.ModelProto) -> None:

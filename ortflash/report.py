@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 JSON_SCHEMA = "ortflash.result"
 # Raise on any change to the keys or meaning of the document below; additions included.
-JSON_SCHEMA_VERSION = 4  # 4: a block's `target` became `lowered_to` (null: FlashAttention)
+# 4: a block's `target` became `lowered_to` (null: FlashAttention); 5: a block's `mask_kind`
+JSON_SCHEMA_VERSION = 5
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Block:
     scale: float | None = None
     mask: str = ""  # bias / mask / causal summary
     softmax: str = ""  # naive | online | auto, as written on the fused node
+    # the cost table's row for a fused block (forms.MASK_KINDS: none | padding | causal | bias), "" where not fused
+    mask_kind: str = ""
     # the native op a fused block was lowered to ("com.microsoft.MultiHeadAttention"); None where the
     # block is a FlashAttention node (or was not fused)
     lowered_to: str | None = None

@@ -14,8 +14,7 @@ from ortflash import forms
 from ortflash.optimize import optimize
 from ortflash.policy import SoftmaxPolicy
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "crossover_cpu.json"
-WALL_RESULTS = RESULTS.with_name("crossover_cpu_wall.json")
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 NO_CHECK = {"load_check": lambda m, r: None}
 
 
@@ -30,9 +29,10 @@ def _static(length: int, head_dim: int = 32) -> onnx.ModelProto:
     return model
 
 
-def _a_measured_crossover() -> tuple[str, int, int]:
-    """A (form, head dim, crossover) the table has, for the tests that need a form that wins."""
-    for form, by_dim in forms.CPU_CROSSOVERS.items():
+def _a_measured_crossover(kind: str = "none") -> tuple[str, int, int]:
+    """A (form, head dim, crossover) the table has for blocks of ``kind`` (the test graphs' blocks
+    have no mask), for the tests that need a form that wins."""
+    for form, by_dim in forms.CPU_CROSSOVERS[kind].items():
         for dim, at in by_dim.items():
             if at is not None and form in ("naive", "online"):
                 return form, dim, at
@@ -40,14 +40,42 @@ def _a_measured_crossover() -> tuple[str, int, int]:
 
 
 def test_the_table_in_code_is_the_committed_benchmark_results():
-    """The larger crossover of the CPU-time run and the wall-time run, per form and head dim."""
-    runs = [json.loads(path.read_text()) for path in (RESULTS, WALL_RESULTS)]
-    for form, by_dim in forms.CPU_CROSSOVERS.items():
-        for dim, at in by_dim.items():
-            measured = [run["forms"][form][str(dim)]["crossover"] for run in runs]
-            assert at == (None if None in measured else max(measured)), (form, dim, measured)
-    assert {int(d) for run in runs for d in run["forms"]["naive"]} == set(forms.CPU_CROSSOVERS["naive"])
-    assert max(runs[0]["seq_lens"]) == forms.MEASURED_UP_TO
+    """Per mask kind, form and head dim: the largest crossover of the kind's runs (CPU time, and
+    wall time where the kind has its own run, else the padding stack's wall-time run)."""
+    assert set(forms.CPU_CROSSOVERS) == set(forms.MASK_KINDS) == set(forms.RESULTS_FILES)
+    for kind, by_form in forms.CPU_CROSSOVERS.items():
+        names = list(forms.RESULTS_FILES[kind])
+        if len(names) == 1:
+            names.append(forms.WALL_FOR_ALL)
+        runs = [json.loads((RESULTS_DIR / f"{name}.json").read_text()) for name in names]
+        for form, by_dim in by_form.items():
+            for dim, at in by_dim.items():
+                measured = [run["forms"][form][str(dim)]["crossover"] for run in runs]
+                assert at == (None if None in measured else max(measured)), (kind, form, dim, measured)
+        assert {int(d) for d in runs[0]["forms"]["naive"]} == set(by_form["naive"]), kind
+        assert max(runs[0]["seq_lens"]) == forms.MEASURED_UP_TO, kind
+
+
+@pytest.mark.parametrize(
+    ("stack", "kind"),
+    [("nomask", "none"), ("padding", "padding"), ("causal_mask", "causal"), ("causal", "causal"), ("bias", "bias")],
+)
+def test_each_block_reads_the_row_of_its_mask_kind(stack, kind):
+    """The benchmark's own stacks: each fused block is classified as the row that measured it."""
+    import sys
+
+    sys.path.insert(0, str(RESULTS_DIR.parents[0]))
+    from cpu_attention import build_model
+
+    _, report = optimize(build_model(layers=1, stack=stack, heads=2, head_dim=32), target="ortflash", **NO_CHECK)
+    assert [b.mask_kind for b in report.blocks] == [kind]
+
+
+def test_a_full_bias_or_an_unproved_operand_reads_the_bias_row_and_a_padding_part_does_not():
+    assert forms.mask_kind(False, ()) == "none"
+    assert forms.mask_kind(False, (1,)) == "padding"
+    assert forms.mask_kind(True, (1,)) == forms.mask_kind(True, ()) == "causal"
+    assert forms.mask_kind(True, (1, 64)) == forms.mask_kind(False, (None,)) == "bias"
 
 
 def test_a_block_at_a_short_static_length_keeps_the_original_ops():
@@ -90,10 +118,11 @@ def test_a_block_at_or_past_its_crossover_is_fused_and_says_why():
     [(16, {32}), (32, {32}), (48, {32, 64}), (64, {64}), (128, {64}), (None, {32, 64})],
 )
 def test_a_head_dim_between_measured_ones_takes_the_slower_of_its_neighbours(head_dim, expected):
-    for form, by_dim in forms.CPU_CROSSOVERS.items():
-        values = [by_dim[d] for d in expected]
-        want = None if any(v is None for v in values) else max(values)  # type: ignore[type-var]
-        assert forms.crossover(form, head_dim) == want, (form, head_dim)
+    for kind, by_form in forms.CPU_CROSSOVERS.items():
+        for form, by_dim in by_form.items():
+            values = [by_dim[d] for d in expected]
+            want = None if any(v is None for v in values) else max(values)  # type: ignore[type-var]
+            assert forms.crossover(form, head_dim, kind) == want, (kind, form, head_dim)
 
 
 def test_auto_runs_the_online_softmax_from_min_seq_len_so_its_form_follows_the_length():

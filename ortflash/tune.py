@@ -1,0 +1,214 @@
+"""``optimize --tune``: time this model's candidate forms on this machine at the user's lengths and
+keep the fastest, instead of predicting from the cost table; the choice is cached.
+
+The candidates are whole models: the original as given, every fused block in the chosen target's
+form, and the cost table's choice where that differs (some blocks kept). Each is timed by
+``ortflash bench`` (each candidate and length in its own process, rounds alternating, ratios
+against the original in the same run, the path users run). A candidate is taken only where it ran
+at least as fast as the original at every length asked for; of those, the fastest by the geometric
+mean of its ratios. So the written model is never measured slower than the input here.
+
+The cache (``TuneCache``) is one JSON file per key under a folder the caller names (the CLI's
+default: ``$XDG_CACHE_HOME/ortflash/tune``). The key is the hash of the input model's bytes, the
+execution provider, the machine (CPU model, its vector units, its core count), the versions of
+ortflash, ONNX Runtime and onnx, the lengths, the softmax policy and the target asked for: a hit
+rebuilds the candidates (deterministic) and takes the cached label without timing anything.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import json
+import math
+import os
+import platform
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from .errors import OrtflashError
+
+ORIGINAL = "original"
+CACHE_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """What ``optimize(tune=...)`` measures with: the lengths, where the choices are cached (None:
+    not cached), and how long it measures."""
+
+    seq_lens: tuple[int, ...]
+    cache_dir: str | None = None
+    repeats: int = 5
+    rounds: int = 2
+    threads: int | None = None  # ORT intra-op and kernel threads per worker; None: the libraries' own
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The candidate taken, and what each one measured: ratio to the original per length."""
+
+    chosen: str
+    ratios: Mapping[str, Mapping[int, float | None]]
+    cached: bool
+    key: str
+
+    def why(self) -> str:
+        """The report's sentence for the choice."""
+        source = "cached measurement" if self.cached else "measured here"
+        lengths = ", ".join(str(s) for s in next(iter(self.ratios.values()), {}))
+        cells = "; ".join(
+            f"{label} {'/'.join('-' if r is None else f'{r:.2f}x' for r in by_len.values())}"
+            for label, by_len in self.ratios.items()
+        )
+        return f"--tune ({source}, key {self.key[:12]}): at S = {lengths}, against the original: {cells}; took {self.chosen}"
+
+
+def machine() -> dict[str, Any]:
+    """What a measurement is valid for: the CPU and the versions that run the model."""
+    import onnxruntime
+
+    from ._version import __version__
+
+    model, flags = "", []
+    try:
+        with open("/proc/cpuinfo") as info:
+            lines = info.read().splitlines()
+        model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+        flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    except OSError:
+        pass
+    return {
+        "cpu": model or platform.processor() or platform.machine(),
+        "vector": sorted(f for f in flags if f in ("avx2", "avx512f", "fma", "neon", "asimd")),
+        "cores": os.cpu_count(),
+        "ortflash": __version__,
+        "onnxruntime": onnxruntime.__version__,
+        "onnx": onnx.__version__,
+    }
+
+
+def cache_key(model: onnx.ModelProto, *, ep: str, seq_lens: Sequence[int], policy: str, target: str | None) -> str:
+    digest = hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+    parts = {
+        "model": digest,
+        "ep": ep,
+        "machine": machine(),
+        "seq_lens": list(seq_lens),
+        "policy": policy,
+        "target": target,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def choose_fastest(ratios: Mapping[str, Mapping[int, float | None]]) -> str:
+    """The candidate at least as fast as the original at every length, fastest by geometric mean;
+    the original where none is."""
+    best, best_mean = ORIGINAL, 1.0
+    for label, by_len in ratios.items():
+        values = list(by_len.values())
+        if label == ORIGINAL or not values or any(r is None or r < 1.0 for r in values):
+            continue
+        mean = math.exp(sum(math.log(r) for r in values if r is not None) / len(values))
+        if mean > best_mean:
+            best, best_mean = label, mean
+    return best
+
+
+def measure(
+    original: onnx.ModelProto,
+    candidates: Mapping[str, onnx.ModelProto],
+    settings: TuneSettings,
+    *,
+    key: str,
+    weights_dir: str | None = None,
+) -> Measured:
+    """Time ``candidates`` (label -> model, the original not among them) against ``original``, or
+    read the cached choice for ``key``; the choice is written to the cache when measured."""
+    cached = _read_cache(settings.cache_dir, key)
+    if cached is not None and (cached["chosen"] == ORIGINAL or cached["chosen"] in candidates):
+        ratios = {label: {int(s): r for s, r in by_len.items()} for label, by_len in cached["ratios"].items()}
+        return Measured(cached["chosen"], ratios, cached=True, key=key)
+    from rich.console import Console
+
+    from .bench.report import ratios as bench_ratios
+    from .bench.runner import bench
+
+    with tempfile.TemporaryDirectory(prefix="ortflash-tune-", dir=weights_dir) as work:
+        # beside the input's external weights (weights_dir), so their relative paths resolve
+        original_path = Path(work) / "original.onnx"
+        onnx.save(original, original_path)
+        variants = [ORIGINAL]
+        for label, model in candidates.items():
+            path = Path(work) / f"{label}.onnx"
+            onnx.save(model, path)
+            variants.append(f"{label}={path}")
+        try:
+            results = bench(
+                original_path,
+                seq_lens=list(settings.seq_lens),
+                variants=variants,
+                repeats=settings.repeats,
+                warmup=2,
+                rounds=settings.rounds,
+                threads=settings.threads,
+                profile=False,
+                plot=False,
+                progress=False,
+                sgemm_size=0,
+                name="tune",
+                console=Console(file=io.StringIO()),  # the report says what was measured
+            )
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise OrtflashError(f"--tune could not measure the candidates: {exc}") from None
+    by_len = bench_ratios(results)
+    lengths = [int(s) for s in results["config"]["seq_lens"]]
+    ratios = {label: {s: by_len.get(str(s), {}).get(label, {}).get("speedup") for s in lengths} for label in candidates}
+    chosen = choose_fastest(ratios)
+    _write_cache(settings.cache_dir, key, chosen, ratios)
+    return Measured(chosen, ratios, cached=False, key=key)
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ortflash", "tune")
+
+
+def _read_cache(cache_dir: str | None, key: str) -> dict[str, Any] | None:
+    if cache_dir is None:
+        return None
+    path = Path(cache_dir) / f"{key}.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # absent or unreadable: measure again
+    if not isinstance(doc, dict) or doc.get("schema") != CACHE_SCHEMA or "chosen" not in doc:
+        return None
+    return doc
+
+
+def _write_cache(
+    cache_dir: str | None, key: str, chosen: str, ratios: Mapping[str, Mapping[int, float | None]]
+) -> None:
+    if cache_dir is None:
+        return
+    doc = {
+        "schema": CACHE_SCHEMA,
+        "chosen": chosen,
+        "ratios": {label: {str(s): r for s, r in by_len.items()} for label, by_len in ratios.items()},
+        "machine": machine(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        tmp = Path(cache_dir) / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, Path(cache_dir) / f"{key}.json")  # atomic: a concurrent reader sees all or nothing
+    except OSError:
+        pass  # a cache that cannot be written costs a measurement next time, nothing else

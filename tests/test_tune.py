@@ -1,0 +1,108 @@
+"""``optimize --tune`` (issue 20): the candidates measured here, the fastest kept only where it is
+at least as fast as the original at every length, and the choice cached by model, EP, machine and
+versions. What is timed is not asserted (speed belongs to benchmarks); what is chosen from the
+measured numbers, and what the cache returns, is."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from ortflash import tune
+from ortflash.optimize import optimize
+from ortflash.tune import TuneSettings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def _stack(tmp_path: Path) -> Path:
+    from cpu_attention import build_model
+
+    path = tmp_path / "stack.onnx"
+    onnx.save(build_model(layers=1, stack="padding", heads=2, head_dim=32), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("ratios", "chosen"),
+    [
+        ({"fused": {64: 0.94, 1024: 1.40}}, "original"),  # slower at one length: never taken
+        ({"fused": {64: 1.02, 1024: 1.40}}, "fused"),
+        ({"fused": {64: 1.02, 1024: 1.60}, "table": {64: 1.10, 1024: 1.30}}, "fused"),  # geomean 1.28 > 1.20
+        ({"fused": {64: 1.00, 1024: 1.10}, "table": {64: 1.10, 1024: 1.30}}, "table"),
+        ({"fused": {64: None, 1024: 3.0}}, "original"),  # a failed run is not a win
+        ({}, "original"),
+    ],
+)
+def test_the_fastest_candidate_is_taken_only_where_it_is_never_slower(ratios, chosen):
+    assert tune.choose_fastest(ratios) == chosen
+
+
+def test_the_key_changes_with_the_model_the_lengths_the_ep_and_the_policy(tmp_path):
+    model = onnx.load(_stack(tmp_path))
+    base = tune.cache_key(model, ep="cpu", seq_lens=[64], policy="naive", target=None)
+    assert base == tune.cache_key(model, ep="cpu", seq_lens=[64], policy="naive", target=None)
+    other = onnx.ModelProto()
+    other.CopyFrom(model)
+    other.graph.initializer[0].float_data.append(0.0)  # one weight more
+    assert base != tune.cache_key(other, ep="cpu", seq_lens=[64], policy="naive", target=None)
+    assert base != tune.cache_key(model, ep="cpu", seq_lens=[128], policy="naive", target=None)
+    assert base != tune.cache_key(model, ep="webgpu", seq_lens=[64], policy="naive", target=None)
+    assert base != tune.cache_key(model, ep="cpu", seq_lens=[64], policy="auto", target=None)
+    assert {"cpu", "cores", "ortflash", "onnxruntime", "onnx"} <= set(tune.machine())
+
+
+def _cached(cache: Path, path: Path, seq_lens: tuple[int, ...], chosen: str, ratios: dict) -> None:
+    key = tune.cache_key(onnx.load(path), ep="cpu", seq_lens=seq_lens, policy="naive", target=None)
+    cache.mkdir(parents=True, exist_ok=True)
+    doc = {"schema": tune.CACHE_SCHEMA, "chosen": chosen, "ratios": ratios}
+    (cache / f"{key}.json").write_text(json.dumps(doc))
+
+
+def test_a_cached_choice_is_taken_without_timing_anything(tmp_path, monkeypatch):
+    path, cache = _stack(tmp_path), tmp_path / "cache"
+
+    def no_timing(*args, **kw):
+        raise AssertionError("a cached choice must not be measured again")
+
+    import ortflash.bench.runner as runner
+
+    monkeypatch.setattr(runner, "bench", no_timing)
+    settings = TuneSettings(seq_lens=(2048,), cache_dir=str(cache))
+    _cached(cache, path, (2048,), "original", {"fused": {"2048": 0.8}})
+    out, report = optimize(path, seq_lens=[2048], tune=settings)
+    assert report.fused == 0 and out.SerializeToString() == onnx.load(path).SerializeToString()
+    assert report.target is not None and "cached measurement" in report.target.why
+    assert "fused 0.80x" in report.blocks[0].reason and "took original" in report.blocks[0].reason
+
+    _cached(cache, path, (2048,), "fused", {"fused": {"2048": 1.5}})
+    out, report = optimize(path, seq_lens=[2048], tune=settings)
+    assert report.fused == 1 and [n.op_type for n in out.graph.node].count("FlashAttention") == 1
+    assert "took fused" in report.blocks[0].reason
+
+
+def test_a_measurement_is_written_to_the_cache_and_the_choice_follows_its_numbers(tmp_path):
+    path, cache = _stack(tmp_path), tmp_path / "cache"
+    settings = TuneSettings(seq_lens=(32, 256), cache_dir=str(cache), repeats=3, rounds=1)
+    out, report = optimize(path, seq_lens=[32, 256], tune=settings)
+    (entry,) = cache.glob("*.json")
+    doc = json.loads(entry.read_text())
+    assert set(doc["ratios"]) == {"fused"} and set(doc["ratios"]["fused"]) == {"32", "256"}
+    ratios = {label: {int(s): r for s, r in by_len.items()} for label, by_len in doc["ratios"].items()}
+    assert doc["chosen"] == tune.choose_fastest(ratios)
+    assert report.fused == (0 if doc["chosen"] == "original" else 1)
+    assert doc["machine"]["cores"] and doc["date"]
+
+
+def test_tune_with_a_named_target_or_another_ep_is_refused(tmp_path):
+    from ortflash.errors import OrtflashError
+
+    path = _stack(tmp_path)
+    with pytest.raises(OrtflashError, match="--tune"):
+        optimize(path, target="ortflash", seq_lens=[64], tune=TuneSettings(seq_lens=(64,)))
+    with pytest.raises(OrtflashError, match="--tune"):
+        optimize(path, ep="webgpu", seq_lens=[64], tune=TuneSettings(seq_lens=(64,)))
