@@ -155,6 +155,12 @@ def _tuned(
         candidates["table"] = by_table
     if not candidates:
         return by_table  # nothing fused, nothing to time
+    dynamic = [b.name for b in fused_report.blocks if b.fused and b.key_len is None]
+    if not settings.seq_lens and dynamic:
+        raise OrtflashError(
+            f"--tune times the model at the lengths it runs at: give --seq-lens (block {dynamic[0]}'s key length "
+            "is known only at run time)"
+        )
     key = tune.cache_key(proto, ep=ep or "cpu", seq_lens=settings.seq_lens, policy=policy.mode or "", target=target)
     weights_dir = (
         os.path.dirname(os.path.abspath(os.fspath(model_or_path)))

@@ -43,7 +43,7 @@ class TuneSettings:
     """What ``optimize(tune=...)`` measures with: the lengths, where the choices are cached (None:
     not cached), and how long it measures."""
 
-    seq_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]  # empty: the model's one fixed size (every block's key length static)
     cache_dir: str | None = None
     repeats: int = 5
     rounds: int = 2
@@ -152,7 +152,7 @@ def measure(
         try:
             results = bench(
                 original_path,
-                seq_lens=list(settings.seq_lens),
+                seq_lens=list(settings.seq_lens) or None,  # none given: the model's one fixed size
                 variants=variants,
                 repeats=settings.repeats,
                 warmup=2,

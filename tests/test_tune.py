@@ -106,3 +106,25 @@ def test_tune_with_a_named_target_or_another_ep_is_refused(tmp_path):
         optimize(path, target="ortflash", seq_lens=[64], tune=TuneSettings(seq_lens=(64,)))
     with pytest.raises(OrtflashError, match="--tune"):
         optimize(path, ep="webgpu", seq_lens=[64], tune=TuneSettings(seq_lens=(64,)))
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--tune"], "give --seq-lens"),
+        (["--tune", "--seq-lens", "64", "--target", "ortflash"], "--target ortflash is written as asked"),
+        (["--tune-cache", "x"], "--tune-cache goes with --tune"),
+    ],
+)
+def test_the_cli_refuses_a_tune_it_cannot_measure_in_one_line(tmp_path, options, says):
+    import subprocess
+
+    path = _stack(tmp_path)
+    before = path.read_bytes()
+    run = subprocess.run(
+        [sys.executable, "-m", "ortflash", "optimize", str(path), "-o", str(tmp_path / "out.onnx"), *options],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and says in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert path.read_bytes() == before and not (tmp_path / "out.onnx").exists()

@@ -17,6 +17,7 @@ from ..lowering import TARGETS
 from ..model_io import load
 from ..optimize import AUTO, EP_TARGETS, EXECUTION_PROVIDERS, optimize, save
 from ..report import Report, result_document
+from ..tune import TuneSettings, default_cache_dir
 from .args import (
     EXIT_MISMATCH,
     EXIT_OK,
@@ -86,6 +87,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_num_heads(p)
     add_seq_lens(p)
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="where --target is left open: time the original, every block fused and the cost table's choice on "
+        "this machine at --seq-lens (or the model's fixed size), each in its own process, and keep the fastest "
+        "that is never slower than the original (ortflash/tune.py); the choice is cached",
+    )
+    p.add_argument(
+        "--tune-cache",
+        metavar="DIR",
+        default=None,
+        help="where --tune caches its choices, keyed by the model's hash, the EP, this machine and the versions "
+        "(default: $XDG_CACHE_HOME/ortflash/tune, else ~/.cache/ortflash/tune); --tune-cache none: no cache",
+    )
+
+
+def _tune_settings(args: argparse.Namespace) -> TuneSettings | None:
+    """--tune's lengths and cache folder, or None without --tune."""
+    if not args.tune:
+        if args.tune_cache is not None:
+            raise OrtflashError("--tune-cache goes with --tune")
+        return None
+    cache = args.tune_cache if args.tune_cache is not None else default_cache_dir()
+    return TuneSettings(tuple(args.seq_lens or ()), cache_dir=None if cache == "none" else cache)
 
 
 def _unverified_path(out_path: str) -> str:
@@ -161,7 +186,13 @@ def run(args: argparse.Namespace) -> int:
         return checked[id(candidate)]
 
     model, report = optimize(
-        original, policy=policy, target=args.target, ep=args.ep, load_check=load_check, **pipeline_options(args)
+        original,
+        policy=policy,
+        target=args.target,
+        ep=args.ep,
+        load_check=load_check,
+        tune=_tune_settings(args),
+        **pipeline_options(args),
     )
     report.model = args.model
     print_report(report, console)
