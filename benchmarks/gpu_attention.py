@@ -5,7 +5,7 @@ what has to travel: the wgpu wheels, the Vulkan loader debs, optionally onnxrunt
 onnxruntime-ep-webgpu). One process; the same random inputs for every contender (float32 drawn
 once per shape, float16 made from them):
 
-  flash WGSL f32 / f16     flash.wgsl through ortflash.kernels.wgpu.runner
+  flash WGSL f32 / f16     flash.wgsl through ortflash.kernels.wgpu.device
   ... resident             the same with Q, K, V and O left on the GPU (DeviceTensor), no host copies
   naive WGSL f32           naive.wgsl (three passes, score rows in device memory)
   torch SDPA CUDA f32/f16  torch.nn.functional.scaled_dot_product_attention, when torch sees a GPU
@@ -579,7 +579,7 @@ def ablation(args: argparse.Namespace, tiles: dict[tuple[int, str], Any], log: L
     """The best tile of D=64 f32 with each of this issue's kernel changes turned off in turn."""
     from dataclasses import asdict, replace
 
-    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.device import Runner
 
     s, d = args.sweep_s, 64
     q, k, v = inputs(s, d)
@@ -679,7 +679,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from dataclasses import asdict
 
-    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.device import Runner
     from ortflash.kernels.wgpu.tiles import FlashTile
 
     runner = Runner()

@@ -403,7 +403,7 @@ def test_float16(kernel, d, sq, sk):
 def test_float16_converted_on_host():
     """An adapter without shader-f16: float16 travels as float32, O comes back float16."""
     from ortflash import spec
-    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.device import Runner
 
     host = Runner(use_f16=False, use_timestamps=False)
     assert not host.has_f16
@@ -462,7 +462,7 @@ def test_row_reductions_with_and_without_subgroups(subgroups):
     8 lanes), and the workgroup-memory fallback (a device made without the feature, checked
     shaders) that adapters without subgroups run."""
     from ortflash import spec
-    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.device import Runner
     from ortflash.kernels.wgpu.tiles import FlashTile
 
     dev = Runner(use_subgroups=subgroups, trusted_shaders=subgroups)
@@ -653,7 +653,7 @@ def test_tile_that_fits_only_with_subgroup_reductions(is_causal):
     the shared-memory reduction, 31248 with subgroup shuffles, so on lavapipe (32 KiB, subgroups of
     8) it runs only with subgroups; causal rows run heaviest row tiles first, bottom-right with
     Sq != Sk included."""
-    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.device import Runner
     from ortflash.kernels.wgpu.tiles import FlashTile
 
     tile = FlashTile(br=64, bc=32, c=8, rv=1, vpt=2)
@@ -681,7 +681,7 @@ def test_heavy_first_order_changes_nothing_but_the_order(is_causal):
     matches float64; a finite fill (no tile skipped) never sets the flag."""
     from ortflash import spec
     from ortflash.kernels.wgpu.params import FLAG_HEAVY_FIRST, Problem, prepare
-    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.device import Runner
     from ortflash.kernels.wgpu.tiles import FlashTile
 
     rng = np.random.default_rng(7 + is_causal)

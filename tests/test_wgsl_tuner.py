@@ -67,7 +67,7 @@ def test_runner_uses_and_writes_the_cache(tmp_path):
     from ortflash import spec
     from ortflash.kernels.reference import flash_attention
     from ortflash.kernels.wgpu import kernel as wk
-    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.device import Runner
 
     if not wk.available():
         pytest.skip(wk.unavailable_reason() or "no wgpu adapter")
@@ -91,7 +91,7 @@ def test_tuning_times_resident_tensors(tmp_path):
     from ortflash import spec
     from ortflash.kernels.reference import flash_attention
     from ortflash.kernels.wgpu import kernel as wk
-    from ortflash.kernels.wgpu.runner import Runner
+    from ortflash.kernels.wgpu.device import Runner
 
     if not wk.available():
         pytest.skip(wk.unavailable_reason() or "no wgpu adapter")

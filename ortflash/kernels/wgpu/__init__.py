@@ -3,7 +3,10 @@
 - ``kernel``: ``flash_attention`` (the numpy-in, numpy-out entry point), ``available()``, and for
   tensors that stay on the GPU ``to_device``, ``run_resident``, ``to_host``;
 - ``resident``: ``DeviceTensor``, a [B, H, S, D] operand or result in a wgpu buffer, and its layout;
-- ``runner``: one wgpu device: pipelines, upload and bind, dispatch, read-back, resident calls;
+- ``device``: ``Runner``, one wgpu device: its setup, the tile choice, attention calls, resident calls;
+- ``encode``: one call's upload and bind, encode and submit, read-back;
+- ``pipelines``: the shared bind group layout and each specialised pipeline, compiled once;
+- ``probes``: the device's subgroup size and timestamp tick;
 - ``buffers``: the device buffers of a runner by role, staged uploads, placeholders;
 - ``params``: the shapes of a call and the uniform ``Params`` record of common.wgsl;
 - ``plan``: which dispatches a call runs (grids, naive score chunks);

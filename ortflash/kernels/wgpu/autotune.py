@@ -2,29 +2,52 @@
 
 The tensors are uploaded once and stay on the device: each timed call is the kernel with no
 host copies around it, and the GPU stays loaded from one call to the next (an idle GPU clocks
-down).
+down). The runner is read through ``ResidentRunner``, the calls it needs, so this module does
+not import the one that drives it (device.py's ``Runner.tune_flash``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
+from .resident import DeviceTensor
 from .tiles import FlashTile
 from .tuner import TileCache, TuneKey, tune
-
-if TYPE_CHECKING:
-    from .runner import Runner
 
 # Timed calls per candidate tile (after two warm-up calls); the median counts.
 TUNE_REPS = 3
 
 
+class ResidentRunner(Protocol):
+    """What timing a tile needs of a runner: resident tensors, a resident call, the device time."""
+
+    last_device_ms: float | None
+
+    def to_device(self, array: np.ndarray) -> DeviceTensor: ...
+
+    def empty_tensor(self, shape: tuple[int, int, int, int], dtype: np.dtype[Any]) -> DeviceTensor: ...
+
+    def attention_resident(
+        self,
+        q: DeviceTensor,
+        k: DeviceTensor,
+        v: DeviceTensor,
+        *,
+        attrs: Mapping[str, Any],
+        kernel: str,
+        tile: FlashTile | None,
+        out: DeviceTensor | None,
+    ) -> DeviceTensor: ...
+
+    def sync(self) -> float | None: ...
+
+
 def tune_on_device(
-    runner: Runner,
+    runner: ResidentRunner,
     key: TuneKey,
     candidates: Sequence[FlashTile],
     cache: TileCache,

@@ -1,4 +1,4 @@
-"""Run the WGSL attention kernels (naive.wgsl, flash.wgsl) through wgpu.
+"""One wgpu device running the WGSL attention kernels (naive.wgsl, flash.wgsl): ``Runner``.
 
 ``Runner`` owns one wgpu device. It creates the device with the adapter's own
 limits and the features the kernels can use (``shader-f16``,
@@ -14,9 +14,11 @@ One call goes: host operands and Params (params.py), the dispatch plan
 is the same call with DeviceTensors (resident.py) bound instead of uploaded and
 O left on the device; ``to_device``, ``to_host`` and ``sync`` go with it.
 
-The device's buffers are kept by buffers.py (BufferCache) and tiles are timed
-on it by autotune.py; what stays here shares one device's state (the lock, the
-pipelines, the pending timestamps).
+The device's buffers are kept by buffers.py (BufferCache), its pipelines by
+pipelines.py, a call is bound, encoded, submitted and read back by encode.py
+(CallEncoder), the subgroup size and timestamp tick are probed by probes.py, and
+tiles are timed on it by autotune.py; what stays here is the device's setup, the
+tile choice, and the calls that share its lock and its pending timestamps.
 """
 
 from __future__ import annotations
@@ -24,50 +26,27 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .adapter import find_adapter, no_adapter_message
-from .assemble import assemble, read_shader
-from .buffers import BUFFER_GRANULE, BoundBuffer, BufferCache, Upload
+from .autotune import tune_on_device
+from .buffers import BUFFER_GRANULE, BufferCache
+from .encode import CallEncoder
 from .hostcopy import HostCopier
 from .limits import WANTED_FEATURES, WANTED_LIMITS, DeviceLimits
-from .params import PARAMS_DTYPE, HostOperands, Operand, Problem, prepare
+from .params import HostOperands, Operand, Problem, prepare
+from .pipelines import Pipelines
 from .plan import Plan, check_kernel, plan
+from .probes import probe_subgroup_size, timestamp_period
 from .resident import DeviceTensor, padded_host_array
 from .tiles import FlashTile, choose_flash_tile, flash_tiles
-from .trusted import create_trusted_module
 from .tuner import TileCache, TuneKey
 
 if TYPE_CHECKING:
     import wgpu
-
-# Two u64 timestamps: the start and the end of the compute pass.
-_TIMESTAMP_BYTES = 16
-# Invocations of the subgroup probe's one workgroup: several subgroups of any size up to 64.
-_PROBE_INVOCATIONS = 256
-
-
-@dataclass(frozen=True)
-class _Bound:
-    """What one call's encoder needs: a bind group per dispatch, the uploads, the output buffer."""
-
-    groups: list[wgpu.GPUBindGroup]
-    uploads: list[Upload]
-    output: BoundBuffer
-
-
-def _timestamp_period(queue: wgpu.GPUQueue) -> float:
-    """Nanoseconds per timestamp tick (wgpu-native; 1.0 where it is not exposed)."""
-    try:
-        from wgpu.backends.wgpu_native._ffi import lib
-
-        period = float(lib.wgpuQueueGetTimestampPeriod(queue._internal))
-        return period if period > 0 else 1.0
-    except Exception:  # noqa: BLE001 -- a private wgpu-native API; without it, ticks are taken as ns
-        return 1.0
 
 
 class Runner:
@@ -112,19 +91,16 @@ class Runner:
         self.has_f16 = "shader-f16" in self.features
         self.has_timestamps = "timestamp-query" in self.features
         self.queue = self.device.queue
-        self._ts_period = _timestamp_period(self.queue) if self.has_timestamps else 1.0
         self.last_device_ms: float | None = None  # device time of the last call (timestamp queries)
         self.last_host_ms: float | None = None  # host-to-host time of the last call
         self.last_plan: dict[str, Any] = {}  # what the last call ran (kernel, tile, chunks)
         self.last_timing: dict[str, float] = {}  # host ms of each stage of the last call
-        self.trusted_shaders = trusted_shaders  # compile without naga's bounds checks when possible
+        self.trusted_shaders = trusted_shaders  # compile without naga's bounds checks when possible (pipelines.py)
         # Where flash tiles tuned for this adapter are looked up (tune_flash writes them); None: not at all.
         self.tile_cache = tile_cache
         # Causal with skipped tiles: run the heaviest row tiles first (flash.wgsl); False for A/B timing.
         self.causal_heavy_first = causal_heavy_first
         self._cached_tiles: dict[TuneKey, FlashTile | None] = {}
-        self._modules: dict[tuple[Any, ...], wgpu.GPUShaderModule] = {}
-        self._pipelines: dict[tuple[Any, ...], wgpu.GPUComputePipeline] = {}
         # The timestamp read-back of the last attention_resident call, until sync() reads it.
         self._pending_timestamps: wgpu.GPUBuffer | None = None
         self._copier = HostCopier()  # host <-> staging copies on several threads
@@ -132,11 +108,19 @@ class Runner:
         self._buffers = self.buffers.by_role  # the same dict (tests look at it)
         self.uploads = self.buffers.uploads  # host-to-device uploads so far, per role (q, k, v, bias, ...)
         self._lock = threading.RLock()
-        self._bind_group_layout, self._layout = self._make_layouts()
-        if self.has_timestamps:
-            self._query_set = self.device.create_query_set(type="timestamp", count=2)
+        self.pipelines = Pipelines(self.device, trusted_shaders=trusted_shaders)
+        self._pipelines = self.pipelines.by_key  # the same dict (tests look at it)
+        self._calls = CallEncoder(
+            self.device,
+            self.device_limits,
+            self.buffers,
+            self.pipelines,
+            self._copier,
+            timestamps=self.has_timestamps,
+            timestamp_period=timestamp_period(self.queue) if self.has_timestamps else 1.0,
+        )
         # Lanes per subgroup when flash.wgsl may reduce rows by shuffles; 0 when it may not.
-        self.subgroup_size = self._probe_subgroup_size() if "subgroup" in self.features else 0
+        self.subgroup_size = probe_subgroup_size(self.device) if "subgroup" in self.features else 0
 
     @property
     def info(self) -> dict[str, Any]:
@@ -161,35 +145,6 @@ class Runner:
         """The flash tile this adapter runs for head dims d, dv, Sq query rows and io (f32/f16)."""
         return choose_flash_tile(-(-d // 4), -(-dv // 4), sq, io, self.device_limits, self.subgroup_size)
 
-    def _probe_subgroup_size(self) -> int:
-        """The subgroup size of a compute workgroup, or 0 when subgroups are not runs of
-        consecutive invocations or differ in size (then the kernels reduce through memory)."""
-        wgpu = self.wgpu
-        code = read_shader("probe_subgroup.wgsl").replace("${WG}", str(_PROBE_INVOCATIONS))
-        module = self.device.create_shader_module(code=code)
-        pipe = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-        nbytes = 8 * _PROBE_INVOCATIONS
-        out = self.device.create_buffer(size=nbytes, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-        group = self.device.create_bind_group(
-            layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": out}}]
-        )
-        encoder = self.device.create_command_encoder()
-        cpass = encoder.begin_compute_pass()
-        cpass.set_pipeline(pipe)
-        cpass.set_bind_group(0, group)
-        cpass.dispatch_workgroups(1)
-        cpass.end()
-        self.queue.submit([encoder.finish()])
-        probe = np.frombuffer(self.queue.read_buffer(out), np.uint32).reshape(_PROBE_INVOCATIONS, 2)
-        out.destroy()
-        sizes, lanes = probe[:, 0], probe[:, 1]
-        size = int(sizes[0])
-        if size <= 0 or (sizes != size).any():
-            return 0
-        if not np.array_equal(lanes, np.arange(_PROBE_INVOCATIONS, dtype=np.uint32) % size):
-            return 0
-        return size
-
     def _fits(self, tile: FlashTile, d4: int) -> bool:
         return (
             tile.smem_bytes(d4, self.subgroup_size) <= self.device_limits.workgroup_storage_bytes
@@ -212,8 +167,6 @@ class Runner:
         """The fastest flash tile for head dims d, dv and io on this adapter: from `cache` when it
         has one for this adapter and driver, else the `top` tiles of the cost model (each in both
         K/V layouts) timed on this device (autotune.py), the winner written to `cache`."""
-        from .autotune import tune_on_device
-
         d4, dv4 = -(-d // 4), -(-dv // 4)
         ranked = flash_tiles(
             d4,
@@ -230,38 +183,9 @@ class Runner:
             self._cached_tiles[key] = tile
         return tile
 
-    # ---------------------------------------------------------------- device objects
-
-    def _make_layouts(self) -> tuple[wgpu.GPUBindGroupLayout, wgpu.GPUPipelineLayout]:
-        """The one bind group layout all kernels share (bindings 0-7 of common/io/naive.wgsl)."""
-        wgpu = self.wgpu
-        ro = {"type": wgpu.BufferBindingType.read_only_storage}
-        rw = {"type": wgpu.BufferBindingType.storage}
-        kinds = [{"type": wgpu.BufferBindingType.uniform}, ro, ro, ro, ro, ro, rw, rw]
-        entries = [
-            {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": kind} for i, kind in enumerate(kinds)
-        ]
-        bind_group_layout = self.device.create_bind_group_layout(entries=entries)
-        return bind_group_layout, self.device.create_pipeline_layout(bind_group_layouts=[bind_group_layout])
-
     def pipeline(self, kernel: str, entry: str, io: str, constants: Mapping[str, int]) -> wgpu.GPUComputePipeline:
         """A compiled pipeline, cached by (kernel, io, specialisation, entry point)."""
-        key = (kernel, entry, io, tuple(sorted(constants.items())))
-        pipe = self._pipelines.get(key)
-        if pipe is None:
-            module_key = (kernel, io, key[3])
-            module = self._modules.get(module_key)
-            if module is None:
-                code = assemble(kernel, io, constants)
-                module = create_trusted_module(self.device, code, kernel) if self.trusted_shaders else None
-                if module is None:
-                    module = self.device.create_shader_module(code=code)
-                self._modules[module_key] = module
-            pipe = self.device.create_compute_pipeline(
-                layout=self._layout, compute={"module": module, "entry_point": entry}
-            )
-            self._pipelines[key] = pipe
-        return pipe
+        return self.pipelines.get(kernel, entry, io, constants)
 
     # ---------------------------------------------------------------- attention
 
@@ -293,15 +217,15 @@ class Runner:
                 problem, q, k, v, bias, mask, attrs, kernel, tile, score_chunk_bytes
             )
             t_prepared = time.perf_counter()
-            bound = self._upload_and_bind(problem, operands, call_plan, None)
+            bound = self._calls.bind(problem, operands, call_plan, None)
             t_staged = time.perf_counter()
-            staging, timestamps = self._encode_and_submit(call_plan, bound, read_back=True)
+            staging, timestamps = self._calls.submit(call_plan, bound, read_back=True)
             assert staging is not None
             t_submitted = time.perf_counter()
             staging.map_sync(self.wgpu.MapMode.READ, 0, staging.size)  # waits for the device
             t_done = time.perf_counter()
-            out = self._read_output(staging, bound.output.size, problem, operands.host_dtype, q.dtype)
-            self.last_device_ms = self._read_device_ms(timestamps) if timestamps is not None else None
+            out = self._calls.read_output(staging, bound.output.size, problem, operands.host_dtype, q.dtype)
+            self.last_device_ms = self._calls.read_device_ms(timestamps) if timestamps is not None else None
             self._pending_timestamps = None  # read just now, with the last call's
             t_end = time.perf_counter()
             self.last_host_ms = (t_end - t_start) * 1e3
@@ -413,7 +337,7 @@ class Runner:
         time of the last attention call, when the device has timestamps."""
         with self._lock:
             if self._pending_timestamps is not None:
-                self.last_device_ms = self._read_device_ms(self._pending_timestamps)
+                self.last_device_ms = self._calls.read_device_ms(self._pending_timestamps)
                 self._pending_timestamps = None
             else:
                 self.queue.on_submitted_work_done_sync()
@@ -467,153 +391,8 @@ class Runner:
             if problem.is_empty:
                 return out
             call_plan = self._plan_call(problem, operands, kernel, tile, score_chunk_bytes)
-            bound = self._upload_and_bind(problem, operands, call_plan, out)
-            _, self._pending_timestamps = self._encode_and_submit(call_plan, bound, read_back=False)
+            bound = self._calls.bind(problem, operands, call_plan, out)
+            _, self._pending_timestamps = self._calls.submit(call_plan, bound, read_back=False)
             self.last_device_ms = None
             self.last_host_ms = (time.perf_counter() - t_start) * 1e3  # host time to submit, not to finish
             return out
-
-    def _upload_and_bind(
-        self, problem: Problem, operands: HostOperands, call_plan: Plan, out: DeviceTensor | None
-    ) -> _Bound:
-        """Upload the operands and Params, size the output (or bind `out`) and score buffers, make
-        one bind group per dispatch."""
-        uploads: list[Upload] = []
-        bufs = self._upload_operands(operands, uploads)
-        bufs["o"] = BoundBuffer(out.buffer, out.nbytes) if out is not None else self._output_buffer(problem, operands)
-        bufs["scores"] = self._scores_buffer(call_plan)
-        uniform, align = self._write_params(call_plan)
-
-        roles = ("q", "k", "v", "bias", "mask", "o", "scores")  # bindings 1..7
-        data_entries = [
-            {"binding": binding, "resource": {"buffer": bufs[role].buffer, "offset": 0, "size": bufs[role].size}}
-            for binding, role in enumerate(roles, start=1)
-        ]
-
-        def params_entry(slot: int) -> dict[str, Any]:
-            window = {"buffer": uniform, "offset": slot * align, "size": PARAMS_DTYPE.itemsize}
-            return {"binding": 0, "resource": window}
-
-        groups = [
-            self.device.create_bind_group(layout=self._bind_group_layout, entries=[params_entry(i), *data_entries])
-            for i in range(len(call_plan.dispatches))
-        ]
-        return _Bound(groups, uploads, bufs["o"])
-
-    def _upload_operands(self, operands: HostOperands, uploads: list[Upload]) -> dict[str, BoundBuffer]:
-        """Q, K, V, bias and mask staged for upload; an absent bias or mask binds a small placeholder
-        under its own role (every binding needs a buffer)."""
-        qkv = (("q", operands.q), ("k", operands.k), ("v", operands.v))
-        bufs = {
-            role: BoundBuffer(t.buffer, t.nbytes)
-            if isinstance(t, DeviceTensor)
-            else self.buffers.upload(role, t, uploads)
-            for role, t in qkv
-        }
-        if operands.bias is not None:
-            bufs["bias"] = self.buffers.upload("bias", operands.bias, uploads)
-        else:
-            bufs["bias"] = self.buffers.placeholder("no_bias", np.zeros(4, np.float32))
-        if operands.mask is not None:
-            bufs["mask"] = self.buffers.upload("mask", operands.mask, uploads)
-        else:
-            bufs["mask"] = self.buffers.placeholder("no_mask", np.ones(4, np.uint8))
-        return bufs
-
-    def _output_buffer(self, problem: Problem, operands: HostOperands) -> BoundBuffer:
-        """The device buffer O is written to (head dims padded to vec4s, the device dtype)."""
-        nbytes = problem.heads * problem.seq_q * problem.dv4 * 4 * np.dtype(operands.host_dtype).itemsize
-        self.device_limits.check_binding("output", nbytes)
-        usage = self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC
-        return BoundBuffer(self.buffers.get("o", nbytes, usage), nbytes)
-
-    def _scores_buffer(self, call_plan: Plan) -> BoundBuffer:
-        """The naive kernel's score buffer, or a placeholder for the flash kernel."""
-        role, nbytes = ("scores", call_plan.score_bytes) if call_plan.score_bytes else ("no_scores", BUFFER_GRANULE)
-        return BoundBuffer(self.buffers.get(role, nbytes, self.wgpu.BufferUsage.STORAGE), nbytes)
-
-    def _write_params(self, call_plan: Plan) -> tuple[wgpu.GPUBuffer, int]:
-        """The uniform buffer holding each dispatch's Params at its own slot, and the slot size
-        (the adapter's uniform offset alignment)."""
-        wgpu = self.wgpu
-        align = self.device_limits.uniform_offset_alignment
-        slots = len(call_plan.dispatches)
-        uniform = self.buffers.get("params", align * slots, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
-        blob = np.zeros(align * slots, np.uint8)
-        for i, dispatch in enumerate(call_plan.dispatches):
-            blob[i * align : i * align + PARAMS_DTYPE.itemsize] = dispatch.params.view(np.uint8)
-        self.queue.write_buffer(uniform, 0, blob)
-        return uniform, align
-
-    def _encode_and_submit(
-        self, call_plan: Plan, bound: _Bound, *, read_back: bool
-    ) -> tuple[wgpu.GPUBuffer | None, wgpu.GPUBuffer | None]:
-        """Record the uploads, the dispatches and the read-back copies; submit. Returns the
-        mapped-read buffers of the output (None unless read_back) and of the timestamps (None
-        without timestamps)."""
-        wgpu = self.wgpu
-        pipelines = [
-            self.pipeline(call_plan.kernel, dispatch.entry, call_plan.io, call_plan.constants)
-            for dispatch in call_plan.dispatches
-        ]
-        encoder = self.device.create_command_encoder()
-        for upload in bound.uploads:
-            encoder.copy_buffer_to_buffer(upload.staging, 0, upload.target, 0, upload.nbytes)
-        pass_args = {}
-        if self.has_timestamps:
-            pass_args["timestamp_writes"] = {
-                "query_set": self._query_set,
-                "beginning_of_pass_write_index": 0,
-                "end_of_pass_write_index": 1,
-            }
-        # One compute pass: WebGPU orders the dispatches and makes each see the
-        # previous ones' writes, and the two timestamps bracket all of them.
-        cpass = encoder.begin_compute_pass(**pass_args)
-        for dispatch, pipe, group in zip(call_plan.dispatches, pipelines, bound.groups):
-            cpass.set_pipeline(pipe)
-            cpass.set_bind_group(0, group)
-            cpass.dispatch_workgroups(*dispatch.grid)
-        cpass.end()
-
-        usage_read = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
-        staging = None
-        if read_back:
-            out_nbytes = bound.output.size
-            staging = self.buffers.get("staging", out_nbytes, usage_read)
-            encoder.copy_buffer_to_buffer(bound.output.buffer, 0, staging, 0, out_nbytes)
-        ts_read = None
-        if self.has_timestamps:
-            resolve = self.buffers.get(
-                "ts_resolve", _TIMESTAMP_BYTES, wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
-            )
-            ts_read = self.buffers.get("ts_read", _TIMESTAMP_BYTES, usage_read)
-            encoder.resolve_query_set(self._query_set, 0, 2, resolve, 0)
-            encoder.copy_buffer_to_buffer(resolve, 0, ts_read, 0, _TIMESTAMP_BYTES)
-        self.queue.submit([encoder.finish()])
-        return staging, ts_read
-
-    def _read_output(
-        self,
-        staging: wgpu.GPUBuffer,
-        nbytes: int,
-        problem: Problem,
-        host_dtype: type[np.floating[Any]],
-        out_dtype: np.dtype[Any],
-    ) -> np.ndarray:
-        """O [B, Hq, Sq, Dv] in out_dtype, from the staging buffer, mapped for reading."""
-        view = staging.read_mapped(0, nbytes, copy=False)
-        rows = problem.heads * problem.seq_q
-        mapped = np.frombuffer(view, dtype=host_dtype).reshape(rows, 4 * problem.dv4)[:, : problem.value_dim]
-        out = np.empty((problem.batch, problem.heads_q, problem.seq_q, problem.value_dim), out_dtype)
-        # The one host copy, made before unmap invalidates the view.
-        self._copier.copy(out.reshape(rows, problem.value_dim), mapped)
-        del mapped, view
-        staging.unmap()
-        return out
-
-    def _read_device_ms(self, ts_read: wgpu.GPUBuffer) -> float | None:
-        """Milliseconds between the compute pass's two timestamps (None if they went backwards)."""
-        ts_read.map_sync(self.wgpu.MapMode.READ, 0, _TIMESTAMP_BYTES)
-        t0, t1 = np.frombuffer(ts_read.read_mapped(0, _TIMESTAMP_BYTES), dtype=np.uint64)
-        ts_read.unmap()
-        return float(t1 - t0) * self._ts_period / 1e6 if t1 >= t0 else None

@@ -39,7 +39,7 @@ from ...policy import SoftmaxPolicy
 from .. import reference
 from .params import Problem
 from .resident import DeviceTensor
-from .runner import Runner
+from .device import Runner
 
 
 class AdapterUnavailable(RuntimeError):
