@@ -20,6 +20,7 @@ from .fusion.onnx_attention import fuse_attention_ops
 from .fusion.walker import fuse_softmax_blocks
 from .graph import ir_utils as u
 from .graph import shapes
+from .ir_versions import stamp_loadable_ir_version
 from .lowering import LoweringNote, lower
 from .lowering import head_count as given_heads
 from .lowering.targets import DEFAULT_TARGET, EP_ORDER, EXECUTION_PROVIDERS, ORT_KERNEL_TARGETS, REGISTRY, TARGETS
@@ -434,6 +435,12 @@ def _lower_for(
         out.CopyFrom(fused)
     _strip_given_head_counts(out)
     _keep_declared_value_info(original, out)
+    try:  # onnx's make_model stamps IR versions newer than ONNX Runtime reads (ir_versions.py)
+        out, stamped = stamp_loadable_ir_version(out)
+    except OrtflashError:
+        stamped = None  # the model needs the newer IR version: the load check says ONNX Runtime cannot take it
+    if stamped is not None:
+        report.notes.append(stamped)
     return out, report
 
 

@@ -10,8 +10,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+import ortflash
 from ortflash.errors import OrtflashError
 from ortflash.ir_versions import ir_version_onnxruntime_loads, least_ir_version, stamp_loadable_ir_version
+from ortflash.optimize import optimize
 
 
 def model_with(nodes: list | None = None, inits: list | None = None, value_info: list | None = None) -> onnx.ModelProto:
@@ -124,3 +126,37 @@ def test_the_least_version_needed_is_kept_below_the_stamp():
     assert stamped.ir_version == 13 and note is not None and "needs 10 (metadata on node Relu" in note
     assert opens(stamped)
     assert least_ir_version(model_with()) == (3, "opset imports")
+
+
+def test_optimize_stamps_what_it_writes_loadable_and_says_so(tmp_path):
+    """An input stamped IR 14 (onnx 1.23's make_model) that fuses: the written model is stamped
+    13, loads in ONNX Runtime, and the report's notes say why; the CLI exits 0."""
+    import subprocess
+    import sys
+
+    from attention_graphs import Variant, build
+
+    model = build(Variant())
+    model.ir_version = 14
+    path = tmp_path / "ir14.onnx"
+    onnx.save(model, path)
+    out, report = optimize(path, target="ortflash")
+    assert out.ir_version == 13 and any("IR version 14 stamped 13" in n for n in report.notes), report.notes
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ortflash",
+            "optimize",
+            str(path),
+            "--target",
+            "ortflash",
+            "-o",
+            str(tmp_path / "o.onnx"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert onnx.load(tmp_path / "o.onnx").ir_version == 13
+    ort.InferenceSession(str(tmp_path / "o.onnx"), ortflash.session_options(), providers=["CPUExecutionProvider"])
