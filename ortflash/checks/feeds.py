@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import zipfile
+from collections.abc import Collection, Mapping
 
 import numpy as np
 import onnx
 
 from ..errors import OrtflashError
+from ..graph.terms import Lin
 from ..model_shapes import graphs_of
+from .input_dims import evaluated, tied_dims
 
 _BATCH_NAMES = ("batch", "batch_size", "b", "n", "s0")
 # Token ids when no embedding table bounds them (an id input that feeds no Gather).
@@ -91,10 +94,11 @@ def _symbolic_axes(model: onnx.ModelProto) -> list[tuple[str, int, int, str]]:
     return found
 
 
-def _decoder_axes(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str], set[str]]:
+def _decoder_axes(model: onnx.ModelProto, tied: Collection[str] = ()) -> tuple[set[str], set[str], set[str], set[str]]:
     """The dim names of a decoder's cached, new and total lengths and of its batch (all empty
-    without ``past_*`` inputs)."""
-    axes = _symbolic_axes(model)
+    without ``past_*`` inputs). ``tied``: names the graph ties to the others' (see checks/input_dims),
+    left out: their values follow from the others'."""
+    axes = [a for a in _symbolic_axes(model) if a[3] not in tied]
     # The cross-attention side (encoder_hidden_states, its mask, Optimum's past_key_values.N.encoder.*)
     # has the encoder's length: it neither grows with the cache nor counts the new tokens.
     encoder = {d for name, _, _, d in axes if "encoder" in name.lower()}
@@ -126,8 +130,14 @@ def decoder_dims(
     a past runs (ONNX Runtime 1.31's GroupQueryAttention refuses a batch of several new tokens
     after a non-empty past); ``dims`` sets either (past 0: a prefill, see :func:`decoder_cases`).
     The mask's length is their sum unless ``dims`` sets it too. ``dims`` comes back included."""
+    return _decoder_dims(model, tied_dims(model), seq_len, batch, dims)
+
+
+def _decoder_dims(
+    model: onnx.ModelProto, tied: Collection[str], seq_len: int, batch: int, dims: dict[str, int] | None
+) -> dict[str, int]:
     given = dict(dims or {})
-    past, new, totals, batch_names = _decoder_axes(model)
+    past, new, totals, batch_names = _decoder_axes(model, tied)
     if not past:
         return given
     out = {d: batch for d in batch_names}
@@ -158,25 +168,51 @@ def decoder_cases(
     """The shapes a decoder with a cache is checked in, each as (words, dims for make_feeds): a
     prefill (no cached tokens, ``seq_len`` new ones) and a decode step (``seq_len`` cached, one
     new). [] for a model without a cache, or where ``dims`` already fixes a length."""
-    past, new, totals, _ = _decoder_axes(model)
+    tied = tied_dims(model)
+    past, new, totals, _ = _decoder_axes(model, tied)
     if not past or set(dims or {}) & (past | new | totals):
         return []
-    decode = decoder_dims(model, seq_len=seq_len, batch=batch, dims=dims)
+    decode = _decoder_dims(model, tied, seq_len, batch, dims)
     prefill = {d: 0 for d in past} | {d: seq_len for d in new}
     prefill.update(dims or {})
     return [
-        (f"prefill: 0 cached tokens, {seq_len} new", decoder_dims(model, seq_len=seq_len, batch=batch, dims=prefill)),
+        (f"prefill: 0 cached tokens, {seq_len} new", _decoder_dims(model, tied, seq_len, batch, prefill)),
         (f"decode: {seq_len} cached tokens, 1 new", decode),
     ]
 
 
-def _total_length(model: onnx.ModelProto, named: dict[str, int]) -> int | None:
-    """past + new tokens of a decoder with a cache: the mask's length (None without a cache)."""
-    axes = _symbolic_axes(model)
-    if not any("past" in name.lower() for name, *_ in axes):
+def _total_length(model: onnx.ModelProto, tied: Collection[str], named: dict[str, int]) -> int | None:
+    """past + new tokens of a decoder with a cache (None without one): the cached length plus the
+    new tokens' where both are named, else the mask's length."""
+    past, new, totals, _ = _decoder_axes(model, tied)
+    if not past:
         return None
+    if past <= named.keys() and new and new <= named.keys():
+        return max(named[d] for d in past) + max(named[d] for d in new)
+    axes = _symbolic_axes(model)
     lengths = [named[d] for name, axis, rank, d in axes if "mask" in name.lower() and axis == rank - 1 and d in named]
     return max(lengths, default=None)
+
+
+def _named_dims(
+    model: onnx.ModelProto, tied: Mapping[str, Lin], seq_len: int, batch: int, dims: dict[str, int]
+) -> dict[str, int]:
+    """A value for every named dim of the inputs: ``dims``' own, else the batch or ``seq_len`` by
+    the name's place; then each dim the graph ties to others (checks/input_dims) follows them."""
+    axes = _symbolic_axes(model)
+    # A name seen only at axis 0 of inputs of rank >= 2 is their batch, whatever it is called
+    # (Paddle2ONNX writes "DynamicDimension.0"): without this it took seq_len, a batch of 16
+    # images where 2 were meant, and a --dim on another axis could run out of memory.
+    leading = {d for _, axis, rank, d in axes if axis == 0 and rank >= 2} - {d for _, axis, _, d in axes if axis}
+    named = {**{d: batch for d in leading - tied.keys()}, **dims}
+    for _, _, _, d in axes:
+        if d not in named and d not in tied:
+            named[d] = batch if d.lower() in _BATCH_NAMES or "batch" in d.lower() else seq_len
+    for d, lin in tied.items():
+        value = evaluated(lin, named)
+        if d not in dims and value is not None:
+            named[d] = value
+    return named
 
 
 def make_feeds(
@@ -188,14 +224,9 @@ def make_feeds(
     :func:`decoder_dims`, else the batch or ``seq_len`` by their name."""
     rng = np.random.default_rng(seed)
     inits = {i.name for i in model.graph.initializer}
-    dims = decoder_dims(model, seq_len=seq_len, batch=batch, dims=dims)
-    # A name seen only at axis 0 of inputs of rank >= 2 is their batch, whatever it is called
-    # (Paddle2ONNX writes "DynamicDimension.0"): without this it took seq_len, a batch of 16
-    # images where 2 were meant, and a --dim on another axis could run out of memory.
-    axes = _symbolic_axes(model)
-    leading = {d for _, axis, rank, d in axes if axis == 0 and rank >= 2} - {d for _, axis, _, d in axes if axis}
-    dims = {**{d: batch for d in leading}, **dims}
-    total_len = _total_length(model, dims)
+    tied = tied_dims(model)
+    dims = _named_dims(model, tied, seq_len, batch, _decoder_dims(model, tied, seq_len, batch, dims))
+    total_len = _total_length(model, tied.keys(), dims)
     feeds = {}
     for vi in model.graph.input:
         if vi.name in inits:

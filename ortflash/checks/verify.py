@@ -307,22 +307,27 @@ def prove(
     result = Verification(rtol, atol, opt_level)
     result.deployed = {n.name: deployed_softmaxes(_node_policy(n, policy)) for n in (*prover.nodes, *prover.inner)}
     given = feeds is not None
-    # a decoder with a cache runs in two shapes deployed: a prefill, then decode steps; each is run
-    cases = [] if given else decoder_cases(original_proto, seq_len=seq_len, batch=batch, dims=dict(dims or {}))
-    try:
-        if cases:
-            for words, case_dims in cases:
-                first = make_feeds(original_proto, seq_len=seq_len, batch=batch, dims=case_dims)
-                result.runs.append(prover.run(f"as configured, {words}", first, policy))
-        else:
-            first = (
-                dict(feeds)
-                if feeds is not None
-                else make_feeds(original_proto, seq_len=seq_len, batch=batch, dims=dict(dims or {}))
-            )
-            result.runs.append(prover.run("as configured", first, policy))
-    except OrtflashError as exc:
-        raise (exc if given else with_batch_hint(exc, batch)) from None
+    if given:
+        first = dict(feeds or {})
+        result.runs.append(prover.run("as configured", first, policy))
+    else:
+        first_inputs = _first_inputs(original_proto, seq_len, batch, dict(dims or {}))
+        try:
+            expected = [run_model(original, f, what="the original model", opt_level=opt_level) for _, f in first_inputs]
+        except OrtflashError as exc:
+            if batch == 1:
+                raise
+            # many exports fix the batch at 1 inside the graph (a Reshape to a constant shape)
+            at_one = _first_inputs(original_proto, seq_len, 1, dict(dims or {}))
+            try:
+                expected = [run_model(original, f, what="the original model", opt_level=opt_level) for _, f in at_one]
+            except OrtflashError:
+                raise with_batch_hint(exc, batch) from None
+            result.notes.append(_batch_one_note(first_inputs[0][1], at_one[0][1], batch, exc))
+            first_inputs, batch = at_one, 1
+        for (words, case_feeds), outputs in zip(first_inputs, expected):
+            result.runs.append(prover.run(f"as configured{words}", case_feeds, policy, outputs))
+        first = first_inputs[0][1]
     missing = _missing(result.deployed, result.runs)
     if not missing:
         return result
@@ -366,6 +371,31 @@ def prove(
         )
         result.runs.append(prover.run(f"{mode} forced", first, forced))
     return result
+
+
+def _first_inputs(
+    model: onnx.ModelProto, seq_len: int, batch: int, dims: dict[str, int]
+) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """The random inputs verify runs first, each with the words that name them: a decoder with a
+    cache runs in two shapes deployed, a prefill and then decode steps, and each is run."""
+    cases = decoder_cases(model, seq_len=seq_len, batch=batch, dims=dims)
+    if cases:
+        return [(f", {words}", make_feeds(model, seq_len=seq_len, batch=batch, dims=d)) for words, d in cases]
+    return [("", make_feeds(model, seq_len=seq_len, batch=batch, dims=dims))]
+
+
+def _batch_one_note(at_batch: dict[str, np.ndarray], at_one: dict[str, np.ndarray], batch: int, exc: Exception) -> str:
+    """One line: the model ran at batch 1 only, the input axes that carry the batch, and ONNX
+    Runtime's reason at the batch asked for."""
+    axes = [
+        f"axis {axis} of {name}"
+        for name, value in at_batch.items()
+        for axis, (n, one) in enumerate(zip(value.shape, at_one[name].shape))
+        if n != one
+    ]
+    where = f"the batch dim ({', '.join(axes[:3])}{', ...' if len(axes) > 3 else ''})" if axes else "the batch dim"
+    reason = str(exc).removeprefix("ONNX Runtime could not run the original model: ")
+    return f"ran at batch 1: the original model does not run at batch {batch} on {where}: {reason}"
 
 
 def run_summary(run: VerifyRun) -> str:
