@@ -74,6 +74,8 @@ CPU_CROSSOVERS: Mapping[str, Mapping[str, Mapping[int, int | None]]] = MappingPr
     }
 )
 MEASURED_UP_TO = 2048
+# The execution providers the table was measured on (None: no EP named, the CPU EP by default).
+MEASURED_EPS = (None, "cpu")
 _KIND_NAMES = {"none": "no mask", "padding": "a padding mask", "causal": "causal", "bias": "a full bias"}
 # The target whose blocks the table measured for each form: FlashAttention (naive or online by
 # the policy) for ortflash, MultiHeadAttention for contrib, Attention-23 for onnx.
@@ -128,9 +130,13 @@ def choose(
     head_dim: int | None,
     key_lens: Sequence[int] | None,
     kind: str = "padding",
+    ep: str | None = None,
 ) -> FormChoice:
     """Fused, or the original ops kept, for one block of ``target`` and mask ``kind`` that runs at
-    ``key_lens`` (None: the length is known only at run time)."""
+    ``key_lens`` (None: the length is known only at run time) on ``ep`` (None: the CPU EP, where
+    ortflash's own op runs)."""
+    if ep not in MEASURED_EPS:
+        return FormChoice(True, f"no measured cost table for the {ep} EP: fused as the target writes it")
     probe = form_at(target, policy, MEASURED_UP_TO)
     if probe is None:
         return FormChoice(True, f"no measured cost table for {target} on the CPU EP: fused as asked")

@@ -123,7 +123,7 @@ def optimize(
         model, report = _choose_default(run, check)
     if seq_lens is not None and (not seq_lens or min(seq_lens) < 1):
         raise OrtflashError(f"seq_lens must be positive key lengths, got {list(seq_lens)}")
-    faster = _fastest_forms(proto, shaped, policy, num_heads, prove_causal, (model, report), seq_lens, check)
+    faster = _fastest_forms(proto, shaped, policy, num_heads, prove_causal, (model, report), seq_lens, check, ep)
     if tune is None:
         return faster
     return _tuned(
@@ -197,6 +197,7 @@ def _fastest_forms(
     chosen: tuple[onnx.ModelProto, Report],
     seq_lens: Sequence[int] | None,
     check: LoadCheck,
+    ep: str | None,
 ) -> tuple[onnx.ModelProto, Report]:
     """The chosen target's model with every block the cost table says is slower fused than as it
     was left as it was (fused again without them); each row says why it took its form."""
@@ -210,7 +211,7 @@ def _fastest_forms(
         # a block the chosen target did not lower is a FlashAttention node: its form is ortflash's
         form = target if block.lowered_to else DEFAULT_TARGET
         lengths = list(seq_lens) if seq_lens else ([block.key_len] if block.key_len else None)
-        choice = forms.choose(form, policy, block.head_dim, lengths, block.mask_kind or "padding")
+        choice = forms.choose(form, policy, block.head_dim, lengths, block.mask_kind or "padding", ep)
         if choice.fused:
             block.reason = "; ".join(filter(None, [block.reason, choice.why]))
         else:

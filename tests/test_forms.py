@@ -156,3 +156,12 @@ def test_where_the_model_with_blocks_kept_does_not_load_the_whole_fused_one_is_w
     assert report.target is not None and "kept the original ops" not in report.target.why
     _, kept = optimize(model, **NO_CHECK)
     assert kept.fused == 1 and kept.target is not None and "1 of 2 fused blocks then kept" in kept.target.why
+
+
+def test_the_cpu_table_does_not_decide_for_another_ep():
+    """A short static block the CPU table keeps is lowered for --ep cuda: the table measured the CPU EP."""
+    _, cpu = optimize(_static(16), ep="cpu", **NO_CHECK)
+    assert cpu.fused == 0
+    _, cuda = optimize(_static(16), ep="cuda", **NO_CHECK)
+    assert cuda.fused == 1 and cuda.blocks[0].lowered_to is not None
+    assert "no measured cost table for the cuda EP" in cuda.blocks[0].reason
