@@ -16,12 +16,7 @@ import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "ortflash"
 
-# Circles other engineers are breaking now (issue 21): each entry is the most a circle may hold.
-# Remove an entry when its circle is gone; a circle outside these sets fails the test.
-KNOWN_CIRCLES: tuple[frozenset[str], ...] = (
-    frozenset({"ortflash.checks.browser", "ortflash.checks.web_check"}),
-)
-# Layers that must be free of circles whatever the list above says.
+# Layers whose circles are named apart in the failure (the core of the pipeline).
 NO_CIRCLES_IN = ("ortflash.graph", "ortflash.fusion", "ortflash.lowering")
 # graph/ is the lowest layer: it may not import these.
 ABOVE_GRAPH = ("ortflash.fusion", "ortflash.lowering", "ortflash.checks", "ortflash.kernels")
@@ -166,8 +161,7 @@ def test_no_import_circles(package_graph: dict[str, set[str]]) -> None:
     found = circles(package_graph)
     in_core = [sorted(c) for c in found if any(_in(m, NO_CIRCLES_IN) for m in c)]
     assert in_core == [], f"import circles in graph/, fusion/ or lowering/: {in_core}"
-    new = [sorted(c) for c in found if not any(c <= known for known in KNOWN_CIRCLES)]
-    assert new == [], f"new import circles: {new}"
+    assert [sorted(c) for c in found] == [], "import circles"
 
 
 def test_graph_imports_no_layer_above_it(package_graph: dict[str, set[str]]) -> None:

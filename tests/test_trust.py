@@ -612,14 +612,14 @@ def test_the_node_runner_and_py_typed_ship_as_package_data():
     package = os.path.join(ROOT, "ortflash")
     shipped = {os.path.relpath(p, package) for pattern in patterns for p in glob.glob(os.path.join(package, pattern))}
     from ortflash.checks import browser
-    from ortflash.checks import web_check as wc
+    from ortflash.checks import web_files as wc
 
     assert {"py.typed", *(f"checks/web/{n}" for n in (*wc.WEB_FILES, *browser.PAGE_FILES))} <= shipped
     assert not any("node_modules" in p for p in shipped)
 
 
 def test_web_check_installs_into_a_user_cache_when_the_package_has_no_node_modules(tmp_path, monkeypatch):
-    from ortflash.checks import web_check as wc
+    from ortflash.checks import web_files as wc
 
     shipped = tmp_path / "site-packages" / "web"
     shipped.mkdir(parents=True)

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 
 import ortflash
 from ortflash.checks import web_check as wc
+from ortflash.checks import web_files
 from ortflash.checks.compare import compare_outputs, tolerance
 from ortflash.checks.feeds import make_feeds
 from ortflash.checks.run import run_model
@@ -347,19 +348,19 @@ def test_node_webgpu_runs_or_says_there_is_no_adapter():
 
 
 def test_missing_node_is_a_clean_error(monkeypatch):
-    monkeypatch.setattr(wc.shutil, "which", lambda name: None)
+    monkeypatch.setattr(web_files.shutil, "which", lambda name: None)
     with pytest.raises(OrtflashError, match="needs Node.js: node not found on PATH"):
         wc.web_check(_relu())
-    monkeypatch.setattr(wc, "_installed", lambda: False)
+    monkeypatch.setattr(web_files, "_installed", lambda: False)
     with pytest.raises(OrtflashError, match="needs Node.js: node and npm not found on PATH"):
         wc.web_check(_relu())
 
 
 def test_npm_is_needed_only_to_install(monkeypatch):
     which = shutil.which
-    monkeypatch.setattr(wc.shutil, "which", lambda name: None if name == "npm" else which(name))
+    monkeypatch.setattr(web_files.shutil, "which", lambda name: None if name == "npm" else which(name))
     assert wc.web_check(_relu(), runtime="node-cpu")[0].ok
-    monkeypatch.setattr(wc, "_installed", lambda: False)
+    monkeypatch.setattr(web_files, "_installed", lambda: False)
     with pytest.raises(OrtflashError, match="npm not found on PATH"):
         wc.web_check(_relu())
 
@@ -373,29 +374,29 @@ def test_first_use_installs_the_node_packages(monkeypatch, capsys):
         state["installed"] = True
         return subprocess.CompletedProcess(args, 0, stdout="", stderr="")
 
-    monkeypatch.setattr(wc, "_installed", lambda: state["installed"])
-    monkeypatch.setattr(wc.subprocess, "run", fake_run)
-    wc.ensure_node_packages()
+    monkeypatch.setattr(web_files, "_installed", lambda: state["installed"])
+    monkeypatch.setattr(web_files.subprocess, "run", fake_run)
+    web_files.ensure_node_packages()
     ((args, kw),) = calls
-    assert args[1:3] == ["ci", "--no-audit"] and kw["cwd"] == wc.web_dir()
+    assert args[1:3] == ["ci", "--no-audit"] and kw["cwd"] == web_files.web_dir()
     assert kw["env"]["ONNXRUNTIME_NODE_INSTALL"] == "skip"
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "npm ci" in err
-    wc.ensure_node_packages()  # installed now: nothing more to run
+    web_files.ensure_node_packages()  # installed now: nothing more to run
     assert len(calls) == 1
 
 
 def test_failed_install_is_a_clean_error(monkeypatch):
-    monkeypatch.setattr(wc, "_installed", lambda: False)
+    monkeypatch.setattr(web_files, "_installed", lambda: False)
     monkeypatch.setattr(
-        wc.subprocess,
+        web_files.subprocess,
         "run",
         lambda args, **kw: subprocess.CompletedProcess(
             args, 1, stdout="npm error code E404\nnpm error 404 Not Found - GET https://registry/x\n"
         ),
     )
     with pytest.raises(OrtflashError, match="npm ci in .* failed: npm error code E404"):
-        wc.ensure_node_packages()
+        web_files.ensure_node_packages()
 
 
 # ------------------------------------------------------------------------------------------
@@ -443,7 +444,7 @@ def test_browser_page_ships_in_the_package():
 
     with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
         data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["ortflash"]
-    page = os.path.join(wc.PACKAGED_WEB_DIR, "browser")
+    page = os.path.join(web_files.PACKAGED_WEB_DIR, "browser")
     assert sorted(os.listdir(page)) == ["index.html", "page.mjs"]
     assert {f"checks/web/browser/{n}" for n in os.listdir(page)} <= set(data)
 

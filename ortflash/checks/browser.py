@@ -27,6 +27,10 @@ import onnx
 
 from ..errors import OrtflashError
 from .run import one_line
+from .web_files import PACKAGED_WEB_DIR, ensure_node_packages, read_tensors, web_dir, write_tensors
+
+# onnxruntime-web's wasm and WebGPU backends in headless Chromium, driven by selenium (web/browser/ is the page)
+BROWSER_RUNTIMES = ("browser-wasm", "browser-webgpu")
 
 PAGE_FILES = ("browser/index.html", "browser/page.mjs", "safetensors.mjs")  # under web/, served side by side
 ORT_FILES = (
@@ -93,13 +97,11 @@ def _served(folder: str) -> Iterator[str]:
         server.server_close()
 
 
-def _stage(folder: str, web_dir: str, jobs: Sequence[Job]) -> list[tuple[str, list[str]]]:
+def _stage(folder: str, installed_dir: str, jobs: Sequence[Job]) -> list[tuple[str, list[str]]]:
     """Page, onnxruntime-web files, models and inputs in folder; (model URL, input URLs) per job."""
-    from .web_check import PACKAGED_WEB_DIR, write_tensors
-
     for name in PAGE_FILES:
         shutil.copyfile(os.path.join(PACKAGED_WEB_DIR, name), os.path.join(folder, os.path.basename(name)))
-    dist = os.path.join(web_dir, "node_modules", "onnxruntime-web", "dist")
+    dist = os.path.join(installed_dir, "node_modules", "onnxruntime-web", "dist")
     os.makedirs(os.path.join(folder, "ort"))
     for name in ORT_FILES:
         src = os.path.join(dist, name)
@@ -145,8 +147,6 @@ def run_browser(jobs: Sequence[Job], runtime: str = "browser-wasm") -> list[list
     """Run each (model, feed sets) job in one headless Chromium; outputs per job and feed set."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from .web_check import BROWSER_RUNTIMES, ensure_node_packages, web_dir
-
     if runtime not in BROWSER_RUNTIMES:
         raise OrtflashError(f"unknown browser runtime {runtime!r} (one of {', '.join(BROWSER_RUNTIMES)})")
     chromium, chromedriver = browser_tools()
@@ -175,8 +175,6 @@ def run_browser(jobs: Sequence[Job], runtime: str = "browser-wasm") -> list[list
 
 
 def _outputs(status: Any, runtime: str, tmp: str) -> list[dict[str, np.ndarray]]:
-    from .web_check import read_tensors
-
     if not isinstance(status, dict) or not status.get("ok"):
         stage = status.get("stage") if isinstance(status, dict) else None
         msg = str(status.get("message", status) if isinstance(status, dict) else status)
