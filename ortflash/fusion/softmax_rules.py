@@ -1,7 +1,7 @@
 """The attention rules: each one piece of  softmax(scale · q @ kᵀ + bias, masked) @ v.
 
-One module on purpose, about 500 lines: the rules are one grammar, read in the order the walk
-applies them, and they share the walk's state and the scale and K-side proofs.
+Over 400 lines on purpose: the rules are one grammar, read in the order the walk applies them,
+and they share the walk's state and the scale and K-side proofs.
 
 A block is read starting at its Softmax, outwards: up the score expression
 (casts, masks, biases, scale) to the q @ kᵀ MatMul, and down the probabilities

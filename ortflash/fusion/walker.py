@@ -1,5 +1,9 @@
 """The Softmax front end: read the attention block around each Softmax with the rules, or say
-why it is not one, and fuse every block read into a FlashAttention node."""
+why it is not one, and fuse every block read into a FlashAttention node.
+
+Over 400 lines: the front end is one path from a Softmax to its node (the block read, its report
+row, the causal reading of its mask, the operands put in the op's layout: rank 4, one head
+count, a split batch-head dim), each step reading the SoftmaxBlock the one before it made."""
 
 from __future__ import annotations
 
