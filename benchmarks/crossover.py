@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from cpu_attention import build_model
 
     from ortflash.bench.report import ratios as bench_ratios
-    from ortflash.bench.runner import bench
+    from ortflash.bench.sweep import bench
 
     seq_lens = [int(s) for s in args.seq_lens.split(",")]
     name = args.name or ("crossover_cpu" if args.stack == "padding" else f"crossover_cpu_{args.stack}")

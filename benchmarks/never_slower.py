@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ortflash
     from ortflash.bench.report import ratios as bench_ratios
-    from ortflash.bench.runner import bench
+    from ortflash.bench.sweep import bench
 
     doc: dict[str, Any] = {"date": datetime.date.today().isoformat(), "machine": _cpu(), "models": {}}
     asked = [int(s) for s in args.seq_lens.split(",")]

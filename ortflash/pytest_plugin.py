@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from .regress.manifest import ModelCheck, load_manifest
-from .regress.runner import BENCH_ROW, CheckResult, check_model
+from .regress.model_checks import BENCH_ROW, CheckResult, check_model
 
 FIXTURE = "ortflash_case"
 MARKER = "ortflash_manifest"

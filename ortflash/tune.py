@@ -138,7 +138,7 @@ def measure(
     from rich.console import Console
 
     from .bench.report import ratios as bench_ratios
-    from .bench.runner import bench
+    from .bench.sweep import bench
 
     with tempfile.TemporaryDirectory(prefix="ortflash-tune-", dir=weights_dir) as work:
         # beside the input's external weights (weights_dir), so their relative paths resolve

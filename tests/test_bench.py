@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from ortflash import bench as B
-from ortflash.bench import inputs, probes, runner, sgemm, worker
+from ortflash.bench import inputs, probes, sgemm, sweep, worker
 from ortflash.errors import OrtflashError
 
 ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
@@ -251,19 +251,19 @@ def test_feeds_follow_the_models_declared_dims():
     # the position table caps S: a clear refusal instead of ORT's "invalid expand shape"
     assert "128 positions" in inputs.unsupported_length(bert, 256)
     assert inputs.unsupported_length(bert, 128) is None
-    keep, notes = runner.plan_lengths(_tiny_zoo_model(), [64, 256], None)
+    keep, notes = sweep.plan_lengths(_tiny_zoo_model(), [64, 256], None)
     assert keep == [64] and "S=256" in notes[0]
     with pytest.raises(OrtflashError, match="128 positions"):
-        runner.plan_lengths(_tiny_zoo_model(), [256], None)
+        sweep.plan_lengths(_tiny_zoo_model(), [256], None)
 
     vit_path = _zoo_model("vit_sdpa_dynamo.onnx", "vit_eager_dynamo.onnx", "vit_sdpa_torchscript.onnx")
     vit = onnx.load(vit_path, load_external_data=False)
     assert not inputs.has_sequence_dim(vit)
     assert [v.shape for v in inputs.bench_feeds(vit, 256, batch=1).values()] == [(1, 3, 32, 32)]
-    keep, notes = runner.plan_lengths(vit_path, None, None)
+    keep, notes = sweep.plan_lengths(vit_path, None, None)
     assert keep == [inputs.FIXED_SIZE] and "no sequence dimension" in notes[0]
     with pytest.raises(OrtflashError, match="no sequence dimension"):
-        runner.plan_lengths(vit_path, [256], None)
+        sweep.plan_lengths(vit_path, [256], None)
 
 
 def test_bert_at_s256_is_refused_in_one_line():

@@ -16,7 +16,7 @@ import tomllib
 from attention_graphs import Variant, build, tamper_scale
 
 from ortflash.cli import main
-from ortflash.regress import runner
+from ortflash.regress import model_checks
 from ortflash.regress.manifest import load_manifest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -102,13 +102,13 @@ def test_a_block_that_no_longer_fuses_is_a_regression(tmp_path, capsys):
 
 def test_a_tampered_scale_is_an_error_beyond_tolerance(manifest, monkeypatch, capsys, tmp_path):
     """An ortflash whose optimize writes a wrong scale: the numbers give it away."""
-    real = runner.optimize
+    real = model_checks.optimize
 
     def optimize_with_a_wrong_scale(model, **options):
         optimized, report = real(model, **options)
         return tamper_scale(optimized, 1.5) if options.get("target") == "ortflash" else optimized, report
 
-    monkeypatch.setattr(runner, "optimize", optimize_with_a_wrong_scale)
+    monkeypatch.setattr(model_checks, "optimize", optimize_with_a_wrong_scale)
     out_json = str(tmp_path / "r.json")
     assert main(["regress", manifest, "--json", out_json]) == 1
     rows = {(r["model"], r["target"]): r for r in _json(out_json)["regress"]["results"]}
@@ -136,7 +136,7 @@ def test_an_unloadable_file_is_a_regression(tmp_path, capsys):
 
 
 def test_an_optimized_model_onnx_runtime_cannot_load_is_a_regression(manifest, monkeypatch, tmp_path):
-    real = runner.optimize
+    real = model_checks.optimize
 
     def optimize_dropping_inputs(model, **options):
         optimized, report = real(model, **options)
@@ -145,7 +145,7 @@ def test_an_optimized_model_onnx_runtime_cannot_load_is_a_regression(manifest, m
                 del node.input[3:]
         return optimized, report
 
-    monkeypatch.setattr(runner, "optimize", optimize_dropping_inputs)
+    monkeypatch.setattr(model_checks, "optimize", optimize_dropping_inputs)
     out_json = str(tmp_path / "r.json")
     assert main(["regress", manifest, "--json", out_json]) == 1
     row = _json(out_json)["regress"]["results"][0]
@@ -219,7 +219,7 @@ def test_a_slowdown_beyond_the_baseline_margin_is_a_regression(tmp_path):
         '[[model]]\npath = "a.onnx"\nblocks = { ortflash = 1 }\nbaseline = { file = "bench.json", max_slowdown = 2 }\n',
     )
     (check,) = load_manifest(path).checks
-    rows = runner.check_model(check)
+    rows = model_checks.check_model(check)
     assert [(r.target, r.ok) for r in rows] == [("ortflash", True), ("bench", False)]
     assert rows[1].problems[0].startswith("REGRESSION online at S=64")
 

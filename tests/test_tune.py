@@ -69,9 +69,9 @@ def test_a_cached_choice_is_taken_without_timing_anything(tmp_path, monkeypatch)
     def no_timing(*args, **kw):
         raise AssertionError("a cached choice must not be measured again")
 
-    import ortflash.bench.runner as runner
+    import ortflash.bench.sweep as sweep
 
-    monkeypatch.setattr(runner, "bench", no_timing)
+    monkeypatch.setattr(sweep, "bench", no_timing)
     settings = TuneSettings(seq_lens=(2048,), cache_dir=str(cache))
     _cached(cache, path, (2048,), "original", {"fused": {"2048": 0.8}})
     out, report = optimize(path, seq_lens=[2048], tune=settings)

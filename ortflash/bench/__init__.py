@@ -9,7 +9,7 @@ onnxruntime-extensions is patched. Fused variants also report their kernel calle
   worker    one measurement (``python -m ortflash.bench.worker CFG.json``)
   direct    the kernels called outside ONNX Runtime, and the PyTorch peer
   probes    machine, versions, peak memory
-  runner    one process per (variant, S), progress and timeouts
+  sweep     one worker process per (variant, S), progress and timeouts
   report    ratios, tables, markdown, plot
   baseline  the regression guard (``--baseline OLD.json --max-slowdown 1.15``)
   cli       the ``ortflash bench`` options
@@ -20,7 +20,7 @@ from .baseline import load_baseline
 from .cli import add_arguments, main, run
 from .probes import machine_info, versions
 from .report import merge_rounds, ratios, write_results
-from .runner import DEFAULT_SEQ_LENS, bench
+from .sweep import DEFAULT_SEQ_LENS, bench
 from .variants import DEFAULT_VARIANTS, VARIANTS, parse_variant
 
 __all__ = [

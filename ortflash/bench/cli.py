@@ -11,7 +11,7 @@ from ..errors import OrtflashError
 from . import baseline as baseline_check
 from . import sgemm
 from .report import make_console, write_results
-from .runner import DEFAULT_SEQ_LENS, bench
+from .sweep import DEFAULT_SEQ_LENS, bench
 from .variants import DEFAULT_BLOCK_SIZE, DEFAULT_VARIANTS, VARIANTS, parse_variant
 
 ISAS = ("avx512", "avx2", "generic")

@@ -18,7 +18,7 @@ from ..errors import OrtflashError
 from ..report import result_document
 from . import reports, update
 from .manifest import Manifest, ModelCheck, load_manifest
-from .runner import CheckResult, run_checks
+from .model_checks import CheckResult, run_checks
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OrtflashError
-from .runner import BENCH_ROW, CheckResult
+from .model_checks import BENCH_ROW, CheckResult
 
 if TYPE_CHECKING:
     from rich.console import Console

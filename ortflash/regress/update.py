@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .manifest import Manifest, toml_loads
-from .runner import BENCH_ROW, CheckResult
+from .model_checks import BENCH_ROW, CheckResult
 
 WRITTEN_BY = "# ortflash regress manifest (schema: README, Keeping your models green)"
 
