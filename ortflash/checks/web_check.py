@@ -183,7 +183,7 @@ def web_check(
     feed_sets = _feed_sets(model, feeds)
     rtol, atol = tolerance(model, rtol, atol)
     if runtime == "python-webgpu":
-        from .webgpu_ep import webgpu_session
+        from .webgpu_plugin import webgpu_session
 
         session = webgpu_session(model)  # fails on a missing plugin or adapter before any run
     elif runtime in BROWSER_RUNTIMES:

@@ -1,4 +1,6 @@
-"""The WGSL backend: the attention kernels in ``shaders/*.wgsl``, run through wgpu.
+"""The WGSL backend: the attention kernels in ``shaders/*.wgsl``, run through wgpu (wgpu-py, whose
+name the package and ``--backend wgpu`` take). Not the ``webgpu`` target (lowering/webgpu.py: what
+ONNX Runtime's WebGPU EP runs) nor the WebGPU plugin EP loader (checks/webgpu_plugin.py).
 
 - ``kernel``: ``flash_attention`` (the numpy-in, numpy-out entry point), ``available()``, and for
   tensors that stay on the GPU ``to_device``, ``run_resident``, ``to_host``;

@@ -1,5 +1,6 @@
-"""ONNX Runtime's WebGPU EP in Python: the stock onnxruntime wheel with the onnxruntime-ep-webgpu
-plugin registered (``web-check --runtime python-webgpu``).
+"""The onnxruntime-ep-webgpu plugin: ONNX Runtime's WebGPU EP in Python, the stock onnxruntime
+wheel with the plugin registered (``web-check --runtime python-webgpu``). Not the ``webgpu``
+target (lowering/webgpu.py: the forms that EP runs), nor ortflash's own WGSL kernels (kernels/wgpu/).
 
 Where the plugin is not installed, or Dawn finds no adapter (a CPU-only machine: Dawn skips
 software adapters), the error is one line and nothing falls back silently: a session the plugin
