@@ -39,7 +39,10 @@ class VerifyResult:
 
     ``runs``: each comparison (its input shapes, the softmax each fused node ran, the key lengths
     it saw, one :class:`OutputDiff` per output); ``outputs``: the worst diff of each output over
-    all runs; ``notes``: softmax modes that had to be forced, and why.
+    all runs; ``notes``: softmax modes that had to be forced, and why, a batch of 1 where the
+    model ran only there, and the model's own noise; ``noise``: output name -> the model's own
+    noise (max |float32 - float64| of the original) where it is beyond the tolerance on its own,
+    which raised that output's atol by ``checks.compare.NOISE_FACTOR`` times it (empty otherwise).
     """
 
     ok: bool
@@ -49,6 +52,7 @@ class VerifyResult:
     runs: tuple[VerifyRun, ...]
     notes: tuple[str, ...] = ()
     deployed_softmax: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    noise: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def outputs(self) -> dict[str, OutputDiff]:
@@ -145,6 +149,7 @@ def verify(
     batch: int = 2,
     ort_opt_level: str = VERIFY_OPT_LEVEL,
     weights_dir: str | None = None,
+    measure_noise: bool | None = None,
 ) -> VerifyResult:
     """Run both models in ONNX Runtime on the same inputs and compare every output.
 
@@ -153,7 +158,10 @@ def verify(
     ``feeds``: your inputs (never resized); None: random ones (:func:`make_feeds` with ``dims``,
     ``seq_len``, ``batch``). Tolerances default to float32 rounding (``rtol 1e-4, atol 1e-5``;
     float16 outputs ``2e-2, 2e-3``). ``weights_dir``: where a proto ``optimized`` reads external
-    weights (default: the folder of ``original`` when it is a path).
+    weights (default: the folder of ``original`` when it is a path). ``measure_noise``: run the
+    original in float64 too, and where an output of the original is itself beyond the tolerance
+    of it, raise that output's atol by twice that noise (None: only where no tolerance is given).
+    Random inputs the original does not take at ``batch`` > 1 are retried at batch 1 (a note says so).
     """
     original_source, optimized_source = _source(original), _source(optimized)
     if weights_dir is None and isinstance(original_source, str) and not isinstance(optimized_source, str):
@@ -170,6 +178,7 @@ def verify(
         weights_dir=weights_dir,
         dims=dims,
         opt_level=ort_opt_level,
+        measure_noise=measure_noise,
     )
     return VerifyResult(
         ok=verification.ok,
@@ -179,6 +188,7 @@ def verify(
         runs=tuple(verification.runs),
         notes=tuple(verification.notes),
         deployed_softmax={k: tuple(v) for k, v in verification.deployed.items()},
+        noise=verification.noise,
     )
 
 

@@ -114,23 +114,46 @@ def _worst_index(e: np.ndarray, a: np.ndarray, both: np.ndarray, ratio: np.ndarr
     return tuple(int(i) for i in np.unravel_index(flat, e.shape))
 
 
+# How many times the model's own noise (checks/noise) an output beyond the tolerance on its own is
+# allowed on top of the tolerance: the original and a correct rewrite may each be that far from the
+# exact result, on either side of it.
+NOISE_FACTOR = 2.0
+
+
 def compare_outputs(
     expected: Mapping[str, np.ndarray],
     actual: Mapping[str, np.ndarray],
     rtol: float,
     atol: float,
     label: str = "{name}",
+    noise: Mapping[str, float] | None = None,
 ) -> list[OutputDiff]:
-    """One diff per expected output, in order; ``label`` formats its name (``{name}#1``)."""
+    """One diff per expected output, in order; ``label`` formats its name (``{name}#1``).
+
+    ``noise``: output name -> the model's own noise there (max |float32 - float64| of the
+    original, only where that is beyond the tolerance); NOISE_FACTOR times it is added to atol."""
     diffs = []
     for name, want in expected.items():
         shown = label.format(name=name)
+        allowed = atol + NOISE_FACTOR * (noise or {}).get(name, 0.0)
         diffs.append(
-            compare(want, actual[name], shown, rtol, atol)
+            compare(want, actual[name], shown, rtol, allowed)
             if name in actual
             else _incomparable(shown, "missing from the outputs")
         )
     return diffs
+
+
+def noise_text(noise: Mapping[str, float]) -> str:
+    """The model's own noise as a note says it ("" where none was beyond the tolerance)."""
+    if not noise:
+        return ""
+    worst = max(noise, key=lambda name: noise[name])
+    outputs = f"{worst}" if len(noise) == 1 else f"{worst}; {len(noise)} outputs beyond the tolerance on their own"
+    return (
+        f"the model's own noise: {_short(noise[worst])} (the original in float32 against float64, max |difference|, "
+        f"at {outputs}): atol raised by {NOISE_FACTOR:g} x its noise there"
+    )
 
 
 def default_tolerance(model: onnx.ModelProto) -> tuple[float, float]:
@@ -151,3 +174,8 @@ def tolerance(model: onnx.ModelProto, rtol: float | None, atol: float | None) ->
     """The tolerances given, each one not given taken from :func:`default_tolerance`."""
     default_rtol, default_atol = default_tolerance(model)
     return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+
+
+def _short(x: float) -> str:
+    """2.2e-3, not 2.2e-03."""
+    return f"{x:.1e}".replace("e-0", "e-").replace("e+0", "e")

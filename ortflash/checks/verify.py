@@ -25,8 +25,9 @@ from ..errors import OrtflashError
 from ..model_io import graphs_of, load
 from ..policy import NODES_OWN, SoftmaxPolicy
 from ..session import InferenceSession
-from .compare import OutputDiff, compare_outputs, shape_text, tolerance
+from .compare import OutputDiff, compare_outputs, noise_text, shape_text, tolerance
 from .feeds import decoder_cases, make_feeds, with_batch_hint
+from .noise import NoiseMeter
 from .run import ModelSource, open_session, run_model, run_session
 
 SOFTMAXES = ("naive", "online")
@@ -69,6 +70,8 @@ class VerifyRun:
     modes: dict[str, str]  # fused node -> the softmax it ran
     key_lengths: dict[str, int]  # fused node -> keys it saw
     diffs: list[OutputDiff]
+    # output -> the model's own noise on these inputs, where beyond the tolerance (checks/noise)
+    noise: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -90,10 +93,20 @@ class Verification:
     def ok(self) -> bool:
         return all(run.ok for run in self.runs)
 
+    @property
+    def noise(self) -> dict[str, float]:
+        """Output -> the model's own noise, the largest over the runs (outputs within the tolerance left out)."""
+        worst: dict[str, float] = {}
+        for run in self.runs:
+            for name, value in run.noise.items():
+                worst[name] = max(value, worst.get(name, 0.0))
+        return worst
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "rtol": self.rtol,
             "atol": self.atol,
+            "noise": self.noise,
             "ort_opt_level": self.ort_opt_level,
             "ok": self.ok,
             "notes": list(self.notes),
@@ -104,6 +117,7 @@ class Verification:
                     "inputs": r.inputs,
                     "softmax": r.modes,
                     "key_lengths": r.key_lengths,
+                    "noise": r.noise,
                     "ok": r.ok,
                     "outputs": [diff_dict(d) for d in r.diffs],
                 }
@@ -191,8 +205,11 @@ class _Prover:
         atol: float,
         weights_dir: str | None,
         opt_level: str,
+        measure_noise: bool = True,
     ) -> None:
         self.original = original
+        # the one extra session of the original verify opens: in float64, for the model's own noise
+        self.noise = NoiseMeter(original, load(original), opt_level) if measure_noise else None
         self.policy = policy
         self.opt_level = opt_level
         self.rtol, self.atol = rtol, atol
@@ -234,7 +251,9 @@ class _Prover:
             if fixed is not None:
                 modes[node.name] = fixed
         inputs = {name: list(value.shape) for name, value in feeds.items()}
-        return VerifyRun(why, inputs, modes, key_lengths, compare_outputs(expected, actual, self.rtol, self.atol))
+        noise = self.noise.noise(feeds, expected, self.rtol, self.atol) if self.noise is not None else {}
+        diffs = compare_outputs(expected, actual, self.rtol, self.atol, noise=noise)
+        return VerifyRun(why, inputs, modes, key_lengths, diffs, noise)
 
 
 def _missing(deployed: Mapping[str, list[str]], runs: list[VerifyRun]) -> dict[str, list[str]]:
@@ -293,17 +312,23 @@ def prove(
     weights_dir: str | None = None,
     dims: Mapping[str, int] | None = None,
     opt_level: str = VERIFY_OPT_LEVEL,
+    measure_noise: bool | None = None,
 ) -> Verification:
     """Compare optimized with original until every fused node has run in each softmax it runs deployed.
 
     ``feeds``: the user's inputs (never resized); None: random ones of ``seq_len`` and
     ``batch`` (named dims from ``dims``), which may be rerun at a longer length. ``policy`` overrides each node's own as in
     :func:`verify`. ``weights_dir``: where a proto ``optimized`` reads its external weights.
-    ``opt_level``: the ONNX Runtime graph optimization level both models run at.
+    ``opt_level``: the ONNX Runtime graph optimization level both models run at. ``measure_noise``:
+    run the original in float64 too (one more session), and allow an output that is beyond the
+    tolerance in the original itself twice that noise on top (checks/noise, compare.NOISE_FACTOR);
+    None: where neither tolerance is given (a tolerance given is the one asked for).
     """
+    if measure_noise is None:
+        measure_noise = rtol is None and atol is None
     original_proto = load(original)
     rtol, atol = tolerance(original_proto, rtol, atol)
-    prover = _Prover(original, optimized, policy, rtol, atol, weights_dir, opt_level)
+    prover = _Prover(original, optimized, policy, rtol, atol, weights_dir, opt_level, measure_noise)
     result = Verification(rtol, atol, opt_level)
     result.deployed = {n.name: deployed_softmaxes(_node_policy(n, policy)) for n in (*prover.nodes, *prover.inner)}
     given = feeds is not None
@@ -330,7 +355,7 @@ def prove(
         first = first_inputs[0][1]
     missing = _missing(result.deployed, result.runs)
     if not missing:
-        return result
+        return _noted_noise(result)
 
     # auto nodes that have not run online: run at their min_seq_len when the model takes that length
     short = [n for n in prover.nodes if "online" in missing.get(n.name, []) and _node_policy(n, policy).mode == "auto"]
@@ -370,6 +395,14 @@ def prove(
             f"{_nodes_text(nodes)} that run{'s' if len(nodes) == 1 else ''} it deployed: {reason}"
         )
         result.runs.append(prover.run(f"{mode} forced", first, forced))
+    return _noted_noise(result)
+
+
+def _noted_noise(result: Verification) -> Verification:
+    """result with the model's own noise said in a note, where it raised a tolerance."""
+    text = noise_text(result.noise)
+    if text:
+        result.notes.append(text)
     return result
 
 
