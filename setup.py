@@ -20,6 +20,10 @@ COMMON_FLAGS = [
     "-ffp-contract=fast",  # fused multiply-add in the tile products; no -ffast-math (inf/NaN must hold)
     "-fno-math-errno",
     "-g0",
+    # a copy of glibc's __libc_single_threaded inside each module: the wheel then needs no glibc newer
+    # than 2.17's symbols (manylinux_2_24 with the libstdc++ it uses); the header says why it is safe
+    "-include",
+    "csrc/libc_single_threaded.hpp",
 ]
 
 ISA_FLAGS: dict[str, list[str]] = {
@@ -37,7 +41,7 @@ def kernel_extension(isa: str) -> Extension:
     return Extension(
         f"ortflash.kernels._flash_{isa}",
         sources=[f"csrc/module_{isa}.cpp"],
-        depends=["csrc/flash_attention.hpp"],
+        depends=["csrc/flash_attention.hpp", "csrc/libc_single_threaded.hpp"],
         language="c++",
         extra_compile_args=COMMON_FLAGS + ISA_FLAGS[isa],
         extra_link_args=["-pthread"],
