@@ -37,7 +37,7 @@ class Block:
     # block is a FlashAttention node (or was not fused)
     lowered_to: str | None = None
     # the quantizer the block's output reaches a few nodes on ("DynamicQuantizeLinear 4 nodes on"), where
-    # float32 rounding can flip an integer: check such blocks with real inputs (see checks.rounding)
+    # float32 rounding can flip an integer: check such blocks with real inputs (see pipeline/rounding.py)
     rounding: str = ""
 
     @property

@@ -213,7 +213,7 @@ def _lowered_report(path: str) -> ortflash.Report:
 
 def test_first_run_finds_a_model_that_loads_but_fails_to_run():
     from ortflash.checks.feeds import make_feeds
-    from ortflash.checks.first_run import first_run
+    from ortflash.pipeline.first_run import first_run
 
     original = _runs_only_at_length_7("original", reshape=False)
     broken = _runs_only_at_length_7("broken", reshape=True)
@@ -249,7 +249,7 @@ def test_a_lowered_model_is_not_run_where_the_original_cannot_run(tmp_path, monk
 
 
 def test_a_really_lowered_model_runs_once_and_is_written(model_path, tmp_path, monkeypatch):
-    from ortflash.checks import first_run
+    from ortflash.pipeline import first_run
 
     real, ran = first_run.first_run, []
 
@@ -667,8 +667,8 @@ def test_the_readme_python_snippet_runs(tmp_path, monkeypatch):
 def test_the_load_check_opens_without_weight_prepacking(monkeypatch):
     """ORT's pre-packing copies every MatMul weight when a session opens: the check before writing
     took a 1.2 GiB model to 1.5 GiB of memory and 2x load+save's time with it (large_model.md)."""
-    from ortflash.checks import first_run as fr
     from ortflash.checks import run as run_mod
+    from ortflash.pipeline import first_run as fr
 
     seen = []
     real_open = run_mod.open_session

@@ -7,6 +7,7 @@ import argparse
 import datetime
 import os
 import sys
+from functools import partial
 from typing import TYPE_CHECKING
 
 import onnx
@@ -17,7 +18,7 @@ from ..lowering import TARGETS
 from ..model_io import load
 from ..optimize import AUTO, EP_TARGETS, EXECUTION_PROVIDERS, optimize, save
 from ..report import Report, result_document
-from ..tune import TuneSettings, default_cache_dir
+from ..tune import TuneSettings, default_cache_dir, optimize_tuned
 from .args import (
     EXIT_MISMATCH,
     EXIT_OK,
@@ -136,10 +137,10 @@ def _output_path(args: argparse.Namespace) -> str:
 def _unrunnable(
     model: onnx.ModelProto, report: Report, original: onnx.ModelProto, args: argparse.Namespace, console: Console
 ) -> str | None:
-    """The pipeline's load check (checks/first_run.py) on the random inputs the options ask for:
+    """The pipeline's load check (pipeline/first_run.py) on the random inputs the options ask for:
     why ONNX Runtime cannot load ``model``, or, lowered, run it once; None if it can."""
     from ..checks.feeds import make_feeds
-    from ..checks.first_run import load_check
+    from ..pipeline.first_run import load_check
 
     check = load_check(
         args.model,
@@ -161,7 +162,7 @@ def _older_file(path: str) -> str:
 
 def _refuse_unloadable_input(path: str) -> None:
     """Where a new model does not load, an input ONNX Runtime cannot load either is bad input (exit 2)."""
-    from ..checks.first_run import input_problem
+    from ..pipeline.first_run import input_problem
 
     unloadable = input_problem(path)
     if unloadable is not None:
@@ -185,13 +186,13 @@ def run(args: argparse.Namespace) -> int:
         checked[id(candidate)] = _unrunnable(candidate, candidate_report, original, args, console)
         return checked[id(candidate)]
 
-    model, report = optimize(
+    tune = _tune_settings(args)
+    model, report = (optimize if tune is None else partial(optimize_tuned, settings=tune))(
         original,
         policy=policy,
         target=args.target,
         ep=args.ep,
         load_check=load_check,
-        tune=_tune_settings(args),
         **pipeline_options(args),
     )
     report.model = args.model

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
+from ..checks.run import ModelSource, open_session, run_model, run_session
 from ..errors import OrtflashError
-from .run import ModelSource, open_session, run_model, run_session
 
 if TYPE_CHECKING:
     from ..report import Report

@@ -2,7 +2,7 @@
 
 One model file is one unit of work (its targets share the original and its inputs); ``jobs > 1``
 runs files in that many worker processes. Every check is made through the public pipeline and
-the checks the CLI runs (``ortflash.optimize``, ``checks.first_run``, ``checks.verify.prove``,
+the checks the CLI runs (``ortflash.optimize``, ``pipeline.first_run``, ``checks.verify.prove``,
 ``ortflash.bench``), so a row here fails exactly where ``ortflash optimize --verify`` would.
 """
 
@@ -21,11 +21,11 @@ import onnx
 
 from ..checks.compare import OutputDiff
 from ..checks.feeds import make_feeds, read_feeds
-from ..checks.first_run import first_run
 from ..checks.verify import prove
 from ..errors import OrtflashError
 from ..model_io import load
 from ..optimize import optimize
+from ..pipeline.first_run import first_run
 from ..report import Report
 from ..testing import counted_blocks
 from .manifest import Baseline, InputCase, ModelCheck
