@@ -320,7 +320,10 @@ struct Problem {
     Broadcast4 bias, mask;
     float scale, mask_fill, softcap;
     bool causal, zero_rows, online;
-    int causal_offset;     // with causal: query i sees key j <= i + causal_offset (spec.causal_offset)
+    int causal_offset;     // with causal: query i sees key j <= i + causal_offset (spec.key_bounds: the
+                           // causal frontier, or a window's right edge)
+    bool windowed;         // a window's left edge: query i sees key j >= i + left_offset
+    int left_offset;
     bool bias_after_mask;  // the bias is added after the mask and causal fills (spec: bias_after_mask)
     int block;       // keys per tile of the online softmax
     int query_tile;  // query rows per work item
@@ -363,14 +366,14 @@ bool parallel_items(int items, int threads, const Body& body) {
     return !failed.load();
 }
 
-struct Packed {  // K^T panels, V rows (padded to Dvp) and, when needed, V suffix sums, per (b, kv head)
+struct Packed {  // K^T panels, V rows (padded to Dvp) and, when needed, V suffix and prefix sums, per (b, kv head)
     int key_tile;      // keys per packed tile (block for online, Sk for naive)
     int tile_floats;   // floats per packed K tile
     int tiles;
     int dvp;
-    bool suffix;
-    size_t k_floats, v_floats, s_floats;  // per kv head
-    AlignedFloats k, v, vsuffix;
+    bool suffix, prefix;
+    size_t k_floats, v_floats, s_floats, p_floats;  // per kv head
+    AlignedFloats k, v, vsuffix, vprefix;
     // Per (kv head, key group): the largest |k| of the group's keys (NaN when any is NaN) and
     // whether every V value of the group is finite and below V_SKIPPABLE_LIMIT, which together
     // let PaddingSkip prove that a masked group would contribute exactly nothing. A group is
@@ -378,18 +381,21 @@ struct Packed {  // K^T panels, V rows (padded to Dvp) and, when needed, V suffi
     int group_keys, groups;  // keys per group, groups per kv head
     std::vector<float> key_norm;
     std::vector<uint8_t> v_bounded;
-    Packed(const Problem& pb, int key_tile_, int group_keys_, bool suffix_)
+    Packed(const Problem& pb, int key_tile_, int group_keys_, bool suffix_, bool prefix_)
         : key_tile(key_tile_),
           tile_floats(round_up(key_tile_, NR) * pb.D),
           tiles(ceil_div(pb.Sk, key_tile_)),
           dvp(round_up(pb.Dv, W)),
           suffix(suffix_),
+          prefix(prefix_),
           k_floats(size_t(tiles) * tile_floats),
           v_floats(size_t(pb.Sk) * dvp),
           s_floats(suffix_ ? size_t(pb.Sk + 1) * dvp : 0),
+          p_floats(prefix_ ? size_t(pb.Sk + 1) * dvp : 0),
           k(k_floats * pb.B * pb.Hkv),
           v(v_floats * pb.B * pb.Hkv),
           vsuffix(s_floats * pb.B * pb.Hkv),
+          vprefix(p_floats * pb.B * pb.Hkv),
           group_keys(group_keys_),
           groups(ceil_div(pb.Sk, group_keys_)),
           key_norm(size_t(groups) * pb.B * pb.Hkv),
@@ -463,10 +469,16 @@ void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
         for (int j = Sk - 1; j >= 0; --j)
             for (int c = 0; c < dvp; ++c) sdst[size_t(j) * dvp + c] = sdst[size_t(j + 1) * dvp + c] + vdst[size_t(j) * dvp + c];
     }
+    if (pk.prefix) {  // row j: the sum of V rows [0, j) (the keys left of a window)
+        float* pdst = pk.vprefix.ptr + pk.p_floats * bh;
+        std::fill(pdst, pdst + dvp, 0.0f);
+        for (int j = 0; j < Sk; ++j)
+            for (int c = 0; c < dvp; ++c) pdst[size_t(j + 1) * dvp + c] = pdst[size_t(j) * dvp + c] + vdst[size_t(j) * dvp + c];
+    }
 }
 
-// Scores of one row, in place: softcap, + bias, mask, causal (only when the tile crosses the
-// diagonal), in the spec's order; columns [keys, round_up(keys, W)) become -inf so the vector
+// Scores of one row, in place: softcap, + bias, mask, causal and window (only when the tile
+// crosses a frontier: `diagonal`), in the spec's order; columns [keys, round_up(keys, W)) become -inf so the vector
 // loops that follow may run over whole vectors.
 void add_bias(const Problem& pb, float* s, int keys, int b, int h, int i, int j0, std::vector<float>& row);
 
@@ -489,8 +501,10 @@ void finish_scores(const Problem& pb, float* s, int keys, int b, int h, int i, i
             for (int j = 0; j < keys; ++j) s[j] = keep[j * sj] ? s[j] : fill;
         }
     }
-    if (diagonal)  // key j0 + j is right of query i when j > i + causal_offset - j0
+    if (diagonal && pb.causal)  // key j0 + j is right of query i when j > i + causal_offset - j0
         for (int j = std::max(0, i + pb.causal_offset - j0 + 1); j < keys; ++j) s[j] = fill;
+    if (diagonal && pb.windowed)  // and left of its window when j < i + left_offset - j0
+        for (int j = 0, end = std::min(keys, i + pb.left_offset - j0); j < end; ++j) s[j] = fill;
     if (pb.bias_after_mask) add_bias(pb, s, keys, b, h, i, j0, row);
     for (int j = keys; j < round_up(keys, W); ++j) s[j] = NEG_INF;
 }
@@ -684,6 +698,16 @@ struct Scratch {
     AlignedFloats q, s, acc;
     std::vector<float> running_max, running_sum, tile_max, row, query_norm;
     std::vector<struct DeferredTile> deferred;
+    std::vector<float> vsum;
+    // The sum of the V rows of the skipped keys [first_skipped, Sk) and [0, last_skipped).
+    const float* skipped_sum(const Packed& pk, size_t head, int first_skipped, int last_skipped) {
+        const float* suffix = pk.vsuffix.ptr + pk.s_floats * head + size_t(first_skipped) * pk.dvp;
+        if (last_skipped == 0) return suffix;
+        const float* prefix = pk.vprefix.ptr + pk.p_floats * head + size_t(last_skipped) * pk.dvp;
+        vsum.resize(pk.dvp);
+        for (int c = 0; c < pk.dvp; ++c) vsum[c] = suffix[c] + prefix[c];
+        return vsum.data();
+    }
     Scratch(const Problem& pb, int ld_s, int dvp)
         : q(pb.q_half ? size_t(pb.query_tile) * pb.D : 0),
           s(size_t(pb.query_tile) * ld_s),
@@ -711,17 +735,29 @@ const float* query_rows(const Problem& pb, Scratch& sc, int b, int h, int i0, in
     return sc.q.ptr;
 }
 
-// Causal keys right of every row of the tile are never multiplied: with mask_fill -inf they
-// weigh exactly 0; with a finite fill their scores are all `fill`, entered in closed form.
+// Causal keys right of every row of the tile, and keys left of every row's window, are never
+// multiplied: with mask_fill -inf they weigh exactly 0; with a finite fill their scores are all
+// `fill`, entered in closed form (V suffix and prefix sums).
 // Not when a bias is added after the fills: there such a score is fill + bias[j] (NaN for a
 // +inf or NaN bias even with fill -inf), so every key is multiplied and filled as the spec says.
-inline bool skips_causal_keys(const Problem& pb) { return pb.causal && !(pb.bias_after_mask && pb.bias.data); }
+inline bool skips_causal_keys(const Problem& pb) {
+    return (pb.causal || pb.windowed) && !(pb.bias_after_mask && pb.bias.data);
+}
 inline bool skipped_keys_count(const Problem& pb) { return skips_causal_keys(pb) && std::isfinite(pb.mask_fill); }
 
 // Keys [0, n) of a tile of rows ending at last_row can be seen by some row (the rest are right
 // of the causal frontier of every row), clamped to [0, Sk].
 inline int causal_keys(const Problem& pb, int last_row) {
-    return std::max(0, std::min(pb.Sk, last_row + pb.causal_offset + 1));
+    return pb.causal ? std::max(0, std::min(pb.Sk, last_row + pb.causal_offset + 1)) : pb.Sk;
+}
+// Keys [0, n) lie left of the window of every row from first_row on, clamped to [0, Sk].
+inline int left_keys(const Problem& pb, int first_row) {
+    return pb.windowed ? std::max(0, std::min(pb.Sk, first_row + pb.left_offset)) : 0;
+}
+// Whether keys [j0, j0 + keys) cross the causal frontier or the window's left edge of some row
+// in [i0, last_row].
+inline bool crosses_frontier(const Problem& pb, int i0, int last_row, int j0, int keys) {
+    return (pb.causal && j0 + keys - 1 > i0 + pb.causal_offset) || (pb.windowed && j0 < last_row + pb.left_offset);
 }
 
 // How far below the row maxima a score must lie for vexp to give exactly 0 (it does below
@@ -812,7 +848,7 @@ struct PaddingSkip {
     // Appends group (keys [j0, j0 + keys)) to sc.deferred when every row's score ceiling there
     // lies SKIP_MARGIN below zero; never a causal group that crosses the diagonal.
     bool defer(int group, int j0, int keys) {
-        if (!possible || (pb.causal && j0 + keys - 1 > i0 + pb.causal_offset)) return false;
+        if (!possible || crosses_frontier(pb, i0, i0 + rows - 1, j0, keys)) return false;
         float largest_product = 0.0f;
         for (int r = 0; r < rows; ++r) largest_product = nan_max(largest_product, product_bound(r, group));
         if (pb.softcap > 0.0f) largest_product = std::min(largest_product, pb.softcap);
@@ -853,6 +889,7 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
     std::fill(acc, acc + size_t(rows) * dvp, 0.0f);
     const int last_row = i0 + rows - 1;
     const int tiles = skips_causal_keys(pb) ? ceil_div(causal_keys(pb, last_row), block) : pk.tiles;
+    const int first_tile = skips_causal_keys(pb) ? std::min(tiles, left_keys(pb, i0) / block) : 0;
     // Padded tiles are set aside; once the others have set m, each is dropped or processed last.
     PaddingSkip skip(pb, pk, sc, head, b, h, i0, rows, q);
     auto process = [&](int t) {
@@ -860,8 +897,8 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
         const int keys = std::min(block, pb.Sk - j0);
         float* s = sc.s.ptr;
         qk_tile(rows, q, pb.D, pb.D, kpack + size_t(t) * pk.tile_floats, ceil_div(keys, NR), s, ld_s, pb.scale);
-        // some key here lies right of some row's causal frontier
-        const bool diagonal = pb.causal && j0 + keys - 1 > i0 + pb.causal_offset;
+        // some key here lies right of some row's causal frontier, or left of its window
+        const bool diagonal = crosses_frontier(pb, i0, last_row, j0, keys);
         const int width = round_up(keys, W);
         // Two passes over the rows, so that the out-of-order core overlaps the rows' short,
         // dependent chains (max -> reference -> exp -> sum) instead of waiting on each.
@@ -871,14 +908,14 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
         online_update_rows(rows, s, ld_s, width, tile_max, m, l, acc, dvp);
         pv_tile(rows, s, ld_s, keys, vpack + size_t(j0) * dvp, dvp, acc);
     };
-    for (int t = 0; t < tiles; ++t)
+    for (int t = first_tile; t < tiles; ++t)
         if (!skip.defer(t, t * block, std::min(block, pb.Sk - t * block))) process(t);
     for (const DeferredTile& d : sc.deferred)
         if (!skip.worthless(d, m)) process(d.tile);
-    const int first_skipped = std::min(pb.Sk, tiles * block);
-    if (skipped_keys_count(pb) && first_skipped < pb.Sk) {
-        const float* vsum = pk.vsuffix.ptr + pk.s_floats * head + size_t(first_skipped) * dvp;
-        const float count = float(pb.Sk - first_skipped);
+    const int first_skipped = std::min(pb.Sk, tiles * block), last_skipped = first_tile * block;  // [0, last) too
+    if (skipped_keys_count(pb) && (first_skipped < pb.Sk || last_skipped > 0)) {
+        const float* vsum = sc.skipped_sum(pk, head, first_skipped, last_skipped);
+        const float count = float(pb.Sk - first_skipped + last_skipped);
         for (int r = 0; r < rows; ++r) {
             const float new_max = nan_max(m[r], pb.mask_fill);
             const float rescale = scalar_exp(m[r] - new_max);
@@ -903,12 +940,15 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
     const int dvp = pk.dvp, ld_s = round_up(pb.Sk, NR);
     const float* q = query_rows(pb, sc, b, h, i0, rows);
     const int last_row = i0 + rows - 1;
-    // the rest are right of every row's causal frontier
+    // the rest are right of every row's causal frontier; keys [0, first) (whole groups) left of
+    // every row's window
+    constexpr int G = NAIVE_GROUP_KEYS;
     const int keys = skips_causal_keys(pb) ? causal_keys(pb, last_row) : pb.Sk;
+    const int first = skips_causal_keys(pb) ? std::min(keys, left_keys(pb, i0)) / G * G : 0;
     const int width = round_up(keys, W);
-    const bool skipped = skipped_keys_count(pb) && keys < pb.Sk;
-    const float count = float(pb.Sk - keys);
-    if (keys == 0 && !skipped) {  // no row sees a key (is_causal 2, Sq > Sk) and fill is -inf: 0/0
+    const bool skipped = skipped_keys_count(pb) && (keys < pb.Sk || first > 0);
+    const float count = float(pb.Sk - keys + first);
+    if (keys == first && !skipped) {  // no row sees a key (is_causal 2, Sq > Sk) and fill is -inf: 0/0
         const float value = pb.zero_rows ? 0.0f : std::numeric_limits<float>::quiet_NaN();
         std::fill(sc.acc.ptr, sc.acc.ptr + size_t(rows) * dvp, value);
         write_output(pb, sc.acc.ptr, dvp, b, h, i0, rows);
@@ -919,7 +959,6 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
     float* skipped_weight = sc.running_sum.data();
     float* maxima = sc.tile_max.data();
     const float* kpack = pk.k.ptr + pk.k_floats * head;
-    constexpr int G = NAIVE_GROUP_KEYS;
     auto group_keys = [&](int g) { return std::min(G, keys - g * G); };
     auto scores_of = [&](int g0, int g1) {  // the products of key groups [g0, g1)
         const int j0 = g0 * G, j1 = std::min(keys, g1 * G);
@@ -929,20 +968,21 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
     // Padded groups are set aside (their scores -inf for now); the rest are multiplied in runs.
     PaddingSkip skip(pb, pk, sc, head, b, h, i0, rows, q);
     const int groups = ceil_div(keys, G);
-    int run = 0;
-    for (int g = 0; g < groups; ++g) {
+    int run = first / G;
+    for (int g = first / G; g < groups; ++g) {
         if (!skip.defer(g, g * G, group_keys(g))) continue;
         if (run < g) scores_of(run, g);
         run = g + 1;
         for (int r = 0; r < rows; ++r) std::fill_n(s + size_t(r) * ld_s + g * G, group_keys(g), NEG_INF);
     }
     if (run < groups) scores_of(run, groups);
-    const bool diagonal = pb.causal && keys - 1 > i0 + pb.causal_offset;
+    const bool diagonal = crosses_frontier(pb, i0, last_row, first, keys - first);
     // Finishing a -inf score leaves at most what the real one would give, so these maxima leave
     // out the deferred groups: a group is dropped when worthless against them, and otherwise
     // multiplied and finished now, and the maxima taken again.
     for (int r = 0; r < rows; ++r)
-        maxima[r] = finish_scores_max(pb, s + size_t(r) * ld_s, keys, width, b, h, i0 + r, 0, diagonal, sc.row);
+        maxima[r] = finish_scores_max(pb, s + size_t(r) * ld_s + first, keys - first, width - first, b, h, i0 + r,
+                                      first, diagonal, sc.row);
     bool refinished = false;
     for (DeferredTile& d : sc.deferred) {
         d.dropped = skip.worthless(d, maxima);
@@ -954,19 +994,19 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
         refinished = true;
     }
     if (refinished)
-        for (int r = 0; r < rows; ++r) maxima[r] = row_max(s + size_t(r) * ld_s, width);
+        for (int r = 0; r < rows; ++r) maxima[r] = row_max(s + size_t(r) * ld_s + first, width - first);
     for (int r = 0; r < rows; ++r) {
-        float* sr = s + size_t(r) * ld_s;
+        float* sr = s + size_t(r) * ld_s + first;
         float mx = maxima[r];
         if (skipped) mx = nan_max(mx, pb.mask_fill);
-        float sum = exp_row(sr, width, mx);
+        float sum = exp_row(sr, width - first, mx);
         float skipped_p = 0.0f;
         if (skipped) {
             skipped_p = scalar_exp(pb.mask_fill - mx);
             sum += count * skipped_p;
         }
         const vf total = splat(sum);
-        for (int j = 0; j < width; j += W) {
+        for (int j = 0; j < width - first; j += W) {
             vf p = loadu(sr + j) / total;
             if (pb.zero_rows) p = p != p ? splat(0.0f) : p;
             storeu(sr + j, p);
@@ -977,7 +1017,7 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
     }
     std::fill(acc, acc + size_t(rows) * dvp, 0.0f);
     const float* vpack = pk.v.ptr + pk.v_floats * head;
-    int k0 = 0;  // P x V over the keys between the dropped groups
+    int k0 = first;  // P x V over the keys between the dropped groups
     for (const DeferredTile& d : sc.deferred) {
         if (!d.dropped) continue;
         const int j0 = d.tile * G;
@@ -986,7 +1026,7 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
     }
     if (k0 < keys) pv_tile(rows, s + k0, ld_s, keys - k0, vpack + size_t(k0) * dvp, dvp, acc);
     if (skipped) {
-        const float* vsum = pk.vsuffix.ptr + pk.s_floats * head + size_t(keys) * dvp;
+        const float* vsum = sc.skipped_sum(pk, head, keys, first);
         for (int r = 0; r < rows; ++r)
             for (int c = 0; c < dvp; ++c) acc[size_t(r) * dvp + c] += skipped_weight[r] * vsum[c];
     }
@@ -1162,11 +1202,13 @@ void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
         halves_to_floats(static_cast<const uint16_t*>(pb.q) + q_at, sc.q.ptr, rows * pb.D);
         q = sc.q.ptr;
     }
-    // Under a -inf fill (or none skipped at all) keys right of the last row's frontier weigh 0.
-    const bool skip_right = skips_causal_keys(pb) && !skipped_keys_count(pb);
-    const int keys = skip_right ? causal_keys(pb, pb.Sq - 1) : pb.Sk;
+    // Under a -inf fill (or none skipped at all) keys right of the last row's frontier, and keys
+    // left of the first row's window, weigh 0: keys [first, keys) are read.
+    const bool skip = skips_causal_keys(pb) && !skipped_keys_count(pb);
+    const int keys = skip ? causal_keys(pb, pb.Sq - 1) : pb.Sk;
+    const int first = skip ? std::min(keys, left_keys(pb, 0)) : 0;
     float* acc = sc.acc.ptr;
-    if (keys == 0) {  // no row sees a key (is_causal 2, Sq > Sk) and fill is -inf: 0/0
+    if (keys == first) {  // no row sees a key (is_causal 2, Sq > Sk) and fill is -inf: 0/0
         const float value = pb.zero_rows ? 0.0f : std::numeric_limits<float>::quiet_NaN();
         std::fill(acc, acc + size_t(rows) * dvp, value);
         write_output(pb, acc, dvp, b, h0, 0, rows);
@@ -1175,12 +1217,14 @@ void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
     float* s = sc.s.ptr;
     std::fill(acc, acc + size_t(rows) * dvp, 0.0f);
     if (!pb.online) {
-        const int ld_s = round_up(pb.Sk, W), width = round_up(keys, W);
-        direct_score_keys(pb, sc, head, q, rows, 0, keys, s, ld_s);
-        const bool diagonal = pb.causal && keys - 1 > pb.causal_offset;  // row i = 0 has the nearest frontier
+        // column 0 of s is key `first`
+        const int ld_s = round_up(pb.Sk, W), n = keys - first, width = round_up(n, W);
+        direct_score_keys(pb, sc, head, q, rows, first, n, s, ld_s);
+        const bool diagonal = crosses_frontier(pb, 0, pb.Sq - 1, first, n);
         for (int r = 0; r < rows; ++r) {
             float* sr = s + size_t(r) * ld_s;
-            const float mx = finish_scores_max(pb, sr, keys, width, b, head_of(r), query_of(r), 0, diagonal, sc.row);
+            const float mx =
+                finish_scores_max(pb, sr, n, width, b, head_of(r), query_of(r), first, diagonal, sc.row);
             const vf total = splat(exp_row(sr, width, mx));
             for (int j = 0; j < width; j += W) {
                 vf p = loadu(sr + j) / total;
@@ -1188,7 +1232,7 @@ void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
                 storeu(sr + j, p);
             }
         }
-        direct_pv_keys(pb, sc, head, rows, s, ld_s, 0, keys, dvp, acc);
+        direct_pv_keys(pb, sc, head, rows, s, ld_s, first, n, dvp, acc);
         write_output(pb, acc, dvp, b, h0, 0, rows);
         return;
     }
@@ -1200,12 +1244,12 @@ void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
     std::fill(m, m + rows, NEG_INF);
     std::fill(l, l + rows, 0.0f);
     const int tiles = ceil_div(keys, block);
-    for (int t = 0; t < tiles; ++t) {
+    for (int t = first / block; t < tiles; ++t) {
         const int j0 = t * block;
         const int tile_keys = std::min(block, pb.Sk - j0);
         const int width = round_up(tile_keys, W);
         direct_score_keys(pb, sc, head, q, rows, j0, tile_keys, s, ld_s);
-        const bool diagonal = pb.causal && j0 + tile_keys - 1 > pb.causal_offset;
+        const bool diagonal = crosses_frontier(pb, 0, pb.Sq - 1, j0, tile_keys);
         for (int r = 0; r < rows; ++r)
             tile_max[r] = finish_scores_max(pb, s + size_t(r) * ld_s, tile_keys, width, b, head_of(r), query_of(r), j0,
                                             diagonal, sc.row);
@@ -1233,7 +1277,8 @@ bool run_direct(const Problem& pb) {
 bool run_problem(const Problem& pb) {
     if (pb.Hq / pb.Hkv * pb.Sq <= DIRECT_MAX_ROWS) return run_direct(pb);
     const int key_tile = pb.online ? std::min(pb.block, pb.Sk) : pb.Sk;
-    Packed pk(pb, key_tile, pb.online ? key_tile : NAIVE_GROUP_KEYS, skipped_keys_count(pb));
+    Packed pk(pb, key_tile, pb.online ? key_tile : NAIVE_GROUP_KEYS, skipped_keys_count(pb),
+              skipped_keys_count(pb) && pb.windowed);
     const bool packed = parallel_items(pb.B * pb.Hkv, pb.threads, [&]() {
         return [&, row = std::vector<float>()](int bh) mutable { pack_head(pb, pk, bh, row); };
     });
@@ -1321,16 +1366,22 @@ bool broadcast_operand(const Buffer& b, const char* name, const Py_ssize_t* scor
 PyObject* py_flash_attention(PyObject*, PyObject* args, PyObject* kwargs) {
     static const char* keywords[] = {"q", "k", "v", "out", "bias", "mask", "scale", "is_causal", "mask_fill",
                                      "zero_rows", "softcap", "online", "block_size", "query_tile", "threads",
-                                     "bias_after_mask", nullptr};
+                                     "bias_after_mask", "window_left", "window_right", nullptr};
     PyObject *q_obj, *k_obj, *v_obj, *out_obj, *bias_obj, *mask_obj;
     double scale, mask_fill, softcap;
-    int causal, zero_rows, online, block, query_tile, threads, bias_after_mask = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOdidpdpiii|p", const_cast<char**>(keywords), &q_obj,
+    int causal, zero_rows, online, block, query_tile, threads, bias_after_mask = 0, window_left = -1,
+                                                                   window_right = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOdidpdpiii|pii", const_cast<char**>(keywords), &q_obj,
                                      &k_obj, &v_obj, &out_obj, &bias_obj, &mask_obj, &scale, &causal, &mask_fill,
-                                     &zero_rows, &softcap, &online, &block, &query_tile, &threads, &bias_after_mask))
+                                     &zero_rows, &softcap, &online, &block, &query_tile, &threads, &bias_after_mask,
+                                     &window_left, &window_right))
         return nullptr;
     if (causal < 0 || causal > 2) {
         PyErr_SetString(PyExc_ValueError, "is_causal must be 0, 1 or 2");
+        return nullptr;
+    }
+    if (window_left < -1 || window_right < -1) {
+        PyErr_SetString(PyExc_ValueError, "window_left and window_right must be -1 (unbounded) or >= 0");
         return nullptr;
     }
     Buffer q, k, v, out, bias, mask;
@@ -1395,8 +1446,14 @@ PyObject* py_flash_attention(PyObject*, PyObject* args, PyObject* kwargs) {
     pb.scale = float(scale);
     pb.mask_fill = float(mask_fill);
     pb.softcap = float(softcap);
-    pb.causal = causal != 0;
-    pb.causal_offset = causal == 2 ? pb.Sk - pb.Sq : 0;
+    // spec.key_bounds: position p = i + (Sk - Sq under is_causal 2, else 0); keys j <= p under
+    // is_causal, j <= p + window_right under a window without it (the same right frontier, moved),
+    // and j >= p - window_left.
+    const int position = causal == 2 ? pb.Sk - pb.Sq : 0;
+    pb.causal = causal != 0 || window_right >= 0;
+    pb.causal_offset = causal != 0 ? position : position + window_right;
+    pb.windowed = window_left >= 0;
+    pb.left_offset = position - window_left;
     pb.bias_after_mask = bias_after_mask != 0;
     pb.zero_rows = zero_rows != 0;
     pb.online = online != 0;
@@ -1451,7 +1508,7 @@ PyMethodDef methods[] = {
     {"flash_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_flash_attention)),
      METH_VARARGS | METH_KEYWORDS,
      "flash_attention(q, k, v, out, bias, mask, scale, is_causal (0/1/2), mask_fill, zero_rows, softcap, online, "
-     "block_size, query_tile, threads, bias_after_mask=False)\n\nWrites FlashAttention of q, k, v into out (see ortflash.kernels.cpu)."},
+     "block_size, query_tile, threads, bias_after_mask=False, window_left=-1, window_right=-1)\n\nWrites FlashAttention of q, k, v into out (see ortflash.kernels.cpu)."},
     {"cpu_features", py_cpu_features, METH_NOARGS, "The x86 features this CPU and OS support, as names."},
     {nullptr, nullptr, 0, nullptr},
 };

@@ -21,6 +21,22 @@ cache_position masks and ORT's GroupQueryAttention with past compute it). With S
 the first Sq - Sk rows see no key: fully masked rows, handled by ``masked_rows`` like any other.
 When Sq == Sk, 1 and 2 are the same.
 
+``window_left`` / ``window_right`` (-1: unbounded, the default) bound the keys a query sees to a
+band around its position. Query i has position ``p = i + offset`` (the causal offset above: 0 for
+is_causal 0 and 1, Sk - Sq for 2), and sees key j only where
+
+    p - window_left <= j            (window_left >= 0)
+    j <= p + window_right           (window_right >= 0)
+
+a third fill, in the causal fill's place and with the same mask_fill:
+
+    s = where(in_window(i, j), s, mask_fill)          # only when a window is set (window_keeps)
+
+combined with is_causal (both must keep the key; with is_causal set, window_right adds nothing).
+Mistral's sliding window of W keys (the query and the W - 1 keys before it) is is_causal with
+window_left = W - 1, and so are GPT-Neo's local layers (window_size W) and Gemma2's sliding
+layers. With the window, a row may see no key at all: a fully masked row like any other.
+
 With no keys (Sk = 0) there is nothing to attend to: O is zeros, whatever ``masked_rows`` says,
 as in the graph the op replaces (an empty softmax row times an empty V sums nothing).
 
@@ -93,6 +109,10 @@ ATTRIBUTES: dict[str, Attribute] = {
         Attribute("softcap", float, 0.0, "tanh soft cap on the scaled scores; 0 = none"),
         Attribute("exact_floats", str, "", "bridge side channel: exact floats, and a session's kernel choice (below)"),
         Attribute("bias_after_mask", int, 0, "1: the bias is added after the mask and causal fills", declared=False),
+        Attribute(
+            "window_left", int, -1, "keys j >= p - window_left (p: i + causal offset); -1 = unbounded", declared=False
+        ),
+        Attribute("window_right", int, -1, "keys j <= p + window_right; -1 = unbounded", declared=False),
     )
 }
 
@@ -189,6 +209,9 @@ def validate(attrs: dict[str, Any]) -> dict[str, Any]:
         raise SpecError(f"is_causal must be 0, 1 or 2, got {out['is_causal']}")
     if out["bias_after_mask"] not in (0, 1):
         raise SpecError(f"bias_after_mask must be 0 or 1, got {out['bias_after_mask']}")
+    for name in ("window_left", "window_right"):
+        if out[name] < -1:
+            raise SpecError(f"{name} must be -1 (unbounded) or a key count >= 0, got {out[name]}")
     if out["softmax"] not in SOFTMAX_MODES:
         raise SpecError(f"softmax must be one of {', '.join(SOFTMAX_MODES)}, got {out['softmax']!r}")
     if out["block_size"] < 1:
@@ -207,6 +230,27 @@ def validate(attrs: dict[str, Any]) -> dict[str, Any]:
 def causal_offset(is_causal: int, sq: int, sk: int) -> int:
     """Query i sees key j when j <= i + causal_offset (only meaningful where is_causal is set)."""
     return sk - sq if is_causal == 2 else 0
+
+
+def windowed(attrs: dict[str, Any]) -> bool:
+    """Whether attrs (validated) bound the keys by a window."""
+    return attrs["window_left"] >= 0 or attrs["window_right"] >= 0
+
+
+def key_bounds(attrs: dict[str, Any], sq: int, sk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per query row i of [Sq]: (first, last) key index it may see by is_causal and the window
+    (last < first: none); a mask or bias may hide more. The one definition the kernels follow."""
+    offset = causal_offset(attrs["is_causal"], sq, sk)
+    p = np.arange(sq, dtype=np.int64) + offset
+    first = np.zeros(sq, np.int64)
+    last = np.full(sq, sk - 1, np.int64)
+    if attrs["window_left"] >= 0:
+        first = np.maximum(first, p - attrs["window_left"])
+    if attrs["window_right"] >= 0:
+        last = np.minimum(last, p + attrs["window_right"])
+    if attrs["is_causal"]:
+        last = np.minimum(last, p)
+    return first, last
 
 
 def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:

@@ -4,8 +4,9 @@ contract's is_causal=2 and bias_after_mask through the ONNX Runtime bridge.
 Hand-built decoders build their [B, 1, S, S] mask as HF's masking_utils does (a Range, two
 Unsqueezes, a comparison, the padding read from attention_mask): where the mask is exactly causal x
 key padding, the fused node has is_causal and a [B, 1, 1, S] padding part, and the [B, 1, S, S]
-tensor is gone; where it is not (a window, another frontier, a fill that does not absorb the
-scores, a padding part that depends on the query), the block keeps its tensor and says why."""
+tensor is gone; where it is not (another frontier, a fill that does not absorb the scores, a
+padding part that depends on the query), the block keeps its tensor and says why. Sliding windows
+(a band of two frontiers): tests/test_sliding_window.py."""
 
 from __future__ import annotations
 
@@ -152,7 +153,6 @@ def test_causal_mask_is_proved_and_the_square_tensor_is_gone(form, padding, fill
 
 
 NOT_PROVED = {
-    "window": (dict(frontier="window"), "two causal frontiers"),
     "shift": (dict(frontier="shift"), "neither top-left (0) nor bottom-right"),
     "anti_causal": (dict(frontier="ge"), "not one constant"),
     "by_query": (dict(padding="by_query"), "j <= i + c"),

@@ -28,11 +28,13 @@ class FlashAttentionCall:
     masked_rows: str = "nan"  # nan | zero
     softcap: float = 0.0
     bias_after_mask: bool = False  # the bias is added after the mask and causal fills (GPT-Neo)
+    window_left: int = -1  # keys j >= p - window_left (spec.py); -1: unbounded
+    window_right: int = -1  # keys j <= p + window_right; -1: unbounded
 
     @property
     def masked(self) -> bool:
         """Some keys can be masked out (mask_fill matters)."""
-        return self.mask is not None or bool(self.is_causal)
+        return self.mask is not None or bool(self.is_causal) or self.window_left >= 0 or self.window_right >= 0
 
     def attributes(self, policy: SoftmaxPolicy) -> dict[str, object]:
         """The node's attributes under policy, completed and checked by the spec."""
@@ -45,6 +47,8 @@ class FlashAttentionCall:
                 "masked_rows": self.masked_rows,
                 "softcap": self.softcap,
                 "bias_after_mask": int(self.bias_after_mask),
+                "window_left": int(self.window_left),
+                "window_right": int(self.window_right),
             }
         )
         # The bridge hands float attributes to Python with 6 significant digits, and cannot pass

@@ -305,8 +305,6 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
     not hold; None where the block has no single query-dependent bias or mask to read. With
     several biases and masks, the one query-dependent tensor that compares positions is read and
     the others stay (MPT: an ALiBi bias [1, H, 1, Sk] and a causal + padding mask)."""
-    if block.bias_after_mask:
-        return None
     q, k, k_perm = block.q, block.k, block.k_perm
     if block.heads_split is not None:
         # the one bias or mask of the [B, H, Sq, Sk] view; its rows and keys are the view's
@@ -319,6 +317,8 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
         return None
     read: list[tuple[ir.Value, bool, bool]] = [(b, False, False) for b in biases]
     read += [(c, True, marks) for c, marks in masks]
+    if block.bias_after_mask:  # the bias added after the fills stays; a mask (filled before it) is read
+        read = [r for r in read if r[1]]
     if len(read) > 1:
         read = [r for r in read if _has_query_dim(r[0]) and _compares_positions(r[0])]
         # a bias proved causal sets the fill of the op's masks: only alone, or beside masks of that fill
@@ -413,10 +413,11 @@ def _assemble(
         keep = e.node("Not", [cond]) if inverted else cond
         mask = keep if mask is None else e.node("And", [mask, keep])
 
-    is_causal = 0
+    is_causal, window_left = 0, -1
     mask_fill = -math.inf if block.mask_fill is None else block.mask_fill
-    if causal is not None:  # the replaced tensor becomes is_causal and its padding part
+    if causal is not None:  # the replaced tensor becomes is_causal (a window) and its padding part
         is_causal, mask_fill = causal.proof.is_causal, causal.proof.mask_fill
+        window_left = causal.proof.window_left
         padding = write_padding(e, causal.proof.padding)
         if padding is not None and causal.as_mask:
             keep = e.node("Not", [padding]) if causal.marks_masked else padding
@@ -438,6 +439,7 @@ def _assemble(
         masked_rows="zero" if block.nan_guard else "nan",
         softcap=block.softcap,
         bias_after_mask=block.bias_after_mask,
+        window_left=window_left,
     )
 
 
@@ -520,7 +522,8 @@ def fuse_softmax_blocks(
         kept = scores_kept(block)
         notes = [f"scores also read by {', '.join(kept)}, kept" if kept else ""]
         if proof is not None:
-            notes.append(f"causal (is_causal={proof.proof.is_causal}, proved from the mask subgraph)")
+            window = f", window_left={proof.proof.window_left}" if proof.proof.window_left >= 0 else ""
+            notes.append(f"causal (is_causal={proof.proof.is_causal}{window}, proved from the mask subgraph)")
         elif isinstance(causal, str):
             notes.append(causal)
         columns = describe(block)

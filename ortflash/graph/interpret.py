@@ -18,7 +18,7 @@ from . import ir_utils as u
 from . import shapes
 from .dim_terms import CAPPED, broadcast_dims, decided_equal, dim_lin, dim_sum
 from .op_readers import OPS, input_at
-from .terms import Abstract, Cmp, Lin, Look, NotProved, Num, normalise
+from .terms import Abstract, Cmp, Lin, Look, NotProved, Num, Op, Term, normalise
 
 # Constant tensors (a causal buffer) read element by element up to this size.
 _MAX_CONSTANT = 1 << 22
@@ -314,10 +314,15 @@ class Reader:
             raise NotProved(f"the dims of {value.name} are unknown")
         if arr is not None and arr.size <= _MAX_CONSTANT and arr.ndim >= 2 and arr.dtype == np.bool_:
             frontier = _constant_frontier(arr)
-            if frontier is not None:  # a causal buffer: arr[..., i, j] == (j <= i + c)
+            if frontier is not None:  # a causal buffer: arr[..., i, j] == (j <= i + c), or a band
+                c, low = frontier  # ... and not (j <= i + low): GPT-Neo's local layers
                 r = arr.ndim
-                lin = Lin.of({("x", r - 1): 1, ("x", r - 2): -1}, -frontier)
-                return normalise(tuple(dims), Cmp("le", lin), ir.DataType.BOOL)
+
+                def le(offset: int) -> Cmp:  # j <= i + offset
+                    return Cmp("le", Lin.of({("x", r - 1): 1, ("x", r - 2): -1}, -offset))
+
+                term: Term = le(c) if low is None else Op("And", (le(c), Op("Not", (le(low),))))
+                return normalise(tuple(dims), term, ir.DataType.BOOL)
         index = tuple(Lin.of({("x", a): 1}) for a in range(len(dims)))
         return normalise(tuple(dims), Look(value, index, tuple(dims)), dtype)
 
@@ -356,15 +361,20 @@ def _filled(dims: list[shapes.Dim], value: ir.Value) -> list[shapes.Dim]:
     return [i if d is None else d for d, i in zip(dims, inferred)]
 
 
-def _constant_frontier(arr: np.ndarray) -> int | None:
-    """c when every matrix of the bool constant arr is exactly (j <= i + c), else None."""
+def _constant_frontier(arr: np.ndarray) -> tuple[int, int | None] | None:
+    """(c, None) when every matrix of the bool constant arr is exactly (j <= i + c); (c, low) when
+    it is the band (low < j - i <= c) (GPT-Neo's local buffer: tril xor tril(-window)); else None."""
     sq, sk = arr.shape[-2:]
     first = arr.reshape(-1, sq, sk)
     if not (first == first[0]).all():
         return None
     row = first[0]
     c = int(row[0].sum()) - 1  # row 0 sees keys 0..c
-    if c < -sq or c >= sk:
+    if -sq <= c < sk and np.array_equal(row, np.tril(np.ones((sq, sk), bool), k=c)):
+        return c, None
+    if not row[-1].any():
         return None
-    want = np.tril(np.ones((sq, sk), bool), k=c)
-    return c if np.array_equal(row, want) else None
+    c = int(np.flatnonzero(row[-1])[-1]) - (sq - 1)  # the last row's last key: i + c
+    low = c - int(row[-1].sum())  # the last row sees keys (sq - 1 + low, sq - 1 + c]
+    band = np.tril(np.ones((sq, sk), bool), k=c) & ~np.tril(np.ones((sq, sk), bool), k=low)
+    return (c, low) if -sq <= low < c < sk and np.array_equal(row, band) else None

@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import Protocol
 
+import numpy as np
 import onnx_ir as ir
 
 from . import ir_utils as u
@@ -329,6 +330,10 @@ def _read_slice(r: TensorReader, node: ir.Node, depth: int) -> Abstract:
     starts, ends = (u.const_array(node.inputs[i]) for i in (1, 2))
     axes = u.const_array(input_at(node, 3)) if len(node.inputs) > 3 and node.inputs[3] is not None else None
     steps = u.const_array(input_at(node, 4)) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+    if starts is None:  # computed, but proved a number: Sk - Sq of a prefill (GPT-Neo's buffer rows)
+        computed_starts = r.vector(input_at(node, 1))
+        if computed_starts is not None and all(isinstance(d, int) for d in computed_starts):
+            starts = np.asarray(computed_starts, np.int64)
     if starts is None or (steps is not None and bool((steps != 1).any())):
         raise NotProved("a Slice with starts or steps computed at run time")
     axes_list = list(range(len(starts))) if axes is None else [int(a) % len(x.dims) for a in axes.reshape(-1)]

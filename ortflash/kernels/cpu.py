@@ -214,6 +214,8 @@ class KernelCall:
     softcap: float
     block_size: int
     bias_after_mask: bool
+    window_left: int  # spec.py: -1 unbounded
+    window_right: int
 
 
 def _resolve(attrs: dict[str, Any], policy: SoftmaxPolicy | None) -> KernelCall:
@@ -229,6 +231,8 @@ def _resolve(attrs: dict[str, Any], policy: SoftmaxPolicy | None) -> KernelCall:
         softcap=float(attrs["softcap"]),
         block_size=int(resolved.block_size or spec.ATTRIBUTES["block_size"].default),  # type: ignore[call-overload]
         bias_after_mask=bool(attrs["bias_after_mask"]),
+        window_left=int(attrs["window_left"]),
+        window_right=int(attrs["window_right"]),
     )
 
 
@@ -300,6 +304,8 @@ class PreparedCall:
                 query_tile(q.shape[0] * q.shape[1], q.shape[2], self.threads),
                 self.threads,
                 call.bias_after_mask,
+                call.window_left,
+                call.window_right,
             )
             return out
         except (TypeError, ValueError, BufferError, IndexError):  # outside the compiled kernel's contract
@@ -358,6 +364,8 @@ def flash_attention(
         query_tile=query_tile(qd.shape[0] * qd.shape[1], qd.shape[2], workers),
         threads=workers,
         bias_after_mask=call.bias_after_mask,
+        window_left=call.window_left,
+        window_right=call.window_right,
     )
     q_dtype = q.dtype if isinstance(q, np.ndarray) else np.asarray(q).dtype
     return out if out.dtype == q_dtype else out.astype(q_dtype)

@@ -56,8 +56,8 @@ def _grouped(
 def _scores(qg: Array, kt: Array, bias: Array | None, mask: Array | None, key_offset: int, attrs: Attrs) -> Array:
     """Scaled, capped, biased and masked scores of the keys [key_offset, key_offset + kt.shape[-2]).
 
-    ``attrs["causal_offset"]`` (set by flash_attention) is the causal frontier: query i sees
-    key j <= i + causal_offset. Computed in place on the one fresh array the matmul returns
+    ``attrs["key_bounds"]`` (set by flash_attention: spec.key_bounds) are the first and last key
+    each query row sees by is_causal and the window. Computed in place on the one fresh array the matmul returns
     (the tile is the only score-sized allocation)."""
     s = np.matmul(qg, np.swapaxes(kt, -1, -2))
     s *= ACC(attrs["scale"])
@@ -75,10 +75,10 @@ def _scores(qg: Array, kt: Array, bias: Array | None, mask: Array | None, key_of
         if np.broadcast_shapes(s.shape, keep.shape) != s.shape:
             s = np.broadcast_to(s, np.broadcast_shapes(s.shape, keep.shape)).copy()
         np.copyto(s, fill, where=~keep)
-    if attrs["is_causal"]:
-        rows = np.arange(qg.shape[-2])[:, None] + attrs["causal_offset"]
+    if attrs["is_causal"] or spec.windowed(attrs):  # the causal and window fills: spec.key_bounds
+        first, last = attrs["key_bounds"]
         cols = np.arange(key_offset, stop)[None, :]
-        np.copyto(s, fill, where=cols > rows)
+        np.copyto(s, fill, where=(cols < first[:, None]) | (cols > last[:, None]))
     if bias is not None and attrs["bias_after_mask"]:
         s = _add_bias(s, bias, key_offset, stop)
     return s
@@ -206,7 +206,7 @@ def flash_attention(
     policy = policy.applied_to(own) if policy is not None else own
     attrs["block_size"] = policy.block_size
     qg, kg, vg, bias_g, mask_g, (b, hq, sq, sk) = _grouped(q, k, v, bias, mask)
-    attrs["causal_offset"] = spec.causal_offset(attrs["is_causal"], sq, sk)
+    attrs["key_bounds"] = spec.key_bounds(attrs, sq, sk)
     kernel = _online if policy.choose(sk) == "online" else _naive
     out = _over_heads(kernel, qg, kg, vg, bias_g, mask_g, attrs)
     out = np.broadcast_to(out, (b, k.shape[1], hq // k.shape[1], sq, v.shape[-1]))

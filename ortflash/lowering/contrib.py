@@ -63,11 +63,28 @@ def _gqa_head_size_fits(dims: CallDims) -> bool:
 
 
 def _native_causal(call: FlashAttentionCall) -> bool:
-    """Whether GroupQueryAttention's own causal mask may stand for the call's: with no bias and no
-    mask. With them, a row whose causally visible keys are all masked differs (measured on ONNX
-    Runtime 1.31: GroupQueryAttention does not give such a row NaN, FlashAttention with fill -inf
-    does), so causality is then folded into attention_bias and the op runs with causal=0."""
+    """Whether GroupQueryAttention's own causal mask (and local window) may stand for the call's:
+    with no bias and no mask. With them, a row whose causally visible keys are all masked differs
+    (measured on ONNX Runtime 1.31: GroupQueryAttention does not give such a row NaN, FlashAttention
+    with fill -inf does), so causality and the window are then folded into attention_bias and the
+    op runs with causal=0 (which takes no local_window_size)."""
     return bool(call.is_causal) and call.bias is None and call.mask is None
+
+
+def local_window_size(call: FlashAttentionCall) -> int | None:
+    """GroupQueryAttention's local_window_size for a causal call's window: the keys a query sees,
+    itself included, so window_left + 1 (measured on ONNX Runtime 1.31's CPU kernel, prefill and
+    decode: local_window_size L keeps keys p - L < j <= p, tests/test_sliding_window.py); None
+    without a window. With is_causal set window_right adds nothing (spec.py)."""
+    return call.window_left + 1 if call.window_left >= 0 else None
+
+
+def _window_attribute(call: FlashAttentionCall, attrs: dict[str, Any], parts: list[str]) -> None:
+    """attrs["local_window_size"] for GroupQueryAttention's native causal mask, where the call has a window."""
+    size = local_window_size(call)
+    if size is not None:
+        attrs["local_window_size"] = size
+        parts.append(f"local_window_size={size} (window_left {call.window_left} + the query itself)")
 
 
 def _cache_refusal(call: FlashAttentionCall, cache: CacheAppend, dims: CallDims, hq: int, hkv: int) -> str | None:
@@ -115,6 +132,8 @@ def _lower_with_cache(
         attrs: dict[str, Any] = {"num_heads": hq, "kv_num_heads": hkv, "scale": call.scale}
         if not native:
             attrs["causal"] = 0
+        else:
+            _window_attribute(call, attrs, parts)
         inputs: list[ir.Value | None] = [q3, k3, v3, cache.past_key, cache.past_value, seqlens]
         inputs.append(e.node("Cast", [total], to=ir.DataType.INT32))
         inputs += [None, None, None, bias] if bias is not None else []
@@ -182,7 +201,7 @@ def _lower_without_cache(
     causal_folded = True
     if use_gqa:
         native = _native_causal(call)
-        out = _group_query_attention(e, call, q, k, v, hq, hkv, reuse, native)
+        out = _group_query_attention(e, call, q, k, v, hq, hkv, reuse, native, parts)
         op = OP_GQA
         if call.softcap > 0:
             parts.append(f"softcap {call.softcap:g}")
@@ -229,6 +248,7 @@ def _group_query_attention(
     hkv: int,
     reuse: bool,
     native_causal: bool,
+    parts: list[str],
 ) -> ir.Value:
     """GroupQueryAttention without past: causal with seqlens_k = Sk - 1 for every row is the
     top-left mask when Sq == Sk; causal=0 where the causality is folded into attention_bias."""
@@ -242,6 +262,8 @@ def _group_query_attention(
     attrs: dict[str, object] = {"num_heads": hq, "kv_num_heads": hkv, "scale": call.scale}
     if not native_causal:
         attrs["causal"] = 0
+    else:
+        _window_attribute(call, attrs, parts)
     if call.softcap > 0:
         attrs["softcap"] = call.softcap
     return e.node(

@@ -97,15 +97,24 @@ def replace_bsd_output(e: Emitter, out3: ir.Value, heads: int, old: ir.Value, re
     replace_output(e.graph, old, e.transpose(bshd, SWAP_SH))
 
 
-def _causal_keep(e: Emitter, lengths: SeqLengths, alignment: int) -> ir.Value:
-    """bool [Sq, Sk]: key j visible from query i iff j <= i (alignment 1, top-left) or
-    j <= i + Sk - Sq (alignment 2, bottom-right: the queries follow Sk - Sq cached keys)."""
+def _causal_keep(e: Emitter, lengths: SeqLengths, call: FlashAttentionCall) -> ir.Value:
+    """bool [Sq, Sk]: key j visible from query i iff j <= p (is_causal 1: p = i, top-left; 2:
+    p = i + Sk - Sq, bottom-right: the queries follow Sk - Sq cached keys), and within the window
+    p - window_left <= j <= p + window_right where one is set (spec.key_bounds)."""
     sq, sk = lengths.of(e, "q", scalar=True), lengths.of(e, "k", scalar=True)
     rows = e.arange(sq)
-    if alignment == 2:
+    if call.is_causal == 2:
         rows = e.node("Add", [rows, e.node("Sub", [sk, sq])])
-    cols = e.arange(sk)
-    return e.node("LessOrEqual", [e.unsqueeze(cols, [0]), e.unsqueeze(rows, [1])])
+    cols, rows = e.unsqueeze(e.arange(sk), [0]), e.unsqueeze(rows, [1])
+    bounds = [e.node("LessOrEqual", [cols, rows])] if call.is_causal else []
+    if call.window_left >= 0:
+        bounds.append(e.node("GreaterOrEqual", [cols, e.node("Sub", [rows, e.i64(call.window_left)])]))
+    if call.window_right >= 0:
+        bounds.append(e.node("LessOrEqual", [cols, e.node("Add", [rows, e.i64(call.window_right)])]))
+    keep = bounds[0]
+    for bound in bounds[1:]:
+        keep = e.node("And", [keep, bound])
+    return keep
 
 
 def additive_bias(
@@ -118,8 +127,8 @@ def additive_bias(
     maximum is lowest for fully masked); lowest becomes the next float up, the same for softmax."""
     fill = call.mask_fill
     keep = call.mask
-    if fold_causal and call.is_causal:
-        causal = _causal_keep(e, lengths, call.is_causal)
+    if fold_causal and (call.is_causal or call.window_left >= 0 or call.window_right >= 0):
+        causal = _causal_keep(e, lengths, call)
         keep = causal if keep is None else e.node("And", [keep, causal])
     bias = None if call.bias is None else e.cast(call.bias, ir.DataType.FLOAT)
     after_mask = call.bias_after_mask and bias is not None and keep is not None
@@ -163,4 +172,8 @@ def mask_parts(call: FlashAttentionCall, causal_folded: bool) -> list[str]:
     if call.is_causal:
         aligned = "bottom-right" if call.is_causal == 2 else "top-left"
         parts.append(f"causal ({aligned}) in the bias (fill {fill})" if causal_folded else f"causal ({aligned})")
+    window = [f"{side} {n}" for side, n in (("left", call.window_left), ("right", call.window_right)) if n >= 0]
+    if window:
+        where = " in the bias" if causal_folded else ""
+        parts.append(f"window ({', '.join(window)}){where}")
     return parts

@@ -74,6 +74,8 @@ def read_call(node: ir.Node) -> FlashAttentionCall:
         masked_rows=str(attrs["masked_rows"]),
         softcap=float(attrs["softcap"]),
         bias_after_mask=bool(attrs["bias_after_mask"]) and kept_bias is not None,
+        window_left=int(attrs["window_left"]),
+        window_right=int(attrs["window_right"]),
     )
     if call.scale < 0:
         raise NotLowered(f"scale {call.scale:g} is negative: native attention ops take a positive scale")

@@ -60,6 +60,7 @@ def _attention_with_cache(
     lengths = layout.SeqLengths(q=(call.q, 2), k=(cache.new_key, 2), past=cache.past_key)
     # with a past, ONNX Runtime aligns is_causal bottom-right: FlashAttention's is_causal 2
     native_causal = call.is_causal == 2 and call.mask_fill == -math.inf and call.bias is None and call.mask is None
+    native_causal = native_causal and not _windowed(call)
     bias = layout.additive_bias(e, call, lengths, fold_causal=not native_causal, avoid_lowest=True)
     attrs: dict[str, Any] = {"scale": call.scale}
     if native_causal:
@@ -90,6 +91,11 @@ def _attention_with_cache(
     return OP_ATTENTION, "; ".join(parts)
 
 
+def _windowed(call: FlashAttentionCall) -> bool:
+    """Attention-23 has no sliding window: a call with one folds it, with causality, into attn_mask."""
+    return call.window_left >= 0 or call.window_right >= 0
+
+
 def _fully_masked_rows(
     e: Emitter, call: FlashAttentionCall, bias: ir.Value | None, out: ir.Value, squeeze: bool
 ) -> tuple[ir.Value, str]:
@@ -117,6 +123,7 @@ def _attention(e: Emitter, call: FlashAttentionCall, dims: CallDims, f16: bool, 
     # without a past, ONNX Runtime aligns is_causal top-left: is_causal 2 only where Sq == Sk
     aligned = call.is_causal == 1 or (call.is_causal == 2 and same_dim(dims.sq, dims.sk))
     native_causal = aligned and call.mask_fill == -math.inf and call.bias is None and call.mask is None
+    native_causal = native_causal and not _windowed(call)
     bias = layout.additive_bias(e, call, lengths, fold_causal=not native_causal, avoid_lowest=True)
     attrs: dict[str, Any] = {"scale": call.scale}
     if native_causal:

@@ -110,6 +110,8 @@ def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tupl
     use_gqa = (
         usable("gqa", "causal")
         and call.is_causal == 1
+        and call.window_left < 0  # a window goes into attention_bias (MultiHeadAttention below)
+        and call.window_right < 0
         and call.bias is None
         and call.mask is None
         and same_dim(dims.sq, dims.sk)

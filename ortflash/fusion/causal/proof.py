@@ -54,24 +54,26 @@ class NoFrontier(NotProved):
 
 @dataclass(frozen=True)
 class CausalSplit:
-    """T(b, h, i, j) == where(j <= i + offset, padding(b, h, j), fill), read from the graph."""
+    """T(b, h, i, j) == where(i + low < j <= i + offset, padding(b, h, j), fill), read from the graph
+    (low None: no lower frontier, a plain causal mask)."""
 
     offset: Lin  # over symbolic dims (a cache's past length) and a constant
-    fill: Term  # a Num: the value right of the frontier (False for a bool mask)
+    fill: Term  # a Num: the value outside the visible keys (False for a bool mask)
     padding: Abstract  # dims [.., .., 1, Sk]: no dependence on i
     dims: tuple[shapes.Dim, ...]  # of the original [B, H|1, Sq, Sk] tensor
+    window_left: int = -1  # keys j >= i + offset - window_left; -1: no lower frontier
 
 
 def split_causal(value: ir.Value, reader: Reader | None = None) -> CausalSplit:
-    """Read value (a [B, 1|H, Sq, Sk] bias or bool mask) as causal x padding, or raise NotProved."""
+    """Read value (a [B, 1|H, Sq, Sk] bias or bool mask) as causal x padding, or as a sliding
+    window (causal x a lower frontier) x padding, or raise NotProved."""
     x = (reader or Reader()).read(value)
     x = Abstract(x.dims, _decide_bounds(x.term), x.dtype)
     if len(x.dims) != 4:
         dims = (1,) * (4 - len(x.dims)) + x.dims
         x = Abstract(dims, remap(x.term, {a: a + 4 - len(x.dims) for a in range(len(x.dims))}), x.dtype)
     i_axis, j_axis = 2, 3
-    offsets: set[Lin] = set()
-    frontier: list[tuple[Term, bool]] = []  # (atom, True when the atom means j <= i + offset)
+    frontier: list[tuple[Term, Lin, bool]] = []  # (atom, offset o, True when the atom means j <= i + o)
     for atom in atoms(x.term):
         axes = axes_of(atom)
         if i_axis not in axes:
@@ -84,33 +86,59 @@ def split_causal(value: ir.Value, reader: Reader | None = None) -> CausalSplit:
         ci, cj = d.pop(("x", i_axis), 0), d.pop(("x", j_axis), 0)
         k = Lin.of(d, atom.lin.const)  # the rest: a constant and symbolic dims (a cache's past length)
         if (ci, cj) == (-1, 1):  # j - i + k <= 0  <=>  j <= i - k
-            offsets.add(k.scaled(-1))
-            frontier.append((atom, True))
+            frontier.append((atom, k.scaled(-1), True))
         elif (ci, cj) == (1, -1):  # i - j + k <= 0  <=>  j >= i + k  <=>  not (j <= i + k - 1)
-            offsets.add(k.plus(Lin((), 1), -1))
-            frontier.append((atom, False))
+            frontier.append((atom, k.plus(Lin((), 1), -1), False))
         else:
             raise NotProved("a comparison of the query and key positions that is not j <= i + c")
     if not frontier:
         raise NoFrontier("no comparison of the key and query positions (j <= i + c) in the mask")
-    if len(offsets) != 1:
-        shown = sorted(_show(o) for o in offsets)
-        raise NotProved(f"two causal frontiers in one mask (offsets {shown}: a band or a window)")
-    (offset,) = offsets
+    offsets = _ordered({o for _, o, _ in frontier})
 
-    def with_frontier(visible: bool) -> Term:
+    def region(left_of: int) -> Term:
+        """The term where j lies right of the first left_of frontiers and left of (or on) the
+        rest: the frontiers j <= i + o sorted by o, so region k is o_k < j - i <= o_{k+1}."""
         term = x.term
-        for atom, means_visible in frontier:
-            term = replace_atom(term, atom, Num(visible == means_visible, ir.DataType.BOOL))
+        for atom, o, means_left in frontier:
+            left = offsets.index(o) >= left_of  # j <= i + o holds in this region
+            term = replace_atom(term, atom, Num(left == means_left, ir.DataType.BOOL))
         return _fold_all(term)
 
-    hidden, seen = with_frontier(False), with_frontier(True)
+    if len(offsets) == 1:  # causal: visible left of the one frontier, the fill right of it
+        (offset,) = offsets
+        seen, hidden = region(0), region(1)
+        window_left = -1
+    else:  # a band: the fill left of the lower frontier and right of the upper one
+        low, offset = offsets
+        outside_left, seen, hidden = region(0), region(1), region(2)
+        if outside_left != hidden:
+            raise NotProved(
+                f"left of the lower frontier (j <= i + {_show(low)}) the mask is not the value right of the upper one"
+            )
+        width = offset.plus(low, -1)
+        if width.coeffs:
+            raise NotProved(f"the window's width {_show(width)} is not a constant")
+        window_left = width.const - 1  # keys i + offset - window_left .. i + offset
     if not isinstance(hidden, Num):
         raise NotProved("right of the causal frontier the mask is not one constant")
     if i_axis in axes_of(seen):
         raise NotProved("the padding part of the mask still depends on the query position")
     dims = x.dims[:i_axis] + (1,) + x.dims[i_axis + 1 :]
-    return CausalSplit(offset, hidden, Abstract(dims, seen, x.dtype), x.dims)
+    return CausalSplit(offset, hidden, Abstract(dims, seen, x.dtype), x.dims, window_left)
+
+
+def _ordered(offsets: set[Lin]) -> list[Lin]:
+    """The frontiers' offsets, lowest first: one, or two whose difference is a constant (a band)."""
+    if len(offsets) == 1:
+        return list(offsets)
+    shown = sorted(_show(o) for o in offsets)
+    if len(offsets) > 2:
+        raise NotProved(f"{len(offsets)} causal frontiers in one mask (offsets {shown})")
+    a, b = offsets
+    gap = b.plus(a, -1)
+    if gap.coeffs:
+        raise NotProved(f"two causal frontiers in one mask whose distance is not a constant (offsets {shown})")
+    return [a, b] if gap.const > 0 else [b, a]
 
 
 def _decide_bounds(term: Term) -> Term:
@@ -169,11 +197,13 @@ def absorbs_scores(fill: float) -> bool:
 
 @dataclass(frozen=True)
 class CausalProof:
-    """What a block becomes: is_causal, the op's mask_fill and the [B, 1, 1, Sk] padding part."""
+    """What a block becomes: is_causal, the op's window_left (-1: none), mask_fill and the
+    [B, 1, 1, Sk] padding part."""
 
     is_causal: int
     mask_fill: float
     padding: Abstract
+    window_left: int = -1
 
 
 def prove(
@@ -202,7 +232,7 @@ def prove(
     assert isinstance(hidden, Num)
     if as_mask:
         if bool(hidden.value) != marks_masked:
-            raise NotProved("right of the causal frontier the mask keeps keys")
+            raise NotProved("outside the causal frontier (and window) the mask keeps keys")
         assert block_fill is not None
         fill = block_fill
     else:
@@ -213,7 +243,7 @@ def prove(
                 "(exact only for -inf or fills <= -2**127)"
             )
     write_term(None, split.padding.term, split.padding.dtype, split.padding.dims)  # dry run: raises where it cannot
-    return CausalProof(is_causal, fill, split.padding)
+    return CausalProof(is_causal, fill, split.padding, split.window_left)
 
 
 __all__ = [
