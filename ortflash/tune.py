@@ -1,5 +1,6 @@
-"""``optimize --tune``: time this model's candidate forms on this machine at the user's lengths and
-keep the fastest, instead of predicting from the cost table; the choice is cached.
+"""``optimize --tune`` (``optimize_tuned``): time this model's candidate forms on this machine at
+the user's lengths and keep the fastest, instead of predicting from the cost table; the choice is
+cached. It sits above the pipeline (ortflash/optimize.py) and the bench that times it.
 
 The candidates are whole models: the original as given, every fused block in the chosen target's
 form, and the cost table's choice where that differs (some blocks kept). Each is timed by
@@ -33,6 +34,9 @@ from typing import Any
 import onnx
 
 from .errors import OrtflashError
+from .model_io import ModelLike, load
+from .policy import SoftmaxPolicy
+from .report import Report
 
 ORIGINAL = "original"
 CACHE_SCHEMA = 1
@@ -212,3 +216,78 @@ def _write_cache(
         os.replace(tmp, Path(cache_dir) / f"{key}.json")  # atomic: a concurrent reader sees all or nothing
     except OSError:
         pass  # a cache that cannot be written costs a measurement next time, nothing else
+
+
+def optimize_tuned(
+    model_or_path: ModelLike,
+    settings: TuneSettings,
+    **options: Any,
+) -> tuple[onnx.ModelProto, Report]:
+    """``ortflash.optimize(model_or_path, **options)`` with the target left open, then, of the
+    original, every block fused (in the chosen target's form) and the cost table's choice, the one
+    measured fastest here; each fused row and the target's why say what was measured."""
+    import dataclasses
+
+    from .optimize import AUTO, optimize
+
+    target, ep = options.get("target"), options.get("ep")
+    if target not in (None, AUTO):
+        raise OrtflashError(
+            f"--tune chooses a block's form where the target is left open; --target {target} is written as asked"
+        )
+    if ep not in (None, "cpu"):
+        raise OrtflashError(f"--tune measures on ONNX Runtime's CPU EP, here; --ep {ep} runs elsewhere")
+    by_table = optimize(model_or_path, **options)
+    table_model, table_report = by_table
+    assert table_report.target is not None
+    chosen_target = table_report.target.chosen
+    named = {k: v for k, v in options.items() if k not in ("target", "ep", "seq_lens")}
+    every_block = optimize(model_or_path, target=chosen_target, **named)
+    fused_model, fused_report = every_block
+    candidates: dict[str, tuple[onnx.ModelProto, Report]] = {}
+    if fused_report.fused:
+        candidates["fused"] = every_block
+    if table_report.fused and table_report.fused != fused_report.fused:
+        candidates["table"] = by_table
+    if not candidates:
+        return by_table  # nothing fused, nothing to time
+    dynamic = [b.name for b in fused_report.blocks if b.fused and b.key_len is None]
+    if not settings.seq_lens and dynamic:
+        raise OrtflashError(
+            f"--tune times the model at the lengths it runs at: give --seq-lens (block {dynamic[0]}'s key length "
+            "is known only at run time)"
+        )
+    original = load(model_or_path)
+    policy = options.get("policy") or SoftmaxPolicy.for_new_nodes(
+        *(options.get(k) for k in ("softmax", "online_softmax")),
+        **{k: options[k] for k in ("block_size", "min_seq_len") if k in options},
+    )
+    key = cache_key(
+        original,
+        ep=ep or "cpu",
+        seq_lens=settings.seq_lens,
+        policy=json.dumps(policy.attributes(), sort_keys=True),
+        target=target,
+    )
+    weights_dir = (
+        os.path.dirname(os.path.abspath(os.fspath(model_or_path)))
+        if isinstance(model_or_path, (str, os.PathLike))
+        else None
+    )
+    measured = measure(
+        original, {label: m for label, (m, _) in candidates.items()}, settings, key=key, weights_dir=weights_dir
+    )
+    why = measured.why()
+    if measured.chosen == ORIGINAL:
+        model, report = original, table_report
+        for block in report.blocks:
+            if block.fused:
+                block.fused, block.lowered_to = False, None
+                block.reason = f"kept the original ops: {why}"
+    else:
+        model, report = candidates[measured.chosen]
+        for block in report.blocks:
+            if block.fused:
+                block.reason = "; ".join(filter(None, [block.reason, why]))
+    report.target = dataclasses.replace(table_report.target, why=f"{table_report.target.why}; {why}")
+    return model, report

@@ -13,8 +13,7 @@ import onnx
 import pytest
 
 from ortflash import tune
-from ortflash.optimize import optimize
-from ortflash.tune import TuneSettings
+from ortflash.tune import TuneSettings, optimize_tuned
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -57,7 +56,10 @@ def test_the_key_changes_with_the_model_the_lengths_the_ep_and_the_policy(tmp_pa
 
 
 def _cached(cache: Path, path: Path, seq_lens: tuple[int, ...], chosen: str, ratios: dict) -> None:
-    key = tune.cache_key(onnx.load(path), ep="cpu", seq_lens=seq_lens, policy="naive", target=None)
+    from ortflash.policy import SoftmaxPolicy
+
+    policy = json.dumps(SoftmaxPolicy.for_new_nodes().attributes(), sort_keys=True)  # the default policy
+    key = tune.cache_key(onnx.load(path), ep="cpu", seq_lens=seq_lens, policy=policy, target=None)
     cache.mkdir(parents=True, exist_ok=True)
     doc = {"schema": tune.CACHE_SCHEMA, "chosen": chosen, "ratios": ratios}
     (cache / f"{key}.json").write_text(json.dumps(doc))
@@ -74,13 +76,13 @@ def test_a_cached_choice_is_taken_without_timing_anything(tmp_path, monkeypatch)
     monkeypatch.setattr(sweep, "bench", no_timing)
     settings = TuneSettings(seq_lens=(2048,), cache_dir=str(cache))
     _cached(cache, path, (2048,), "original", {"fused": {"2048": 0.8}})
-    out, report = optimize(path, seq_lens=[2048], tune=settings)
+    out, report = optimize_tuned(path, settings, seq_lens=[2048])
     assert report.fused == 0 and out.SerializeToString() == onnx.load(path).SerializeToString()
     assert report.target is not None and "cached measurement" in report.target.why
     assert "fused 0.80x" in report.blocks[0].reason and "took original" in report.blocks[0].reason
 
     _cached(cache, path, (2048,), "fused", {"fused": {"2048": 1.5}})
-    out, report = optimize(path, seq_lens=[2048], tune=settings)
+    out, report = optimize_tuned(path, settings, seq_lens=[2048])
     assert report.fused == 1 and [n.op_type for n in out.graph.node].count("FlashAttention") == 1
     assert "took fused" in report.blocks[0].reason
 
@@ -88,7 +90,7 @@ def test_a_cached_choice_is_taken_without_timing_anything(tmp_path, monkeypatch)
 def test_a_measurement_is_written_to_the_cache_and_the_choice_follows_its_numbers(tmp_path):
     path, cache = _stack(tmp_path), tmp_path / "cache"
     settings = TuneSettings(seq_lens=(32, 256), cache_dir=str(cache), repeats=3, rounds=1)
-    out, report = optimize(path, seq_lens=[32, 256], tune=settings)
+    out, report = optimize_tuned(path, settings, seq_lens=[32, 256])
     (entry,) = cache.glob("*.json")
     doc = json.loads(entry.read_text())
     assert set(doc["ratios"]) == {"fused"} and set(doc["ratios"]["fused"]) == {"32", "256"}
@@ -103,9 +105,9 @@ def test_tune_with_a_named_target_or_another_ep_is_refused(tmp_path):
 
     path = _stack(tmp_path)
     with pytest.raises(OrtflashError, match="--tune"):
-        optimize(path, target="ortflash", seq_lens=[64], tune=TuneSettings(seq_lens=(64,)))
+        optimize_tuned(path, TuneSettings(seq_lens=(64,)), target="ortflash", seq_lens=[64])
     with pytest.raises(OrtflashError, match="--tune"):
-        optimize(path, ep="webgpu", seq_lens=[64], tune=TuneSettings(seq_lens=(64,)))
+        optimize_tuned(path, TuneSettings(seq_lens=(64,)), ep="webgpu", seq_lens=[64])
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import argparse
 import datetime
 import os
 import sys
+from functools import partial
 from typing import TYPE_CHECKING
 
 import onnx
@@ -17,7 +18,7 @@ from ..lowering import TARGETS
 from ..model_io import load
 from ..optimize import AUTO, EP_TARGETS, EXECUTION_PROVIDERS, optimize, save
 from ..report import Report, result_document
-from ..tune import TuneSettings, default_cache_dir
+from ..tune import TuneSettings, default_cache_dir, optimize_tuned
 from .args import (
     EXIT_MISMATCH,
     EXIT_OK,
@@ -185,13 +186,13 @@ def run(args: argparse.Namespace) -> int:
         checked[id(candidate)] = _unrunnable(candidate, candidate_report, original, args, console)
         return checked[id(candidate)]
 
-    model, report = optimize(
+    tune = _tune_settings(args)
+    model, report = (optimize if tune is None else partial(optimize_tuned, settings=tune))(
         original,
         policy=policy,
         target=args.target,
         ep=args.ep,
         load_check=load_check,
-        tune=_tune_settings(args),
         **pipeline_options(args),
     )
     report.model = args.model
