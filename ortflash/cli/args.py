@@ -180,6 +180,6 @@ def output_options() -> Parser:
         "--json",
         metavar="PATH",
         help="also write the result as JSON (schema ortflash.result, "
-        "see the README); - writes it to stdout and the tables to stderr",
+        "see docs/command-line.md); - writes it to stdout and the tables to stderr",
     )
     return p

@@ -28,7 +28,7 @@ EXIT_OK, EXIT_REGRESSED = 0, 1
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``ortflash regress`` (--quiet and --json come from the shared parent parser)."""
-    p.add_argument("manifest", help="a .toml or .json manifest of models and what each must do (see the README)")
+    p.add_argument("manifest", help="a .toml or .json manifest of models and what each must do (see docs/testing.md)")
     p.add_argument(
         "-j",
         "--jobs",
