@@ -380,3 +380,59 @@ def test_exported_window_lowers_exactly(target):
     for batch, new, past, pad in [(2, 9, 0, 3), (1, 1, 11, 0), (1, 4, 0, 0)]:
         f = _export_feeds(model, batch, new, past, pad)
         _assert_same(_run(lowered, f), _run(model, f))
+
+
+# ---------------------------------------------------------------- WGSL (lavapipe in CI)
+
+
+def _wgsl_runner():
+    from ortflash.kernels.wgpu import kernel as wk
+
+    if not wk.available():
+        pytest.skip(wk.unavailable_reason() or "no wgpu adapter")
+    return wk.runner()
+
+
+@pytest.mark.parametrize("kernel", ["flash", "naive"])
+@pytest.mark.parametrize("fill", [-np.inf, LOWEST])
+@pytest.mark.parametrize(
+    "sq,sk,is_causal,wl,wr",
+    [(150, 150, 1, 20, -1), (37, 150, 2, 9, -1), (150, 37, 2, 5, -1), (1, 300, 2, 63, -1), (65, 65, 0, 7, 3)],
+)
+def test_wgsl_window_matches_the_reference(kernel, fill, sq, sk, is_causal, wl, wr):
+    """Both shaders with the window; flash with small tiles, so that row tiles start past whole
+    key tiles left of their window (skipped under -inf) and others cross the window's edge."""
+    from ortflash.kernels.wgpu.tiles import FlashTile
+
+    runner = _wgsl_runner()
+    rng = np.random.default_rng(sq + 3 * sk + wl)
+    q = rng.standard_normal((1, 2, sq, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 1, sk, 32)).astype(np.float32) for _ in range(2))
+    bias = np.where(rng.random((1, 1, 1, sk)) < 0.2, LOWEST, 0).astype(np.float32)
+    attrs = spec.validate(
+        {"scale": 0.2, "is_causal": is_causal, "window_left": wl, "window_right": wr, "mask_fill": fill}
+    )
+    tiles = [FlashTile(16, 16, 4, 1, 4), None] if kernel == "flash" else [None]
+    want = reference.flash_attention(q, k, v, bias, **attrs)
+    for tile in tiles:
+        got = runner.attention(q, k, v, bias, None, attrs=attrs, kernel=kernel, tile=tile)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=1e-4, atol=1e-4)
+
+
+def test_wgsl_flash_skips_key_tiles_left_of_every_window():
+    """Under fill -inf flash.wgsl starts each row tile at its first window's key tile: NaN in the
+    V rows before it reaches the reference's output (0 * NaN) and not the shader's."""
+    from ortflash.kernels.wgpu.tiles import FlashTile
+
+    runner = _wgsl_runner()
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, 2, 16, 32)).astype(np.float32)  # positions 240..255 of 256 keys
+    k, v = (rng.standard_normal((1, 1, 256, 32)).astype(np.float32) for _ in range(2))
+    v[..., :192, :] = np.nan  # whole tiles before key 224, row 240's first
+    attrs = spec.validate({"scale": 0.2, "is_causal": 2, "window_left": 16})
+    got = runner.attention(q, k, v, None, None, attrs=attrs, kernel="flash", tile=FlashTile(16, 16, 4, 1, 4))
+    assert np.isfinite(got).all()
+    assert np.isnan(reference.flash_attention(q, k, v, **attrs)).all()
+    v[..., :192, :] = 0.0
+    np.testing.assert_allclose(got, reference.flash_attention(q, k, v, **attrs), rtol=1e-4, atol=1e-4)

@@ -33,16 +33,26 @@ PARAMS_DTYPE = np.dtype(
         ("empty_row", "<f4"),
         ("causal_row_shift", "<u4"),
         ("causal_key_shift", "<u4"),
-        ("_pad", "<f4"),
+        ("window_row_shift", "<u4"),
+        ("window_key_shift", "<u4"),
+        ("_pad", "<u4", (3,)),
         ("bias_stride", "<u4", (4,)),
         ("mask_stride", "<u4", (4,)),
     ]
 )
-assert PARAMS_DTYPE.itemsize == 96
+assert PARAMS_DTYPE.itemsize == 112
 
 # Bits of Params.flags; the same values as the FLAG_* constants of common.wgsl.
 FLAG_BIAS, FLAG_MASK, FLAG_CAUSAL, FLAG_SOFTCAP, FLAG_SKIP_CAUSAL_TILES, FLAG_BIAS_AFTER_MASK = 1, 2, 4, 8, 16, 32
 FLAG_HEAVY_FIRST = 64
+FLAG_WINDOW, FLAG_SKIP_WINDOW_TILES = 128, 256
+
+
+def shifts(offset: int) -> tuple[int, int]:
+    """(row shift, key shift), both unsigned, with row shift - key shift = offset: the shader's
+    tests ``key + key_shift > row + row_shift`` (right of j <= i + offset) and ``<`` (left of
+    j >= i + offset) need no signed arithmetic."""
+    return (offset, 0) if offset >= 0 else (0, -offset)
 
 
 def causal_shifts(is_causal: int, seq_q: int, seq_k: int) -> tuple[int, int]:
@@ -55,7 +65,7 @@ def causal_shifts(is_causal: int, seq_q: int, seq_k: int) -> tuple[int, int]:
     """
     if is_causal != 2:
         return 0, 0
-    return (seq_k - seq_q, 0) if seq_k >= seq_q else (0, seq_q - seq_k)
+    return shifts(seq_k - seq_q)
 
 
 def causal_tiles_skippable(attrs: Mapping[str, Any], bias: np.ndarray | None) -> bool:
@@ -183,13 +193,21 @@ def prepare(
         flags |= FLAG_MASK
     if attrs["is_causal"] not in (0, 1, 2):
         raise ValueError(f"is_causal must be 0, 1 or 2, got {attrs['is_causal']}")
-    if attrs["is_causal"]:
+    # spec.key_bounds: position p = i + (Sk - Sq under is_causal 2); keys j <= p under is_causal,
+    # j <= p + window_right under a window without it (the causal test, moved), j >= p - window_left.
+    position = problem.seq_k - problem.seq_q if attrs["is_causal"] == 2 else 0
+    window_left, window_right = attrs.get("window_left", -1), attrs.get("window_right", -1)
+    if attrs["is_causal"] or window_right >= 0:
         flags |= FLAG_CAUSAL
         if causal_tiles_skippable(attrs, bias):
             flags |= FLAG_SKIP_CAUSAL_TILES | (FLAG_HEAVY_FIRST if heavy_first else 0)
-        params["causal_row_shift"], params["causal_key_shift"] = causal_shifts(
-            attrs["is_causal"], problem.seq_q, problem.seq_k
-        )
+        right = position if attrs["is_causal"] else position + window_right
+        params["causal_row_shift"], params["causal_key_shift"] = shifts(right)
+    if window_left >= 0:
+        flags |= FLAG_WINDOW
+        if causal_tiles_skippable(attrs, bias):
+            flags |= FLAG_SKIP_WINDOW_TILES
+        params["window_row_shift"], params["window_key_shift"] = shifts(position - window_left)
     if attrs.get("bias_after_mask", 0):
         flags |= FLAG_BIAS_AFTER_MASK
     if attrs["softcap"] > 0:

@@ -3,6 +3,7 @@
 //
 //     s = scale * q.k ; s = softcap * tanh(s / softcap) ; s += bias
 //     s = mask ? s : mask_fill ; s = (key <= row + Sk - Sq or not causal) ? s : mask_fill
+//     s = (key >= row + offset - window_left or no window) ? s : mask_fill
 //
 // with the bias added after the mask and the causal fill instead when
 // bias_after_mask = 1 (FLAG_BIAS_AFTER_MASK), and the causal diagonal at the
@@ -27,7 +28,13 @@ struct Params {
     // (params.py causal_shifts: both 0 top-left; Sk - Sq or Sq - Sk bottom-right).
     causal_row_shift: u32,
     causal_key_shift: u32,
-    _pad0: f32,
+    // Window: key is masked when key + window_key_shift < row + window_row_shift
+    // (params.py: row shift - key shift = the causal offset - window_left).
+    window_row_shift: u32,
+    window_key_shift: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
     // Element strides of bias / mask per dimension (batch, head, row, key);
     // a broadcast dimension has stride 0, so no broadcast copy is ever made.
     bias_stride: vec4<u32>,
@@ -41,12 +48,16 @@ const FLAG_SOFTCAP: u32 = 8u;
 // Causal and mask_fill == -inf: key tiles right of the diagonal add exactly
 // nothing, so the flash kernel may skip them.
 const FLAG_SKIP_CAUSAL_TILES: u32 = 16u;
-// Any of bias, mask, causal or softcap: the plain path (scale only) is not enough.
-const FLAG_ANY_EXTRA: u32 = 15u;
+// Any of bias, mask, causal, softcap or window: the plain path (scale only) is not enough.
+const FLAG_ANY_EXTRA: u32 = 143u;
 // The bias is added after the mask and the causal fill (bias_after_mask = 1).
 const FLAG_BIAS_AFTER_MASK: u32 = 32u;
 // With FLAG_SKIP_CAUSAL_TILES: flash.wgsl starts the heaviest row tiles first.
 const FLAG_HEAVY_FIRST: u32 = 64u;
+// A window's left edge (window_left): keys left of it are filled like causal ones.
+const FLAG_WINDOW: u32 = 128u;
+// Window and mask_fill == -inf: key tiles left of every row's window add exactly nothing.
+const FLAG_SKIP_WINDOW_TILES: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> bias_buf: array<f32>;
@@ -96,6 +107,9 @@ fn score_of(dot: f32, bbase: u32, mbase: u32, row: u32, key: u32) -> f32 {
         }
     }
     if ((flags & FLAG_CAUSAL) != 0u && key + params.causal_key_shift > row + params.causal_row_shift) {
+        s = params.mask_fill;
+    }
+    if ((flags & FLAG_WINDOW) != 0u && key + params.window_key_shift < row + params.window_row_shift) {
         s = params.mask_fill;
     }
     if ((flags & FLAG_BIAS) != 0u && !bias_first) {

@@ -180,11 +180,19 @@ fn main(
         let past_last = q0 + BR + row_shift;   // one past the last visible key, before the key shift
         k_end = select(0u, min(sk, past_last - key_shift), past_last > key_shift);
     }
+    // Window: rows q0.. see no key before q0 + window row shift - window key shift; the tiles
+    // wholly before it are skipped (first tile aligned down to BC).
+    let wrow_shift = params.window_row_shift;
+    let wkey_shift = params.window_key_shift;
+    var k_start = 0u;
+    if ((params.flags & FLAG_SKIP_WINDOW_TILES) != 0u && q0 + wrow_shift > wkey_shift) {
+        k_start = min(sk, q0 + wrow_shift - wkey_shift) / BC * BC;
+    }
     let k_base = bkv * sk * D4;
     let v_base = bkv * sk * DV4;
     let extra = params.flags & FLAG_ANY_EXTRA;
 
-    for (var k0 = 0u; k0 < k_end; k0 += BC) {
+    for (var k0 = k_start; k0 < k_end; k0 += BC) {
         workgroupBarrier();   // everyone is done with the previous K/V and P tiles
         for (var i = lid; i < BC * D4; i += WG) {
             let key = i / D4;
@@ -199,9 +207,13 @@ fn main(
             stage_v(v_base, k0, lid);
         }
         workgroupBarrier();
-        // Off the diagonal, a causal-only tile needs no per-element check:
-        // every key is visible to every row (k0 + BC - 1 + key shift <= q0 + row shift).
-        let plain = extra == 0u || (extra == FLAG_CAUSAL && k0 + BC + key_shift <= q0 + 1u + row_shift);
+        // Off the diagonal (and inside every row's window), a causal- or window-only tile needs no
+        // per-element check: every key is visible to every row (k0 + BC - 1 + key shift <= q0 +
+        // row shift, and k0 + window key shift >= q0 + BR - 1 + window row shift).
+        let edges_only = (extra & ~(FLAG_CAUSAL | FLAG_WINDOW)) == 0u;
+        let right_clear = (extra & FLAG_CAUSAL) == 0u || k0 + BC + key_shift <= q0 + 1u + row_shift;
+        let left_clear = (extra & FLAG_WINDOW) == 0u || k0 + wkey_shift >= q0 + BR - 1u + wrow_shift;
+        let plain = extra == 0u || (edges_only && right_clear && left_clear);
 
         // Scores: s[kk * RV + r] = q.k of row block r with key kk*C + c.
         // Zeroed explicitly: a `var` declared in a loop body is not reliably
