@@ -7,7 +7,12 @@ inputs given are too short for the online path, it runs again at ``min_seq_len``
 accepts that length, and otherwise forces the missing mode on the short inputs, saying so.
 
 Both models run at one ONNX Runtime graph optimization level, ``disable`` by default (see
-VERIFY_OPT_LEVEL).
+VERIFY_OPT_LEVEL). Random inputs the original does not take at the batch asked for are retried at
+batch 1, and the original runs once more in float64 for the model's own noise (checks/noise).
+
+Over 400 lines because ``prove`` is one sequence over one prover (first runs, the batch-1 retry,
+the rerun at min_seq_len, the forced softmaxes) and the result types it fills are what the CLI,
+the API and the JSON read.
 """
 
 from __future__ import annotations

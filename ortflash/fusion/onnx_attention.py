@@ -29,6 +29,17 @@ In FlashAttention terms: the float mask is the bias, with its ``<= lowest`` entr
 turn exactly the rows ORT zeroes into zeros. The one divergence: ORT adds ``lowest`` to a
 masked score where this writes ``-inf``, which differs only for scores of magnitude
 ≥ 1e31 (float32) or for float16 mask values within a score of -65504.
+
+Three of ONNX's rules ONNX Runtime 1.31 refuses to run, so no model it runs has them, are
+written as ONNX's reference computes them: Attention-25's ``left_window_size`` /
+``right_window_size`` (query i at position t = i + offset, the offset as for the causal frontier,
+sees keys t - left <= j <= t + right) as one more bool mask, with ONNX's causal rule (no
+exception for a single query); a rank-1 ``attn_mask`` (one row for every query); and a mask over
+fewer keys than past + new, padded with False / -inf where both lengths are static.
+
+Over 400 lines because it is one front end: reading the node (every attribute and input ORT
+reads, each with its refusal) and writing it (heads, past, causal frontier, window, masks), which
+share the reading and make sense only together.
 """
 
 from __future__ import annotations
@@ -52,7 +63,7 @@ from .call import FlashAttentionCall
 from .emit import write_call
 
 FIRST_OPSET = 23  # Attention entered the default domain here
-# attribute names ONNX Runtime reads for opsets 23/24; later ones are refused below when set
+# Attention-25's window attributes (ONNX Runtime 1.31 does not run them): written as a mask
 _WINDOW_ATTRS = ("left_window_size", "right_window_size")
 
 _INPUT_NAMES = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
@@ -80,6 +91,13 @@ class AttentionOpReading:
     nonpad: ir.Value | None = None
     outputs: tuple[tuple[int, ir.Value], ...] = ()  # (0|1|2, the Attention output to reroute)
     notes: str = ""
+    # (left_window_size, right_window_size) of opset 25, -1 unbounded: ONNX's rule, which ONNX Runtime
+    # 1.31 does not run (its models keep ONNX's own causal rule: no exception for a single query)
+    window: tuple[int, int] = (-1, -1)
+
+    @property
+    def windowed(self) -> bool:
+        return self.window != (-1, -1)
 
     def summary(self, causal: str) -> str:
         """The report's mask column; causal says how the causal rule was written."""
@@ -95,6 +113,8 @@ class AttentionOpReading:
             parts.append("past_key/value")
         if self.softcap:
             parts.append(f"softcap {self.softcap:g}")
+        if self.windowed:
+            parts.append(f"window (left {self.window[0]}, right {self.window[1]}) as a mask")
         return ", ".join(parts) or "none"
 
     def pattern(self) -> str:
@@ -135,10 +155,10 @@ def _read(node: ir.Node, opset: int) -> AttentionOpReading:
             f"it asks for qk_matmul_output (mode {mode}: the score/probability matrix), which the fused op never "
             "materialises"
         )
-    for name in _WINDOW_ATTRS:
-        value = _attr(node, name)
-        if value is not None and value != -1:
-            raise NotFused(f"{name}={value}: sliding-window attention (opset 25) is not rewritten")
+    left, right = (int(_attr(node, name) if _attr(node, name) is not None else -1) for name in _WINDOW_ATTRS)
+    window = (left, right)
+    if any(w < -1 for w in window):
+        raise NotFused(f"left_window_size={window[0]}, right_window_size={window[1]}: a bound below -1")
 
     dtype = q.dtype
     if dtype not in u.FLOAT_TYPES:
@@ -194,8 +214,9 @@ def _read(node: ir.Node, opset: int) -> AttentionOpReading:
                 "(additive) mask mean different things, so its type must be known"
             )
         mask_rank = u.rank(mask)
-        if mask_rank is not None and not 2 <= mask_rank <= 4:
-            raise NotFused(f"attn_mask has rank {mask_rank}, not 2 to 4")
+        # broadcast to [B, H, Sq, T] aligned right, as ONNX defines it (rank 1: one row for every query)
+        if mask_rank is not None and not 1 <= mask_rank <= 4:
+            raise NotFused(f"attn_mask has rank {mask_rank}, not 1 to 4")
 
     if (past_key is None) != (past_value is None):
         raise NotFused("only one of past_key and past_value is given")
@@ -236,6 +257,7 @@ def _read(node: ir.Node, opset: int) -> AttentionOpReading:
         nonpad=nonpad,
         outputs=used,
         notes="qk_matmul_output is declared but read by nothing; dropped" if dropped else "",
+        window=window,
     )
 
 
@@ -275,7 +297,7 @@ def _causal(e: Emitter, p: AttentionOpReading, q4: ir.Value, k4: ir.Value) -> _C
     past_static = _dim_of(p.past_key, 2)
     if p.nonpad is None and (p.past_key is None or past_static == 0):
         return _Causal(None, True, "top-left")
-    if p.nonpad is None and past_static is not None and sq_static == 1:
+    if p.nonpad is None and past_static is not None and sq_static == 1 and not p.windowed:
         return _Causal(None, False, "none: one query after a past sees every key, as in ONNX Runtime")
     sq = e.dim(q4, 2, scalar=True, known=sq_static)
     total = e.dim(k4, 2, scalar=True, known=_total_static(p))
@@ -288,7 +310,7 @@ def _causal(e: Emitter, p: AttentionOpReading, q4: ir.Value, k4: ir.Value) -> _C
         assert p.past_key is not None
         how = "offset by the past length"
         offset = e.dim(p.past_key, 2, scalar=True, known=past_static)
-        if sq_static is None or sq_static == 1:
+        if (sq_static is None or sq_static == 1) and not p.windowed:
             single = e.node("Equal", [sq, e.i64(1)])
             has_past = e.node("Greater", [offset, e.i64(0)])
             offset = e.node("Where", [e.node("And", [single, has_past]), total, offset])
@@ -296,6 +318,28 @@ def _causal(e: Emitter, p: AttentionOpReading, q4: ir.Value, k4: ir.Value) -> _C
     cols = e.unsqueeze(e.arange(total), [0])  # [1, T]
     ahead = e.node("Sub", [cols, rows])  # j - i
     return _Causal(e.node("LessOrEqual", [ahead, offset]), False, how)
+
+
+def _window_mask(e: Emitter, p: AttentionOpReading, q4: ir.Value, k4: ir.Value) -> ir.Value:
+    """ONNX's sliding window as a bool mask: query i at position t = i + offset sees key j where
+    t - left <= j <= t + right (each bound where it is >= 0); the offset is the past length, or
+    per batch nonpad[b] - Sq, as for the causal frontier in ONNX's rule."""
+    sq = e.dim(q4, 2, scalar=True, known=_dim_of(p.q, 2 if p.rank == 4 else 1))
+    total = e.dim(k4, 2, scalar=True, known=_total_static(p))
+    rows = e.unsqueeze(e.arange(sq), [1])  # [Sq, 1]
+    cols = e.unsqueeze(e.arange(total), [0])  # [1, T]
+    behind = e.node("Sub", [rows, cols])  # i - j
+    if p.past_key is not None:
+        behind = e.node("Add", [behind, e.dim(p.past_key, 2, scalar=True, known=_dim_of(p.past_key, 2))])
+    elif p.nonpad is not None:
+        behind = e.node("Add", [behind, e.unsqueeze(e.node("Sub", [p.nonpad, sq]), [1, 2, 3])])  # [B, 1, Sq, T]
+    left, right = p.window
+    keep = []
+    if left >= 0:
+        keep.append(e.node("LessOrEqual", [behind, e.i64(left)]))
+    if right >= 0:
+        keep.append(e.node("GreaterOrEqual", [behind, e.i64(-right)]))
+    return keep[0] if len(keep) == 1 else e.node("And", keep)
 
 
 def _nonpad_mask(e: Emitter, p: AttentionOpReading, k4: ir.Value) -> ir.Value:
@@ -307,12 +351,25 @@ def _nonpad_mask(e: Emitter, p: AttentionOpReading, k4: ir.Value) -> ir.Value:
     return e.unsqueeze(e.node("Less", [cols, lengths]), [1, 2])
 
 
+def _padded_to_keys(e: Emitter, p: AttentionOpReading, mask: ir.Value, fill: np.ndarray) -> ir.Value:
+    """attn_mask with its last axis padded with ``fill`` (False, -inf) up to the keys, where both
+    lengths are static and the mask is shorter: ONNX's rule for a mask over fewer keys than past +
+    new (ONNX Runtime refuses such a mask, so no model it runs has one)."""
+    rank, length, total = u.rank(mask), _dim_of(mask, (u.rank(mask) or 1) - 1), _total_static(p)
+    if rank is None or length is None or total is None or length >= total:
+        return mask
+    pads = [0] * (2 * rank)
+    pads[-1] = total - length
+    return e.node("Pad", [mask, e.i64(pads), e.const(fill)])
+
+
 def _float_mask_as_bias(e: Emitter, p: AttentionOpReading) -> ir.Value | None:
     """The float attn_mask as FlashAttention's bias. ORT zeroes a row whose mask entries are all
     <= lowest(T); as -inf they make the row all -inf, which masked_rows=zero turns into zeros."""
     if p.mask is None or p.mask_is_bool:
         return None
     bias = e.cast(p.mask, ir.DataType.FLOAT)  # float16 -> float32 is exact
+    bias = _padded_to_keys(e, p, bias, np.array(-math.inf, np.float32))
     lowest = np.float32(np.finfo(p.dtype.numpy()).min)
     dead = e.node("LessOrEqual", [bias, e.const(np.array(lowest))])
     return e.node("Where", [dead, e.f32(-math.inf), bias])
@@ -330,12 +387,14 @@ def _emit(e: Emitter, p: AttentionOpReading, policy: SoftmaxPolicy, block_id: st
     present = {1: k4, 2: v4}
 
     bias = _float_mask_as_bias(e, p)
-    masks = [p.mask] if p.mask is not None and p.mask_is_bool else []
+    masks = [_padded_to_keys(e, p, p.mask, np.array(False))] if p.mask is not None and p.mask_is_bool else []
     causal = _causal(e, p, q4, k4) if p.is_causal else _Causal(None, False, "")
     if causal.mask is not None:
         masks.append(causal.mask)
     if p.nonpad is not None:
         masks.append(_nonpad_mask(e, p, k4))
+    if p.windowed:
+        masks.append(_window_mask(e, p, q4, k4))
     mask = None
     for m in masks:
         mask = m if mask is None else e.node("And", [mask, m])
