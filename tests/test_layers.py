@@ -232,3 +232,20 @@ def test_no_module_over_600_lines_or_over_400_without_a_reason() -> None:
     assert size_problems(sizes, AWAITING_A_REASON) == []
     done = sorted(m for m in AWAITING_A_REASON if m not in sizes or not size_problems({m: sizes[m]}))
     assert done == [], f"remove from AWAITING_A_REASON (under {EXPLAINED_FROM} lines or explained now): {done}"
+
+
+def test_every_command_has_one_convention() -> None:
+    """Issue 21 item 4: every command module of ortflash/cli has HELP, add_arguments(parser) and
+    run(args), and is in the one table (bench and regress through their own packages' modules)."""
+    import inspect
+
+    from ortflash import cli
+
+    shared = {"__init__", "args", "output", "inputs"}
+    modules = {p.stem for p in (PACKAGE_DIR / "cli").glob("*.py")} - shared
+    assert {c.module.__name__.rpartition(".")[2] for c in cli.COMMANDS.values()} == modules
+    for name, command in cli.COMMANDS.items():
+        module = command.module
+        assert isinstance(module.HELP, str) and module.HELP, name
+        assert len(inspect.signature(module.add_arguments).parameters) == 1, name  # the parser
+        assert len(inspect.signature(module.run).parameters) == 1, name  # the parsed arguments
