@@ -125,10 +125,24 @@ def test_external_weights_are_read_from_the_input_models_folder(tmp_path, monkey
     assert check.ok and check.outputs["last_hidden_state"].max_abs < 1e-5
 
 
-@pytest.mark.parametrize("bad", ["cuda", "nope"])
+@pytest.mark.parametrize("bad", ["nope", "Contrib"])
 def test_a_bad_target_is_an_ortflash_error(bad):
     model = ir.serde.deserialize_model(build(Variant()))
     with pytest.raises(ortflash.OrtflashError):
         FuseAttention(target=bad)(model)
     with pytest.raises(ortflash.OrtflashError):
         Lower(bad)(model)
+
+
+def test_attention_onnxscript_already_fused_is_left_with_a_note():
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    model = onnxscript.optimizer.optimize(ir.load(BERT))
+    fused_by_onnxscript, _ = optimize_for_ort(model)
+    result = FuseAttention(target="ortflash")(fused_by_onnxscript)
+    # onnxscript wrote both blocks as packed com.microsoft Attention: no Softmax or ONNX Attention is left
+    assert not result.modified and result.report.blocks == []
+    assert result.report.notes == [
+        "left as they are: 2 com.microsoft.Attention (ONNX Runtime's own attention ops, already fused; "
+        "ortflash reads Softmax blocks and the standard ONNX Attention op only)"
+    ]
