@@ -436,3 +436,30 @@ def test_wgsl_flash_skips_key_tiles_left_of_every_window():
     assert np.isnan(reference.flash_attention(q, k, v, **attrs)).all()
     v[..., :192, :] = 0.0
     np.testing.assert_allclose(got, reference.flash_attention(q, k, v, **attrs), rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- --target webgpu (issue 22 item 5)
+
+
+@pytest.mark.parametrize("name", ["gpt_neo_eager_torchscript", "gpt_neo_eager_dynamo"])
+def test_gpt_neo_lowers_to_webgpu_once_its_mask_is_proved(name):
+    """GPT-Neo's padding bias is added after the causal (window) fill. With the fill proved
+    is_causal + window, MultiHeadAttention's attention_bias expresses it (fill + bias absorbs the
+    score); the rows that see no key hold float32-lowest and -inf, whose mean over the maximum's
+    keys the lowering writes out. Before: kept, "bias after mask: one additive bias does not
+    express". Checked on the CPU EP (no WebGPU adapter here), including fully masked rows."""
+    model = onnx.load(os.path.join(ZOO, f"{name}.onnx"))
+    fused, _ = ortflash.optimize(model, softmax="naive", target="ortflash")
+    lowered, notes = lower(fused, "webgpu")
+    assert [(n.lowered, n.op) for n in notes] == [(True, "com.microsoft.MultiHeadAttention")] * 2, [
+        n.reason for n in notes
+    ]
+    assert "window (left 7) in the bias" in notes[1].reason
+    from ortflash.checks.feeds import make_feeds
+
+    for seq, pad in [(5, 0), (19, 3), (19, 12), (19, 19)]:
+        f = make_feeds(model, seq_len=seq, batch=2)
+        f["attention_mask"][:] = 1
+        if pad:
+            f["attention_mask"][1, seq - pad :] = 0  # 12 or 19 padded: rows whose window is all padding
+        _assert_same(_run(lowered, f), _run(model, f))

@@ -91,8 +91,13 @@ def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tupl
     # is_causal 2 (bottom-right: decoders with a cache) takes the MultiHeadAttention path below, its
     # causal part folded into attention_bias like any mask: the form the table measures right for
     # causal masks given as a bias; GroupQueryAttention's own mask is used for top-left only.
-    if attrs.get("bias_after_mask", 0) and call.bias is not None and call.masked:
-        raise NotLowered("bias_after_mask: the bias is added after the fills, which one additive bias does not express")
+    if attrs.get("bias_after_mask", 0) and call.bias is not None and call.mask is not None:
+        # Proved causal or a window (fusion/causal), the fills are is_causal and the window: the
+        # masked-mean guard of _multi_head_attention covers the rows that then see no key.
+        raise NotLowered(
+            "bias_after_mask after a mask tensor (not proved causal or a window): the bias is added after "
+            "the fills, which one additive bias does not express"
+        )
     if call.softcap > 0:
         raise NotLowered(
             "softcap: MultiHeadAttention has none, and GroupQueryAttention's softcap is not in the WebGPU capability table"
@@ -211,7 +216,24 @@ def _multi_head_attention(
             ),
         ],
     )
-    mean_v = e.reshape(_reduce(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+    if call.bias_after_mask:
+        # The bias added after the fills: a row that sees no key holds fill + bias, c (bias 0) or
+        # -inf (fill + fill), not one value; FlashAttention gives the mean of V over the keys at
+        # the row's maximum c, written out as that masked mean (an extra P x V product).
+        uniform = e.node(
+            "And",
+            [
+                e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]),
+                e.node("Greater", [row_max, e.f32(-math.inf)]),
+            ],
+        )
+        at_max = e.cast(e.node("Equal", [bias, _reduce(e, "ReduceMax", bias)]), ir.DataType.FLOAT)
+        v4 = e.transpose(e.reshape(v3, [0, 0, hq, -1]), layout.SWAP_SH)  # [B, Hq, Sk, Dv]
+        total = e.node("MatMul", [at_max, v4])
+        count = e.node("ReduceSum", [at_max, e.i64([-1])], keepdims=1)  # axes an input from opset 13
+        mean_v = e.transpose(e.node("Div", [total, count]), layout.SWAP_SH)
+    else:
+        mean_v = e.reshape(_reduce(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
     out4 = e.node("Where", [uniform, mean_v, e.reshape(out, [0, 0, hq, -1])])
     poison = e.node("Mul", [row_max, e.f32(0.0)])
     out4 = e.node("Add", [out4, poison])
