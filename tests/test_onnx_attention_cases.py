@@ -73,3 +73,21 @@ def test_a_case_asking_for_the_score_matrix_stays_with_its_reason(name: str) -> 
     result = cases.run_case(ALL[name])
     assert result.ort_runs and not result.ok
     assert "qk_matmul_output" in result.reason or "is read by Identity, MatMul" in result.reason
+
+
+@pytest.mark.parametrize(
+    ("name", "is_causal", "window"),
+    [("test_attention_local_window", 1, (2, -1)), ("test_attention_bidirectional_window", 0, (1, 2))],
+)
+def test_a_window_without_a_past_is_the_ops_own(name: str, is_causal: int, window: tuple[int, int]) -> None:
+    """Without a past ONNX's query position is the op's: the window is FlashAttention's own
+    (tiles outside the band skipped), not a mask tensor."""
+    import ortflash
+    from ortflash import spec
+
+    fused, _ = ortflash.optimize(ALL[name].model, target="ortflash")
+    (node,) = [n for n in fused.graph.node if n.op_type == "FlashAttention"]
+    attrs = spec.node_attributes(node)
+    assert (attrs["is_causal"], attrs["window_left"], attrs["window_right"]) == (is_causal, *window)
+    producers = {o: n.op_type for n in fused.graph.node for o in n.output}
+    assert producers.get(node.input[4]) in (None, "Constant")  # no mask computed from the window

@@ -114,7 +114,7 @@ class AttentionOpReading:
         if self.softcap:
             parts.append(f"softcap {self.softcap:g}")
         if self.windowed:
-            parts.append(f"window (left {self.window[0]}, right {self.window[1]}) as a mask")
+            parts.append(f"window (left {self.window[0]}, right {self.window[1]})")
         return ", ".join(parts) or "none"
 
     def pattern(self) -> str:
@@ -342,6 +342,23 @@ def _window_mask(e: Emitter, p: AttentionOpReading, q4: ir.Value, k4: ir.Value) 
     return keep[0] if len(keep) == 1 else e.node("And", keep)
 
 
+def _own_window(p: AttentionOpReading) -> int | None:
+    """The is_causal (0, 1 or 2) under which FlashAttention's own window_left / window_right
+    compute ONNX's window (and causal frontier) exactly, so that tiles outside the band are
+    skipped; None where only a mask does. The op's query position is i (is_causal 0, 1) or
+    i + Sk - Sq (2); ONNX's is i + the past length: equal without a past, and, for a causal node,
+    where the new keys are as many as the queries."""
+    if not p.windowed or p.nonpad is not None:
+        return None
+    past = 0 if p.past_key is None else _dim_of(p.past_key, 2)
+    if past == 0:
+        return 1 if p.is_causal else 0
+    sq, new = _dim_of(p.q, 2 if p.rank == 4 else 1), _dim_of(p.k, 2 if p.rank == 4 else 1)
+    if p.is_causal and sq is not None and sq == new:
+        return 2
+    return None
+
+
 def _nonpad_mask(e: Emitter, p: AttentionOpReading, k4: ir.Value) -> ir.Value:
     """keys j < nonpad[b]: [B, 1, 1, T]."""
     assert p.nonpad is not None
@@ -388,12 +405,17 @@ def _emit(e: Emitter, p: AttentionOpReading, policy: SoftmaxPolicy, block_id: st
 
     bias = _float_mask_as_bias(e, p)
     masks = [_padded_to_keys(e, p, p.mask, np.array(False))] if p.mask is not None and p.mask_is_bool else []
-    causal = _causal(e, p, q4, k4) if p.is_causal else _Causal(None, False, "")
+    own_window = _own_window(p)
+    if own_window is not None:
+        how = {0: "", 1: "top-left", 2: "bottom-right: the new keys are as many as the queries"}[own_window]
+        causal = _Causal(None, bool(own_window), how)
+    else:
+        causal = _causal(e, p, q4, k4) if p.is_causal else _Causal(None, False, "")
     if causal.mask is not None:
         masks.append(causal.mask)
     if p.nonpad is not None:
         masks.append(_nonpad_mask(e, p, k4))
-    if p.windowed:
+    if p.windowed and own_window is None:
         masks.append(_window_mask(e, p, q4, k4))
     mask = None
     for m in masks:
@@ -407,10 +429,12 @@ def _emit(e: Emitter, p: AttentionOpReading, policy: SoftmaxPolicy, block_id: st
         scale=p.scale,
         bias=bias,
         mask=mask,
-        is_causal=causal.top_left,
+        is_causal=own_window if own_window is not None else int(causal.top_left),
         mask_fill=-math.inf,
         masked_rows="zero",
         softcap=p.softcap,
+        window_left=p.window[0] if own_window is not None else -1,
+        window_right=p.window[1] if own_window is not None else -1,
     )
     out = write_call(e, call, policy, block_id, replaces)
     if p.rank == 3:
