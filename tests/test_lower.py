@@ -407,7 +407,7 @@ def test_api_edges():
         lower(model, "tensorrt")
     plain = build(Variant())
     assert lower(plain, "onnx") == (plain, [])
-    assert set(TARGETS) == {"ortflash", "contrib", "onnx", "webgpu"}
+    assert set(TARGETS) == {"ortflash", "contrib", "onnx", "cuda", "webgpu"}
     lowered, _ = lower(model, "onnx")
     assert model.opset_import[0].version == 17 and spec.OP_TYPE in op_types(model)  # input untouched
     assert lowered.ir_version == 10

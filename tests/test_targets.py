@@ -20,7 +20,7 @@ pipeline = importlib.import_module("ortflash.optimize")
 
 
 def test_every_target_has_one_record_and_every_ep_order_names_registered_targets():
-    assert TARGETS == ("ortflash", "contrib", "onnx", "webgpu") == lowering.TARGETS
+    assert TARGETS == ("ortflash", "contrib", "onnx", "cuda", "webgpu") == lowering.TARGETS
     assert [t.name for t in REGISTRY.values() if t.needs_ortflash] == ["ortflash"]
     assert ORT_KERNEL_TARGETS == ("contrib", "onnx")
     assert all(set(order) <= set(TARGETS) for order in EP_ORDER.values())
@@ -99,9 +99,9 @@ def test_auto_where_no_target_lowers_any_block_says_so_once():
     # issue 24 item 5: "contrib lowers the most" beside "passed over contrib: 1 of 1 not lowered"
     model = build(Variant(where_mask="keep", fill=-1e4))
     _, report = optimize(model, ep="cuda", load_check=lambda m, r: None)
-    assert report.target is not None and report.target.chosen == "contrib"
+    assert report.target is not None and report.target.chosen == "cuda"  # the first of EP_ORDER["cuda"]
     assert "lowers any block" in report.target.why and "lowers the most" not in report.target.why
-    assert [t.split(":")[0] for t in report.target.tried] == ["onnx"]
+    assert [t.split(":")[0] for t in report.target.tried] == ["contrib"]
 
 
 def test_ep_with_a_fixed_target_is_refused():

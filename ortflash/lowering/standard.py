@@ -20,7 +20,7 @@ from ..graph.emitter import Emitter, replace_output
 from ..graph.shapes import same_dim
 from . import layout
 from .cache import CacheAppend, find_cache_append, move_present, prove_absorbable
-from .read import CallDims, aligned_batch, call_dims
+from .read import ABSORBING_FILL, CallDims, aligned_batch, call_dims
 
 OP_ATTENTION = "Attention"
 ONNX_ATTENTION_OPSET = 23
@@ -84,7 +84,7 @@ def _attention_with_cache(
     parts += layout.mask_parts(call, causal_folded=not native_causal)
     if native_causal:
         parts.append("is_causal=1, bottom-right with a past in ONNX Runtime")
-    out, note = _fully_masked_rows(e, call, bias, out, squeeze=False)
+    out, note = _fully_masked_rows(e, call, bias, out, False, present_value, (hq, hkv))
     if note:
         parts.append(note)
     replace_output(e.graph, output, out)
@@ -97,18 +97,52 @@ def _windowed(call: FlashAttentionCall) -> bool:
 
 
 def _fully_masked_rows(
-    e: Emitter, call: FlashAttentionCall, bias: ir.Value | None, out: ir.Value, squeeze: bool
+    e: Emitter,
+    call: FlashAttentionCall,
+    bias: ir.Value | None,
+    out: ir.Value,
+    squeeze: bool,
+    v: ir.Value,
+    heads: tuple[int | None, int | None],
 ) -> tuple[ir.Value, str]:
-    """Rows with every key masked: FlashAttention gives NaN (or zeros after its guard); Attention
-    gives zeros since the opset-23 errata, NaN before it. Written out, both hold."""
+    """Rows with every key masked, written out so that every EP gives FlashAttention's values:
+
+    - a row of -inf: FlashAttention gives NaN (or zeros after its guard); Attention gives zeros
+      since the opset-23 errata, NaN before it;
+    - a row of one finite value <= -2**127 (a float32-lowest fill, moved one float up by
+      additive_bias): FlashAttention gives the mean of V, the CPU EP too, but the CUDA EP's
+      Attention-23 gives zeros there (tests/data/cuda_defects/attention23_lowest_rows.py), so the
+      mean of V (V as Attention reads it: [B, Hkv, Sk, Dv], or [B·H, Sk, D] one head each) is
+      selected by Where."""
     if bias is None:
         return out, ""
-    dead = e.node("Equal", [e.node("ReduceMax", [bias, e.i64([-1])], keepdims=1), e.f32(-math.inf)])
+    row_max = e.node("ReduceMax", [bias, e.i64([-1])], keepdims=1)
+    row_min = e.node("ReduceMin", [bias, e.i64([-1])], keepdims=1)
+    dead = e.node("Equal", [row_max, e.f32(-math.inf)])
+    uniform = e.node(
+        "And",
+        [
+            e.node("Equal", [row_max, row_min]),
+            e.node("And", [e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]), e.node("Not", [dead])]),
+        ],
+    )
     if squeeze:
-        dead = e.squeeze(dead, [1])
+        dead, uniform = e.squeeze(dead, [1]), e.squeeze(uniform, [1])
+    mean_v = e.node("ReduceMean", [v, e.i64([-2])], keepdims=1)  # [B, Hkv, 1, Dv] or [B·H, 1, D]
+    hq, hkv = heads
+    if not squeeze and hq != hkv:
+        if hq is None or hkv is None:
+            raise NotLowered("the head counts are not static: the mean of V for fully masked rows needs them")
+        grouped = e.node("Unsqueeze", [mean_v, e.i64([2])])  # [B, Hkv, 1, 1, Dv]
+        grouped = e.node("Expand", [grouped, e.i64([1, 1, hq // hkv, 1, 1])])
+        mean_v = e.reshape(grouped, [0, hq, 1, -1])
+    out = e.node("Where", [uniform, mean_v, out])
     nan_rows = call.masked_rows == "nan"
     out = e.node("Where", [dead, e.f32(math.nan if nan_rows else 0.0), out])
-    return out, f"fully masked rows -> {'NaN' if nan_rows else 'zeros'} by Where"
+    return out, (
+        f"fully masked rows -> {'NaN' if nan_rows else 'zeros'} by Where (-inf), the mean of V by Where "
+        "(one value <= -2**127: the CUDA EP gives zeros there)"
+    )
 
 
 def _attention(e: Emitter, call: FlashAttentionCall, dims: CallDims, f16: bool, output: ir.Value) -> tuple[str, str]:
@@ -142,7 +176,7 @@ def _attention(e: Emitter, call: FlashAttentionCall, dims: CallDims, f16: bool, 
     if call.softcap > 0:
         parts.append(f"softcap {call.softcap:g}")
     parts += layout.mask_parts(call, causal_folded=not native_causal)
-    out, note = _fully_masked_rows(e, call, bias, out, squeeze=three_d is not None)
+    out, note = _fully_masked_rows(e, call, bias, out, three_d is not None, v, (dims.hq, dims.hkv))
     if note:
         parts.append(note)
     if f16:

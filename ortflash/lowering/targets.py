@@ -18,6 +18,7 @@ import onnx_ir as ir
 from ..fusion.call import FlashAttentionCall
 from ..graph.emitter import Emitter
 from .contrib import CONTRIB_DOMAIN, CONTRIB_VERSION, MIN_CONTRIB_OPSET, lower_contrib
+from .cuda import lower_cuda
 from .standard import ONNX_ATTENTION_OPSET, ONNX_IR_VERSION, lower_standard
 from .webgpu import lower_webgpu
 
@@ -78,6 +79,15 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
                 ort_kernels=True,
             ),
             Target(
+                "cuda",
+                lower_cuda,
+                "the forms ONNX Runtime's CUDA EP runs on the GPU and right, float16 blocks in float16 "
+                "(benchmarks/results/cuda_capabilities.md)",
+                min_opset=MIN_CONTRIB_OPSET,
+                domain=(CONTRIB_DOMAIN, CONTRIB_VERSION),
+                native_eps=("cuda",),
+            ),
+            Target(
                 "webgpu",
                 lower_webgpu,
                 "the forms ONNX Runtime's WebGPU EP runs on the GPU and right (benchmarks/results/webgpu_capabilities.md)",
@@ -97,11 +107,13 @@ TARGETS = tuple(REGISTRY)
 # (benchmarks/results/cpu_attention_*.md). onnx next: Attention-23 is the standard form, but on the
 # WebGPU EP it falls back to the CPU (issue 11), so it is not offered there. On the CPU the last
 # resort is ortflash's own op: faster still at long sequences but a custom op that needs ortflash
-# and onnxruntime-extensions wherever the model runs.
+# and onnxruntime-extensions wherever the model runs. On CUDA the cuda target first (its form per
+# block from the EP's measured capability table, ortflash/lowering/cuda.py), then contrib; onnx is
+# not offered there: Attention-23 was wrong on the CUDA EP for causal decoders (issue 23).
 EP_ORDER: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "cpu": ("contrib", "onnx", "ortflash"),
-        "cuda": ("contrib", "onnx"),
+        "cuda": ("cuda", "contrib"),
         "webgpu": ("webgpu", "contrib"),
     }
 )

@@ -1,0 +1,237 @@
+"""Where ``--target webgpu`` starts to beat the original graph on ONNX Runtime's WebGPU EP: the
+WebGPU side of the cost table (issue 20), in the schema of benchmarks/results/crossover_cpu.json.
+
+The models are benchmarks/cpu_attention.py's ``padding`` and ``causal`` stacks (2 attention layers of
+12 heads, Q/K/V and output projections, residual, LayerNormalization; random weights), head dims
+32 and 64, as written and after ``ortflash.optimize`` + ``lower(.., "webgpu")``. Three steps, since
+the GPU machine has no ortflash (the weights do not travel: the run step rebuilds them from the
+same seed, bit for bit, into the data file both models point at):
+
+    python benchmarks/crossover_webgpu.py make build/cuda_run/xwebgpu       # here
+    python benchmarks/crossover_webgpu.py run build/cuda_run/xwebgpu --out OUT   # GPU machine, WebGPU plugin EP
+    python benchmarks/crossover_webgpu.py table OUT/crossover_webgpu.json  # here: the .md
+
+Each (stack, head dim, S) runs both variants in the same process on the WebGPU EP, batch 1, in
+alternating order over ``ROUNDS`` rounds of ``REPEATS`` timed runs (host-to-host, median); the ratio
+is original / webgpu time, so above 1 the lowered model is faster. The crossover is
+crossover.py's: the least S with ratio >= WIN there and >= 1 at every larger S.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_attention  # noqa: E402 - the sibling script (numpy + onnx only)
+import webgpu_capabilities as wcaps  # noqa: E402
+import webgpu_zoo as wz  # noqa: E402
+
+SEQ_LENS = (64, 128, 256, 512, 1024, 2048)
+HEAD_DIMS = (32, 64)
+STACKS = ("padding", "causal")
+HEADS = 12
+LAYERS = 2
+WIN = 1.05
+ROUNDS = 3
+REPEATS = 5
+FORM = "webgpu"
+
+
+def crossover(ratios: dict[int, float | None], win: float = WIN) -> int | None:
+    """The least S with ratio >= win there and >= 1 at every larger S; None where none is
+    (benchmarks/crossover.py's rule, copied: that script imports ortflash, which the GPU machine lacks)."""
+    found: int | None = None
+    for s in sorted(ratios, reverse=True):
+        r = ratios[s]
+        if r is None or r < 1.0:
+            break
+        if r >= win:
+            found = s
+    return found
+
+
+def _stem(stack: str, d: int) -> str:
+    return f"{stack}_d{d}"
+
+
+def _weights(stack: str, d: int, folder: str) -> tuple[Any, dict[str, tuple[int, bytes]]]:
+    model = cpu_attention.build_model(layers=LAYERS, stack=stack, heads=HEADS, head_dim=d)
+    table = wz._shared_weights(model, os.path.join(folder, f"{_stem(stack, d)}.data"))
+    return model, table
+
+
+def make(folder: str) -> None:
+    import ortflash
+    from ortflash.lowering import lower
+
+    os.makedirs(folder, exist_ok=True)
+    index = []
+    for stack in STACKS:
+        for d in HEAD_DIMS:
+            stem = _stem(stack, d)
+            model, table = _weights(stack, d, folder)
+            fused, report = ortflash.optimize(model, target="ortflash")
+            lowered, notes = lower(fused, FORM)
+            data = f"{stem}.data"
+            wz._save_sharing(model, os.path.join(folder, f"{stem}.original.onnx"), data, table)
+            wz._save_sharing(lowered, os.path.join(folder, f"{stem}.{FORM}.onnx"), data, table)
+            os.remove(os.path.join(folder, data))  # rebuilt there from the seed
+            index.append({"stack": stack, "head_dim": d, "fused": report.fused, "notes": [str(n) for n in notes]})
+            print(stem, report.fused, [n.op for n in notes], flush=True)
+    json.dump(index, open(os.path.join(folder, "index.json"), "w"), indent=1)
+
+
+def _feeds(stack: str, d: int, s: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(s)
+    feeds = {"hidden_states": rng.standard_normal((1, s, HEADS * d)).astype(np.float32)}
+    if stack == "padding":
+        mask = np.ones((1, s), np.int64)
+        mask[0, s - s // 3 :] = 0
+        feeds["attention_mask"] = mask
+    return feeds
+
+
+def run(folder: str, out_dir: str, budget_s: float) -> None:
+    import onnxruntime as ort
+
+    ep = wcaps.register_webgpu(ort)
+    os.makedirs(out_dir, exist_ok=True)
+    started = time.perf_counter()
+    index = json.load(open(os.path.join(folder, "index.json")))
+    forms: dict[str, Any] = {}
+    rows = []
+    for entry in index:
+        stack, d = entry["stack"], entry["head_dim"]
+        stem = _stem(stack, d)
+        _weights(stack, d, folder)  # the data file, bit for bit as make wrote it
+        sessions = {}
+        for variant in ("original", FORM):
+            sess = ort.InferenceSession(
+                os.path.join(folder, f"{stem}.{variant}.onnx"), wcaps.webgpu_session_options(ort, None)
+            )
+            if not any("WebGpu" in p or p == ep for p in sess.get_providers()):
+                raise SystemExit(f"the WebGPU EP did not take {stem}.{variant}: {sess.get_providers()}")
+            sessions[variant] = sess
+        ratios: dict[int, float | None] = {}
+        for s in SEQ_LENS:
+            if time.perf_counter() - started > budget_s:
+                ratios[s] = None
+                continue
+            feeds = _feeds(stack, d, s)
+            names = {v: [i.name for i in sess.get_inputs()] for v, sess in sessions.items()}
+            times: dict[str, list[float]] = {"original": [], FORM: []}
+            outs = {}
+            for v, sess in sessions.items():
+                outs[v] = sess.run(None, {k: x for k, x in feeds.items() if k in names[v]})[0]
+            for r in range(ROUNDS):
+                order = ("original", FORM) if r % 2 == 0 else (FORM, "original")
+                for v in order:
+                    f = {k: x for k, x in feeds.items() if k in names[v]}
+                    for _ in range(REPEATS):
+                        t0 = time.perf_counter()
+                        sessions[v].run(None, f)
+                        times[v].append((time.perf_counter() - t0) * 1e3)
+            ms = {v: statistics.median(t) for v, t in times.items()}
+            ratios[s] = round(ms["original"] / ms[FORM], 3)
+            err = float(np.nanmax(np.abs(outs["original"].astype(np.float64) - outs[FORM])))
+            rows.append({"stack": stack, "head_dim": d, "seq": s, "ms": ms, "ratio": ratios[s], "max_abs_diff": err})
+            print(json.dumps(rows[-1]), flush=True)
+        forms.setdefault(stack, {})[str(d)] = {
+            "ratios": {str(s): r for s, r in ratios.items()},
+            "crossover": crossover(ratios),
+        }
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {"gpu": _gpu(), "ep": ep, "onnxruntime": ort.__version__},
+        "heads": HEADS,
+        "layers": LAYERS,
+        "win": WIN,
+        "metric": "wall",
+        "seq_lens": list(SEQ_LENS),
+        "forms": {FORM: forms["padding"]} if "padding" in forms else {},
+        "by_stack": {stack: {FORM: v} for stack, v in forms.items()},
+        "rows": rows,
+    }
+    try:
+        import onnxruntime_ep_webgpu as wep
+
+        result["machine"]["onnxruntime_ep_webgpu"] = getattr(wep, "__version__", "?")
+    except ImportError:
+        pass
+    json.dump(result, open(os.path.join(out_dir, "crossover_webgpu.json"), "w"), indent=1)
+
+
+def _gpu() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"nvidia-smi: {exc}"
+
+
+def table(json_path: str, md_path: str) -> None:
+    data = json.load(open(json_path))
+    lines = [
+        "# Where `--target webgpu` beats the original on ONNX Runtime's WebGPU EP",
+        "",
+        f"- date: {data['date']}; {data['machine']}",
+        "- command: `benchmarks/cuda_gpu_run.sh webgpu` after `python benchmarks/crossover_webgpu.py make build/cuda_run/xwebgpu`",
+        f"- models: benchmarks/cpu_attention.py's stacks, {data['layers']} layers of {data['heads']} heads; batch 1; ratio = "
+        f"original ms / webgpu ms, same process, alternating rounds; crossover: the least S with ratio >= {data['win']} "
+        "there and >= 1 at every larger S",
+        "",
+        "| stack | head dim | " + " | ".join(f"S={s}" for s in data["seq_lens"]) + " | crossover |",
+        "|---|---|" + "---|" * (len(data["seq_lens"]) + 1),
+    ]
+    for stack, by_form in data["by_stack"].items():
+        for d, row in by_form[FORM].items():
+            cells = [
+                ("-" if row["ratios"].get(str(s)) is None else f"{row['ratios'][str(s)]:.2f}") for s in data["seq_lens"]
+            ]
+            lines.append(f"| {stack} | {d} | " + " | ".join(cells) + f" | {row['crossover']} |")
+    lines += ["", "| stack | D | S | original ms | webgpu ms | max abs diff |", "|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        lines.append(
+            f"| {r['stack']} | {r['head_dim']} | {r['seq']} | {r['ms']['original']:.2f} | {r['ms'][FORM]:.2f} | {r['max_abs_diff']:.2g} |"
+        )
+    open(md_path, "w").write("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make")
+    m.add_argument("folder")
+    r = sub.add_parser("run")
+    r.add_argument("folder")
+    r.add_argument("--out", required=True)
+    r.add_argument("--budget-s", type=float, default=150.0)
+    t = sub.add_parser("table")
+    t.add_argument("json")
+    t.add_argument("--md", default="benchmarks/results/crossover_webgpu.md")
+    args = p.parse_args(argv)
+    if args.cmd == "make":
+        make(args.folder)
+    elif args.cmd == "run":
+        run(args.folder, args.out, args.budget_s)
+    else:
+        table(args.json, args.md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""FlashAttention -> the form ONNX Runtime's CUDA EP runs on the GPU, computes right, and runs fast.
+
+The choice per block rests on CAPABILITIES below: what one H200 run measured for each candidate
+form (benchmarks/cuda_capabilities.py; the table is benchmarks/results/cuda_capabilities.md, the
+raw rows cuda_capabilities.json, and tests/test_cuda_table.py checks the two agree).
+
+- float16 blocks run in float16 (the casts around the fused node are not written): the EP's fast
+  kernels (flash, memory-efficient, cuDNN) take float16 only, and a float16 model computes its
+  products in float16 on the EP anyway, so the result is checked at a float16 tolerance.
+  - causal, no bias or mask, Sq == Sk proved, one head size that is a multiple of 8:
+    GroupQueryAttention with its own causal mask (on the GPU in float16 only);
+  - everything else: MultiHeadAttention with the mask and causality in ``attention_bias`` (cast
+    to float16: float32-lowest becomes -inf there, the same for softmax), key/value heads repeated
+    for grouped-query blocks.
+- float32 blocks (and blocks whose element type is not inferred): MultiHeadAttention with every
+  mask in ``attention_bias``, in float32. Not GroupQueryAttention (the EP runs it on the CPU in
+  float32), not ONNX Attention-23 (wrong on the EP for causal decoders, issue 23), not
+  ``key_padding_mask`` (see the table).
+- Rows with every key masked are written out by the lowering instead of left to the EP's kernels,
+  as the webgpu target writes them (ortflash/lowering/webgpu.py): a row whose float32 bias is one
+  value <= -2**127 everywhere is the mean of V, by Where; a row of -inf everywhere is NaN, by
+  out + 0·max(bias row); a NaN guard turns NaN into zeros where the block asks for it.
+
+The float32 products on the CUDA EP use TF32 unless the session sets ``use_tf32=0``
+(benchmarks/results/cuda_capabilities.md: about 1e-3 against the CPU EP with TF32, 1e-6 without).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from ..errors import NotLowered
+from ..fusion.call import FlashAttentionCall
+from ..graph import ir_utils as u
+from ..graph.emitter import Emitter
+from ..graph.shapes import same_dim
+from . import layout
+from .contrib import CONTRIB_DOMAIN, MIN_CONTRIB_OPSET, OP_GQA, OP_MHA
+from .read import ABSORBING_FILL, aligned_batch, call_dims
+
+_CASTLIKE_OPSET = 15
+_REDUCE_AXES_INPUT_OPSET = 18  # ReduceMax takes its axes as an input from here on
+_GQA_HEAD_SIZE_MULTIPLE = 8  # GroupQueryAttention's kernels (CPU and CUDA)
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One measured row: does the EP run the form on the GPU, and does it match the CPU EP."""
+
+    on_gpu: bool
+    right: bool
+
+
+# (form, case) -> what the CUDA EP did, measured 2026-12-01 on an NVIDIA H200 (driver 580.159.04)
+# with onnxruntime-gpu 1.31.1 (benchmarks/results/cuda_capabilities.md). Forms and case names are
+# benchmarks/cuda_capabilities.py's; only the rows the choices below read, or that say why a form
+# is not chosen, are copied here, and tests/test_cuda_table.py checks each against the committed JSON.
+CAPABILITIES: dict[tuple[str, str], Capability] = {
+    # GroupQueryAttention: cuDNN flash in float16; on the CPU in float32 (0 of 1 nodes on CUDA)
+    ("gqa", "causal_f16_d64_s37"): Capability(on_gpu=True, right=True),
+    ("gqa", "causal_f16_d128_s16384"): Capability(on_gpu=True, right=True),
+    ("gqa", "causal_f32_d64_s37"): Capability(on_gpu=False, right=True),
+    ("gqa", "causal_f32_d64_s4096"): Capability(on_gpu=False, right=True),
+    # MultiHeadAttention with attention_bias: cuDNN flash in float16, MATH / memory-efficient in float32
+    ("mha_bias", "padding_f16_d64_s37"): Capability(on_gpu=True, right=True),
+    ("mha_bias", "causal_leftpad_f16_d64_s37"): Capability(on_gpu=True, right=True),
+    ("mha_bias", "padding_f16_d64_s16384"): Capability(on_gpu=True, right=True),
+    ("mha_bias", "padding_f32_d64_s37"): Capability(on_gpu=True, right=True),
+    ("mha_bias", "causal_leftpad_f32_d64_s37"): Capability(on_gpu=True, right=True),
+    # rows of -inf: finite on the EP, NaN on the CPU EP (the lowering writes such rows out)
+    ("mha_bias", "dead_rows_neginf_f16_d64_s37"): Capability(on_gpu=True, right=False),
+    # key_padding_mask: the unfused MATH kernel at 4096 (1.22 ms against 0.32 with attention_bias),
+    # refused at 16384
+    ("mha_kpm", "padding_f16_d64_s16384"): Capability(on_gpu=False, right=False),
+    # the decomposed graph in float16: rows of float16-lowest wrong (about 1.0); refused at 16384
+    ("unfused", "causal_leftpad_f16_d64_s37"): Capability(on_gpu=True, right=False),
+    ("unfused", "padding_f16_d64_s16384"): Capability(on_gpu=False, right=False),
+}
+
+
+def usable(form: str, case: str) -> bool:
+    cap = CAPABILITIES.get((form, case))
+    return cap is not None and cap.on_gpu and cap.right
+
+
+def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[str, str]:
+    """Write the CUDA EP's form of call and reroute output to it: (op, how)."""
+    if e.opset < MIN_CONTRIB_OPSET:
+        raise NotLowered(
+            f"the model's opset {e.opset} is below {MIN_CONTRIB_OPSET}, which the reshaping ops are written for"
+        )
+    if call.bias_after_mask and call.bias is not None and call.masked:
+        raise NotLowered("bias_after_mask: the bias is added after the fills, which one additive bias does not express")
+    if call.softcap > 0:
+        raise NotLowered("softcap: MultiHeadAttention has none, and the CUDA capability table has no softcap row")
+    dims = call_dims(call)
+    hq, hkv = dims.hq, dims.hkv
+    if hq is None or hkv is None:
+        raise NotLowered("the head counts (dim 1 of Q and K) are not static; MultiHeadAttention needs num_heads")
+    if hkv < 1 or hq % hkv:
+        raise NotLowered(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+    if call.dtype is None and e.opset < _CASTLIKE_OPSET:
+        raise NotLowered("Q's element type is not known and the model's opset has no CastLike (15) to restore it")
+    halves = [_float16_source(x) for x in (call.q, call.k, call.v)]
+    half = call.dtype == ir.DataType.FLOAT16 or all(h is not None for h in halves)
+    use_gqa = (
+        half
+        and usable("gqa", "causal_f16_d64_s37")
+        and call.is_causal == 1
+        and call.window_left < 0
+        and call.window_right < 0
+        and call.bias is None
+        and call.mask is None
+        and same_dim(dims.sq, dims.sk)
+        and same_dim(dims.dk, dims.dv)
+        and same_dim(dims.d, dims.dv)
+        and isinstance(dims.d, int)
+        and dims.d % _GQA_HEAD_SIZE_MULTIPLE == 0
+    )
+    mha_case = "causal_leftpad_f16_d64_s37" if half else "causal_leftpad_f32_d64_s37"
+    if not use_gqa and not usable("mha_bias", mha_case):
+        raise NotLowered("no form in the CUDA capability table is right on the GPU for this block")
+
+    call, broadcast = aligned_batch(e, call, dims)
+    parts = [f"{hq} query / {hkv} key-value heads"] + ([broadcast] if broadcast else [])
+    if half:  # native float16: no casts, so the surrounding Transposes are the inputs
+        q, k, v = (x if h is None else h for x, h in zip((call.q, call.k, call.v), halves))
+        reuse = True
+        parts.append("computed in float16 (the EP's fast kernels are float16 ones; checked at a float16 tolerance)")
+    else:
+        q, k, v = (e.cast(x, ir.DataType.FLOAT) for x in (call.q, call.k, call.v))
+        reuse = call.dtype == ir.DataType.FLOAT
+    if use_gqa:
+        op = OP_GQA
+        out = _group_query_attention(e, call, q, k, v, hq, hkv, reuse)
+        parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask; on the GPU in float16)")
+        why = "GroupQueryAttention: on the GPU in float16 and right for causal blocks"
+    else:
+        op = OP_MHA
+        out, guard = _multi_head_attention(e, call, q, k, v, hq, hkv, reuse, half, parts)
+        parts += layout.mask_parts(call, causal_folded=True)
+        if guard:
+            parts.append(guard)
+        why = "MultiHeadAttention with attention_bias: on the GPU and right" + (
+            "" if half else " (GroupQueryAttention runs on the CPU in float32; Attention-23 is wrong for causal blocks)"
+        )
+    if not half and call.dtype != ir.DataType.FLOAT:
+        out, note = layout.cast_back(e, out, call)
+        parts.append(note)
+    if half and call.dtype == ir.DataType.FLOAT:  # the fused node's float32 output, cast back after it
+        out = e.cast(out, ir.DataType.FLOAT)
+    layout.replace_bsd_output(e, out, hq, output, reuse)
+    return op, f"{why}; " + "; ".join(parts)
+
+
+def _float16_source(x: ir.Value) -> ir.Value | None:
+    """The float16 value x was cast to float32 from (the fusion's Cast before the node), or None."""
+    cast = u.producer(x, "Cast")
+    if cast is None or u.attr_int(cast, "to") != ir.DataType.FLOAT:
+        return None
+    source = u.operand(cast, 0)
+    return source if source.dtype == ir.DataType.FLOAT16 else None
+
+
+def _multi_head_attention(
+    e: Emitter,
+    call: FlashAttentionCall,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    hq: int,
+    hkv: int,
+    reuse: bool,
+    half: bool,
+    parts: list[str],
+) -> tuple[ir.Value, str]:
+    """MultiHeadAttention [B, Sq, Hq·Dv] with every mask in attention_bias, and the masked-rows guard
+    (computed in float32 on the float32 bias; the output cast around it for float16)."""
+    q3 = layout.to_bsd(e, q, hq, reuse)
+    if hkv != hq:
+        r = hq // hkv
+        k3, v3 = layout.repeat_bsd(e, k, hkv, r, reuse), layout.repeat_bsd(e, v, hkv, r, reuse)
+        parts.append(f"key/value heads repeated {r}x")
+    else:
+        k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
+    lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
+    expanded = layout.additive_bias(e, call, lengths, fold_causal=True, avoid_lowest=False)
+    # the bias before its Expand to [.., Sq, Sk]: the row guard reads it there (a padding mask is
+    # [B, 1, 1, Sk], not Sq·Sk values), and a float16 block casts it there, before the Expand
+    expand = u.producer(expanded, "Expand")
+    bias = expanded if expand is None else u.operand(expand, 0)
+    op_bias = expanded
+    if expanded is not None and bias is not None and half:
+        op_bias = (
+            e.cast(expanded, ir.DataType.FLOAT16)
+            if expand is None
+            else e.node("Expand", [e.cast(bias, ir.DataType.FLOAT16), u.operand(expand, 1)])
+        )
+    inputs = [q3, k3, v3] + ([None, None, op_bias] if op_bias is not None else [])
+    out = e.node("MultiHeadAttention", inputs, domain=CONTRIB_DOMAIN, num_heads=hq, scale=call.scale)
+    if bias is None:
+        if call.masked_rows == "zero" and not half:
+            return e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out]), "NaN guard -> Where(IsNaN(out), 0, out)"
+        return out, ""
+    out32 = e.cast(out, ir.DataType.FLOAT) if half else out
+    v32 = e.cast(v3, ir.DataType.FLOAT) if half else v3
+    ones = e.i64([1, 1, 1, 1])  # the reduced bias at rank 4 (a causal-only bias is [Sq, Sk])
+    row_max = e.transpose(e.node("Expand", [_reduce(e, "ReduceMax", bias), ones]), layout.SWAP_SH)
+    row_min = e.transpose(e.node("Expand", [_reduce(e, "ReduceMin", bias), ones]), layout.SWAP_SH)
+    uniform = e.node(
+        "And",
+        [
+            e.node("Equal", [row_max, row_min]),
+            e.node(
+                "And",
+                [
+                    e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]),
+                    e.node("Greater", [row_max, e.f32(-math.inf)]),
+                ],
+            ),
+        ],
+    )
+    mean_v = e.reshape(_reduce(e, "ReduceMean", v32, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+    out4 = e.node("Where", [uniform, mean_v, e.reshape(out32, [0, 0, hq, -1])])
+    out4 = e.node("Add", [out4, e.node("Mul", [row_max, e.f32(0.0)])])
+    guard = (
+        "fully masked rows written out: one value <= -2**127 everywhere -> mean of V by Where, "
+        "-inf everywhere -> NaN by out + 0·max(bias row)"
+    )
+    if call.masked_rows == "zero":
+        out4 = e.node("Where", [e.node("IsNaN", [out4]), e.f32(0.0), out4])
+        guard += "; NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)"
+    out3 = e.reshape(out4, [0, 0, -1])
+    return (e.cast(out3, ir.DataType.FLOAT16) if half else out3), guard
+
+
+def _reduce(e: Emitter, op: str, x: ir.Value, axis: int = -1) -> ir.Value:
+    """op (ReduceMax, ReduceMin, ReduceMean) over one axis, keepdims, in the model's opset's form."""
+    if e.opset >= _REDUCE_AXES_INPUT_OPSET:
+        return e.node(op, [x, e.i64([axis])], keepdims=1)
+    return e.node(op, [x], axes=[axis], keepdims=1)
+
+
+def _group_query_attention(
+    e: Emitter, call: FlashAttentionCall, q: ir.Value, k: ir.Value, v: ir.Value, hq: int, hkv: int, reuse: bool
+) -> ir.Value:
+    """GroupQueryAttention without past: causal with seqlens_k = Sk - 1 for every row is the
+    top-left mask when Sq == Sk (no row is fully masked: row i sees key 0)."""
+    q3, k3, v3 = (layout.to_bsd(e, x, h, reuse) for x, h in ((q, hq), (k, hkv), (v, hkv)))
+    sk = e.dim(k3, 1, scalar=True)
+    seqlens = e.node("Cast", [e.node("Sub", [sk, e.i64(1)])], to=ir.DataType.INT32)
+    seqlens = e.node("Expand", [seqlens, e.dim(q3, 0)])
+    total = e.node("Cast", [sk], to=ir.DataType.INT32)
+    # present_key / present_value are written although nothing reads them: the CUDA EP refuses the
+    # node without them ("present_key and present_value are required", onnxruntime-gpu 1.31.1)
+    node = ir.node(
+        "GroupQueryAttention",
+        [q3, k3, v3, None, None, seqlens, total],
+        attributes={"num_heads": hq, "kv_num_heads": hkv, "scale": call.scale},
+        domain=CONTRIB_DOMAIN,
+        num_outputs=3,
+        name=f"{e.prefix}/GroupQueryAttention",
+    )
+    for value, suffix in zip(node.outputs, ("out", "present_key", "present_value")):
+        value.name = f"{e.prefix}/GroupQueryAttention_{suffix}"
+    e.graph.insert_before(e.anchor, node)
+    return node.outputs[0]
