@@ -117,6 +117,14 @@ def test_each_case_gets_a_mask_of_batch_by_past_plus_new() -> None:
     assert [s["past_key"] for s in shapes] == [[2, HEADS, 0, HEAD_DIM], [2, HEADS, 16, HEAD_DIM]]
 
 
+def test_a_cache_position_of_its_own_length_counts_the_new_tokens() -> None:
+    model = dynamo_mask_decoder()
+    model.graph.input.append(helper.make_tensor_value_info("cache_position", TensorProto.INT64, ["s99"]))
+    shapes = [make_feeds(model, seq_len=16, batch=2, dims=d)["cache_position"] for _, d in decoder_cases(model)]
+    np.testing.assert_array_equal(shapes[0], np.arange(16))  # prefill: positions 0 .. 15
+    np.testing.assert_array_equal(shapes[1], [16])  # decode: the one new token, after 16 cached
+
+
 def test_position_ids_continue_the_cache() -> None:
     model = dynamo_mask_decoder(positions=True)
     _, decode = decoder_cases(model, seq_len=16, batch=2)[1]

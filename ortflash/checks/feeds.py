@@ -205,6 +205,13 @@ def _named_dims(
     # images where 2 were meant, and a --dim on another axis could run out of memory.
     leading = {d for _, axis, rank, d in axes if axis == 0 and rank >= 2} - {d for _, axis, _, d in axes if axis}
     named = {**{d: batch for d in leading - tied.keys()}, **dims}
+    past, new, _, _ = _decoder_axes(model, tied.keys())
+    if past and new <= named.keys():
+        # the positions of a decoder's new tokens (cache_position [S], position_ids [B, S]) count
+        # the new tokens wherever their length is a name of their own
+        for name, axis, rank, d in axes:
+            if "position" in name.lower() and axis == rank - 1 and d not in named and d not in tied:
+                named[d] = max((named[n] for n in new), default=1)
     for _, _, _, d in axes:
         if d not in named and d not in tied:
             named[d] = batch if d.lower() in _BATCH_NAMES or "batch" in d.lower() else seq_len
