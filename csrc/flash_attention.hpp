@@ -1041,7 +1041,9 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
 // small chunks only for float16 or a Dv that is not a whole number of vectors). No padding
 // skip (a skipped tile adds exactly 0, so leaving it in changes nothing) and no closed form for
 // the causal keys of a finite fill (they are scored as fill, as the spec writes them); causal
-// keys right of every row's frontier under a -inf fill are still never read.
+// keys right of every row's frontier under a -inf fill are still never read, nor keys left of
+// every row's window (under a finite fill: in closed form, their V rows summed only for a row
+// that sees no other key).
 constexpr int DIRECT_MAX_ROWS = 16;   // (query heads per kv head) x Sq at most, for this path
 constexpr int DIRECT_KEY_CHUNK = 256;  // keys staged at a time (float16 K or V, padded V)
 // From this many rows on, a key chunk is transposed (D rows of keys) and scored with broadcast
@@ -1052,7 +1054,7 @@ constexpr int DIRECT_TRANSPOSED_ROWS = 8;
 
 struct DirectScratch {
     AlignedFloats q, s, acc, kstage, kt, vstage;
-    std::vector<float> running_max, running_sum, tile_max, row;
+    std::vector<float> running_max, running_sum, tile_max, row, vsum;
     DirectScratch(const Problem& pb, int rows, int ld_s, int dvp)
         : q(pb.q_half ? size_t(rows) * pb.D : 0),
           s(size_t(rows) * ld_s),
@@ -1189,6 +1191,19 @@ void direct_pv_keys(const Problem& pb, DirectScratch& sc, size_t head, int rows,
     }
 }
 
+// The sum of V rows [0, count) of kv head `head` (padded to dvp): the keys left of a window under
+// a finite fill, entered in closed form; read only where some row's weight for them is not 0.
+const float* direct_left_sum(const Problem& pb, DirectScratch& sc, size_t head, int count, int dvp) {
+    sc.vsum.assign(dvp, 0.0f);
+    for (int c = 0; c < count; c += DIRECT_KEY_CHUNK) {
+        const int n = std::min(DIRECT_KEY_CHUNK, count - c);
+        const float* v = direct_values(pb, sc, head, c, n, dvp);
+        for (int j = 0; j < n; ++j)
+            for (int d = 0; d < dvp; ++d) sc.vsum[d] += v[size_t(j) * dvp + d];
+    }
+    return sc.vsum.data();
+}
+
 // Every query row of kv head `kv` of batch b: rows r = (query head - first head) * Sq + i.
 void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
     const int group = pb.Hq / pb.Hkv, rows = group * pb.Sq, h0 = kv * group;
@@ -1203,12 +1218,16 @@ void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
         q = sc.q.ptr;
     }
     // Under a -inf fill (or none skipped at all) keys right of the last row's frontier, and keys
-    // left of the first row's window, weigh 0: keys [first, keys) are read.
+    // left of the first row's window, weigh 0: keys [first, keys) are read. Under a finite fill
+    // the keys left of the window (`closed`) are scored as fill in closed form: count * exp(fill -
+    // max), and that weight times the sum of their V rows, read only where it is not 0 (a row
+    // that sees no other key); the keys right of the frontier are scored as fill one by one.
     const bool skip = skips_causal_keys(pb) && !skipped_keys_count(pb);
+    const bool closed = skipped_keys_count(pb) && pb.windowed;
     const int keys = skip ? causal_keys(pb, pb.Sq - 1) : pb.Sk;
-    const int first = skip ? std::min(keys, left_keys(pb, 0)) : 0;
+    const int first = skip || closed ? std::min(keys, left_keys(pb, 0)) : 0;
     float* acc = sc.acc.ptr;
-    if (keys == first) {  // no row sees a key (is_causal 2, Sq > Sk) and fill is -inf: 0/0
+    if (keys == first && !closed) {  // no row sees a key (is_causal 2, Sq > Sk) and fill is -inf: 0/0
         const float value = pb.zero_rows ? 0.0f : std::numeric_limits<float>::quiet_NaN();
         std::fill(acc, acc + size_t(rows) * dvp, value);
         write_output(pb, acc, dvp, b, h0, 0, rows);
@@ -1221,18 +1240,35 @@ void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
         const int ld_s = round_up(pb.Sk, W), n = keys - first, width = round_up(n, W);
         direct_score_keys(pb, sc, head, q, rows, first, n, s, ld_s);
         const bool diagonal = crosses_frontier(pb, 0, pb.Sq - 1, first, n);
+        float* left_weight = sc.running_sum.data();  // per row: the weight of each key left of the window
+        bool left_read = false;
         for (int r = 0; r < rows; ++r) {
             float* sr = s + size_t(r) * ld_s;
-            const float mx =
-                finish_scores_max(pb, sr, n, width, b, head_of(r), query_of(r), first, diagonal, sc.row);
-            const vf total = splat(exp_row(sr, width, mx));
+            float mx = finish_scores_max(pb, sr, n, width, b, head_of(r), query_of(r), first, diagonal, sc.row);
+            if (closed && first > 0) mx = nan_max(mx, pb.mask_fill);
+            float sum = exp_row(sr, width, mx);
+            float lp = 0.0f;
+            if (closed && first > 0) {
+                lp = scalar_exp(pb.mask_fill - mx);
+                sum += float(first) * lp;
+            }
+            const vf total = splat(sum);
             for (int j = 0; j < width; j += W) {
                 vf p = loadu(sr + j) / total;
                 if (pb.zero_rows) p = p != p ? splat(0.0f) : p;
                 storeu(sr + j, p);
             }
+            lp /= sum;
+            if (pb.zero_rows && lp != lp) lp = 0.0f;
+            left_weight[r] = lp;
+            left_read |= lp != 0.0f;
         }
-        direct_pv_keys(pb, sc, head, rows, s, ld_s, first, n, dvp, acc);
+        if (n > 0) direct_pv_keys(pb, sc, head, rows, s, ld_s, first, n, dvp, acc);
+        if (left_read) {
+            const float* vsum = direct_left_sum(pb, sc, head, first, dvp);
+            for (int r = 0; r < rows; ++r)
+                for (int c = 0; c < dvp; ++c) acc[size_t(r) * dvp + c] += left_weight[r] * vsum[c];
+        }
         write_output(pb, acc, dvp, b, h0, 0, rows);
         return;
     }
@@ -1255,6 +1291,27 @@ void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
                                             diagonal, sc.row);
         online_update_rows(rows, s, ld_s, width, tile_max, m, l, acc, dvp);
         direct_pv_keys(pb, sc, head, rows, s, ld_s, j0, tile_keys, dvp, acc);
+    }
+    const int left_count = closed ? first / block * block : 0;  // whole tiles before the first read
+    if (left_count > 0) {
+        float* weight = tile_max;  // per row: exp(fill - m), the weight of each key left of the window
+        bool left_read = false;
+        for (int r = 0; r < rows; ++r) {
+            const float new_max = nan_max(m[r], pb.mask_fill);
+            const float rescale = scalar_exp(m[r] - new_max);
+            weight[r] = scalar_exp(pb.mask_fill - new_max);
+            l[r] = l[r] * rescale + float(left_count) * weight[r];
+            float* ar = acc + size_t(r) * dvp;
+            if (rescale != 1.0f)
+                for (int c = 0; c < dvp; ++c) ar[c] *= rescale;
+            m[r] = new_max;
+            left_read |= weight[r] != 0.0f;
+        }
+        if (left_read) {
+            const float* vsum = direct_left_sum(pb, sc, head, left_count, dvp);
+            for (int r = 0; r < rows; ++r)
+                for (int c = 0; c < dvp; ++c) acc[size_t(r) * dvp + c] += weight[r] * vsum[c];
+        }
     }
     for (int r = 0; r < rows; ++r) {
         float* ar = acc + size_t(r) * dvp;

@@ -142,18 +142,20 @@ def test_cpu_kernel_window_matches_the_reference(mode, fill, extra, sq, sk, is_c
 
 @pytest.mark.skipif(not cpu.available(), reason="no compiled CPU kernel")
 @pytest.mark.parametrize("mode", ["naive", "online"])
-@pytest.mark.parametrize("sq", [64, 2])  # packed key tiles (naive groups, online tiles); the decode path
-def test_cpu_kernel_never_reads_keys_left_of_every_window(mode, sq):
+# packed key tiles (naive groups, online tiles); the decode path, whose closed form for a finite
+# fill reads the V rows left of the window only for a row that sees no other key
+@pytest.mark.parametrize("sq,fill", [(64, -np.inf), (2, -np.inf), (2, LOWEST)])
+def test_cpu_kernel_never_reads_keys_left_of_every_window(mode, sq, fill):
     """Keys left of every row's window are skipped, not multiplied by 0: NaN in their V rows
-    reaches the reference's output (p = 0 times NaN) and not the kernel's (fill -inf, as for the
-    causal keys right of the diagonal). Rows at positions 448.. with window_left 64 see no key
-    below 384, six whole tiles of 64."""
+    reaches the reference's output (p = 0 times NaN) and not the kernel's (as for the causal keys
+    right of the diagonal). Rows at positions 448.. with window_left 64 see no key below 384, six
+    whole tiles of 64."""
     rng = np.random.default_rng(1)
     sk = 512
     q = rng.standard_normal((1, 4, sq, 16)).astype(np.float32)
     k, v = (rng.standard_normal((1, 2, sk, 16)).astype(np.float32) for _ in range(2))
     v[..., :384, :] = np.nan
-    attrs = dict(scale=0.3, is_causal=2, window_left=64, softmax=mode, block_size=64)
+    attrs = dict(scale=0.3, is_causal=2, window_left=64, softmax=mode, block_size=64, mask_fill=fill)
     got = cpu.flash_attention(q, k, v, **attrs)
     assert np.isfinite(got).all()
     want = reference.flash_attention(q, k, v, **attrs)
