@@ -151,10 +151,11 @@ def test_where_the_model_with_blocks_kept_does_not_load_the_whole_fused_one_is_w
     def refuses_one_node(m: onnx.ModelProto, report) -> str | None:  # loads only with both blocks fused
         return "refused" if [n.op_type for n in m.graph.node].count("FlashAttention") == 1 else None
 
-    out, report = optimize(model, load_check=refuses_one_node)
+    # online: the form the table has winning at 4096 for blocks with no mask (head dim 32)
+    out, report = optimize(model, softmax="online", load_check=refuses_one_node)
     assert report.fused == 2 and "the original ops were not kept where faster: refused" in report.notes
     assert report.target is not None and "kept the original ops" not in report.target.why
-    _, kept = optimize(model, **NO_CHECK)
+    _, kept = optimize(model, softmax="online", **NO_CHECK)
     assert kept.fused == 1 and kept.target is not None and "1 of 2 fused blocks then kept" in kept.target.why
 
 

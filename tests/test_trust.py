@@ -294,7 +294,8 @@ def test_piped_tables_are_full_width(every_form_fuses, tmp_path):
     r = _cli("inspect", _renamed_softmax(tmp_path, LONG_NAME), "--seq-lens", "4096")
     assert r.returncode == 0
     row = next(line for line in r.stdout.splitlines() if LONG_NAME in line)  # one line, not folded
-    assert "fused" in row and "\x1b[" not in r.stdout  # plain: no colour codes in a pipe
+    # the whole row, its result cell included, on the name's line; plain: no colour codes in a pipe
+    assert row.rstrip().endswith("│") and "--seq-lens" not in row.split("│")[1] and "\x1b[" not in r.stdout
 
 
 def test_brackets_in_names_are_printed(tmp_path):
