@@ -43,11 +43,12 @@ print("providers", s.get_providers(), "matmul err", float(np.abs(s.run(None, {"a
 PY
       grep -q "CUDAExecutionProvider'" "$OUT/device.txt" || exit 4 ;;
     caps) timeout "${CAPS_S:-300}" python3 benchmarks/cuda_capabilities.py run build/cuda_run/caps --out "$OUT" --budget-s "$(( ${CAPS_S:-300} - 40 ))" > "$OUT/caps.log" 2>&1; echo "caps rc=$?" ;;
-    zoo) timeout "${ZOO_S:-200}" python3 benchmarks/cuda_zoo.py run build/cuda_run/zoo --out "$OUT" --budget-s "$(( ${ZOO_S:-200} - 30 ))" > "$OUT/zoo.log" 2>&1; echo "zoo rc=$?" ;;
+    zoo) timeout "${ZOO_S:-200}" python3 benchmarks/cuda_zoo.py run "build/cuda_run/${ZOO_DIR:-zoo}" --out "$OUT" --budget-s "$(( ${ZOO_S:-200} - 30 ))" > "$OUT/zoo.log" 2>&1; echo "zoo rc=$?" ;;
     webgpu)  # ORT's WebGPU plugin EP (carry .whl/ep .gl) on the onnxruntime-gpu build installed above
       for f in /tmp/stash/.gl/*.deb /tmp/stash/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done; ldconfig
       python3 -m pip install -q --no-index --no-deps --target /tmp/epw /tmp/stash/ep/onnxruntime_ep_webgpu-*.whl
-      VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json PYTHONPATH=/tmp/epw:/tmp/ortgpu:$PWD \
+      { ls -la /tmp/stash /tmp/stash/.gl /usr/local/nvidia/share/vulkan/icd.d; ldconfig -p | grep -i vulkan; } > "$OUT/vulkan.txt" 2>&1
+      VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json PYTHONPATH=/tmp/epw:/tmp/ortgpu:$PWD \
         timeout "${WEBGPU_S:-200}" python3 benchmarks/crossover_webgpu.py run build/cuda_run/xwebgpu --out "$OUT" \
         --budget-s "$(( ${WEBGPU_S:-200} - 30 ))" > "$OUT/webgpu.log" 2>&1; echo "webgpu rc=$?" ;;
     defects) for s in tests/data/cuda_defects/[a-z]*.py; do [ -e "$s" ] || continue; echo "=== $s"; timeout 60 python3 "$s" 2>&1 | tail -15; done > "$OUT/defects.log" 2>&1 ;;

@@ -12,8 +12,7 @@ Three steps, because the GPU machine has onnxruntime-gpu but not ortflash:
   models converted with ``onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)``
   as ``f16.original``, ``f16.contrib``, ``f16.cuda``. Right: every output on the CUDA EP
   (``use_tf32=0``) against the original on the CPU EP (float32: rtol 1e-4 / atol 1e-5; float16
-  variants by the conversion's own error: their distance to the float32 original on the CPU EP at
-  most twice the converted original's there, plus 2e-3; see _judge_f16), batch 2 and 37
+  variants against the float16 original on the CPU EP within atol 2e-2, see _judge_f16), batch 2 and 37
   positions with one item padded (webgpu_zoo.CHECK). GPU: the nodes the CUDA EP ran (ORT profile).
   ms: I/O bound on the GPU, the EP's defaults (TF32), batch 1 at 128 positions; a decode step at
   past 2048 for the KV-cache decoders.
@@ -234,8 +233,8 @@ def make(folder: str, manifest: str = "models/manifest.json", only: str | None =
         check = make_feeds(model, seq_len=wz.CHECK["seq"], batch=wz.CHECK["batch"], dims=dims, seed=0)
         np.savez(os.path.join(folder, f"{stem}.check.npz"), **check)
         if row["cache"]:
-            timing = make_feeds(model, seq_len=DECODE_PAST, batch=1, dims=dims, seed=1)
-            row["latency_seq"] = f"decode, past {DECODE_PAST}"
+            timing, past = _decode_feeds(model, dims, make_feeds)
+            row["latency_seq"] = f"decode, past {past}"
         else:
             timing, seq = wz._timing_feeds(model, entry, make_feeds)
             row["latency_seq"] = seq
@@ -246,6 +245,25 @@ def make(folder: str, manifest: str = "models/manifest.json", only: str | None =
         index["long"] = _long_blocks(folder)
     with open(os.path.join(folder, "index.json"), "w") as f:
         json.dump(index, f, indent=1)
+
+
+def _decode_feeds(model: Any, dims: Any, make_feeds: Any) -> tuple[dict[str, np.ndarray], int]:
+    """One decode step at past DECODE_PAST, or the longest power of two below it minus one that the
+    model runs on the CPU EP (GPT-2's position table has 128 rows; the CUDA EP's Gather does not
+    check its indices, so an out-of-range past would run there on garbage)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    past = DECODE_PAST
+    while True:
+        feeds = make_feeds(model, seq_len=past, batch=1, dims=dims, seed=1)
+        try:
+            sess.run(None, feeds)
+            return feeds, past
+        except Exception:  # noqa: BLE001 - too long for this model
+            if past < 16:
+                raise
+            past = (past + 1) // 2 - 1
 
 
 def _blocks(notes: list[Any]) -> dict[str, Any]:
@@ -273,19 +291,20 @@ def _compare(want: list[np.ndarray], got: list[np.ndarray], dtype: str) -> dict[
     return {"ok": ok, "max_abs": worst, "nan_mismatch": nan_mismatch}
 
 
+F16_MODEL_ATOL = 2e-2  # a whole float16 model's outputs against the same model on the CPU EP
+
+
 def _judge_f16(refs: dict[str, list[np.ndarray]], outs: list[np.ndarray]) -> dict[str, Any]:
-    """A float16 variant on the CUDA EP, judged by the float16 conversion's own error: right where
-    its distance to the float32 original (CPU EP) is at most twice the converted original's on
-    the CPU EP, plus 2e-3, with NaN in the same places."""
-    row: dict[str, Any] = {"vs_f16_cpu": _compare(refs["f16"], outs, "float16")}
-    if "f32" not in refs:
-        return {**row, "ok": row["vs_f16_cpu"]["ok"], "max_abs": row["vs_f16_cpu"]["max_abs"], "nan_mismatch": 0}
-    conversion = _compare(refs["f32"], refs["f16"], "float16")
-    vs32 = _compare(refs["f32"], outs, "float16")
-    limit = 2 * conversion["max_abs"] + 2e-3
-    row.update(conversion_error=conversion["max_abs"], limit=limit, max_abs=vs32["max_abs"])
-    row["nan_mismatch"] = vs32["nan_mismatch"]
-    row["ok"] = vs32["nan_mismatch"] == conversion["nan_mismatch"] and vs32["max_abs"] <= limit
+    """A float16 variant on the CUDA EP against the float16 original on the CPU EP: right within
+    F16_MODEL_ATOL, NaN in the same places (a per-element rtol 2e-2 / atol 2e-3 fails every whole
+    float16 model there, the original too: errors add up over the layers). Its distance to the
+    float32 original and the converted original's own are recorded beside it."""
+    vs16 = _compare(refs["f16"], outs, "float16")
+    row: dict[str, Any] = {"vs_f16_cpu": vs16, "max_abs": vs16["max_abs"], "nan_mismatch": vs16["nan_mismatch"]}
+    row["ok"] = vs16["nan_mismatch"] == 0 and vs16["max_abs"] <= F16_MODEL_ATOL
+    if "f32" in refs:
+        row["conversion_error"] = _compare(refs["f32"], refs["f16"], "float16")["max_abs"]
+        row["vs_f32_cpu"] = _compare(refs["f32"], outs, "float16")["max_abs"]
     return row
 
 
@@ -498,8 +517,8 @@ def table(json_path: str, index_path: str | None, md_path: str, device: str) -> 
         "- command: `benchmarks/cuda_gpu_run.sh zoo` after `python benchmarks/cuda_zoo.py make build/cuda_run/zoo`",
         "- right: every output on the CUDA EP with use_tf32=0 against the original on the CPU EP (float32: rtol 1e-4 / "
         "atol 1e-5); f16.*: the zoo model converted by onnxruntime.transformers.float16 (keep_io_types), against that "
-        "float32 original on the CPU EP within twice the converted original's own distance there + 2e-3; batch 2, "
-        "37 positions, one item padded",
+        "converted original on the CPU EP within atol 2e-2 (the whole model's outputs); batch 2, 37 positions, one "
+        "item padded",
         "- ms: I/O bound on the GPU, EP defaults (TF32), batch 1 at 128 positions (KV-cache decoders: one decode step "
         f"at past {DECODE_PAST})",
         "",

@@ -16,6 +16,8 @@ raw rows cuda_capabilities.json, and tests/test_cuda_table.py checks the two agr
   mask in ``attention_bias``, in float32. Not GroupQueryAttention (the EP runs it on the CPU in
   float32), not ONNX Attention-23 (wrong on the EP for causal decoders, issue 23), not
   ``key_padding_mask`` (see the table).
+- float32 blocks with a KV-cache append and one key/value head per query head: the contrib
+  target's MultiHeadAttention with past_key/past_value (a decode step as fast as the original).
 - Rows with every key masked are written out by the lowering instead of left to the EP's kernels,
   as the webgpu target writes them (ortflash/lowering/webgpu.py): a row whose float32 bias is one
   value <= -2**127 everywhere is the mean of V, by Where; a row of -inf everywhere is NaN, by
@@ -38,7 +40,8 @@ from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..graph.shapes import same_dim
 from . import layout
-from .contrib import CONTRIB_DOMAIN, MIN_CONTRIB_OPSET, OP_GQA, OP_MHA
+from .cache import find_cache_append
+from .contrib import CONTRIB_DOMAIN, MIN_CONTRIB_OPSET, OP_GQA, OP_MHA, lower_contrib
 from .read import ABSORBING_FILL, aligned_batch, call_dims
 
 _CASTLIKE_OPSET = 15
@@ -104,6 +107,14 @@ def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[
         raise NotLowered(f"{hq} query heads are not a multiple of {hkv} key/value heads")
     if call.dtype is None and e.opset < _CASTLIKE_OPSET:
         raise NotLowered("Q's element type is not known and the model's opset has no CastLike (15) to restore it")
+    if hq == hkv and call.dtype == ir.DataType.FLOAT and find_cache_append(call) is not None:
+        # a float32 decoder step with a cache and one key/value head per query head: the contrib
+        # target's MultiHeadAttention with past_key/past_value (the append inside the op) ran a
+        # decode step at past 2048 as fast as the original graph (GPT-2: 0.58 against 0.57 ms),
+        # where the cache append kept outside and the row guards cost half as much again
+        # (0.86 ms; benchmarks/results/cuda_zoo.md)
+        op, how = lower_contrib(e, call, output)
+        return op, f"the contrib target's form for a cached float32 step (MultiHeadAttention on the GPU); {how}"
     halves = [_float16_source(x) for x in (call.q, call.k, call.v)]
     half = call.dtype == ir.DataType.FLOAT16 or all(h is not None for h in halves)
     use_gqa = (

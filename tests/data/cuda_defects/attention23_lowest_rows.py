@@ -41,9 +41,7 @@ def main() -> int:
         return 0
     print(f"onnxruntime {ort.__version__}")
     cpu = ort.InferenceSession(MODEL, providers=["CPUExecutionProvider"])
-    cuda = ort.InferenceSession(
-        MODEL, providers=[("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
-    )
+    cuda = ort.InferenceSession(MODEL, providers=[("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"])
     lowest = float(np.finfo(np.float32).min)
     above_lowest = float(np.nextafter(np.float32(lowest), np.float32(0)))
     shows = False
