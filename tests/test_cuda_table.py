@@ -173,3 +173,19 @@ def test_float32_cached_step_with_one_kv_head_per_query_head_keeps_the_append_in
     got = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for w, g in zip(want, got):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_onnx_target_writes_the_mean_of_v_where_head_counts_are_not_static() -> None:
+    """optimum's merged Whisper decoder: a block whose head counts are not proved still lowers
+    (the mean of V taken by Attention itself with Q = 0) and computes the original's numbers."""
+    path = ROOT / "tests" / "data" / "outside" / "optimum_whisper_decoder_model_merged.onnx"
+    model = onnx.load(path)
+    fused, _ = ortflash.optimize(model, target="ortflash")
+    lowered, notes = lower(fused, "onnx")
+    assert [n.lowered for n in notes] == [True] * 4
+    feeds = make_feeds(model, seq_len=16, batch=2, seed=0)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for w, g in zip(want, got):
+        if w.dtype.kind == "f" and w.size:
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)

@@ -104,6 +104,7 @@ def _fully_masked_rows(
     squeeze: bool,
     v: ir.Value,
     heads: tuple[int | None, int | None],
+    qk: tuple[ir.Value, ir.Value, dict[str, Any]] | None = None,
 ) -> tuple[ir.Value, str]:
     """Rows with every key masked, written out so that every EP gives FlashAttention's values:
 
@@ -130,7 +131,12 @@ def _fully_masked_rows(
         dead, uniform = e.squeeze(dead, [1]), e.squeeze(uniform, [1])
     mean_v = e.node("ReduceMean", [v, e.i64([-2])], keepdims=1)  # [B, Hkv, 1, Dv] or [B·H, 1, D]
     hq, hkv = heads
-    if not squeeze and hq != hkv:
+    if not squeeze and hq != hkv and (hq is None or hkv is None) and qk is not None:
+        # head counts not static: Attention itself maps query heads to key/value heads; with Q = 0
+        # every score is 0 and each row is the mean of V
+        q, k, attrs = qk
+        mean_v = e.node("Attention", [e.node("Mul", [q, e.f32(0.0)]), k, v], **attrs)
+    elif not squeeze and hq != hkv:
         if hq is None or hkv is None:
             raise NotLowered("the head counts are not static: the mean of V for fully masked rows needs them")
         grouped = e.node("Unsqueeze", [mean_v, e.i64([2])])  # [B, Hkv, 1, 1, Dv]
@@ -176,7 +182,8 @@ def _attention(e: Emitter, call: FlashAttentionCall, dims: CallDims, f16: bool, 
     if call.softcap > 0:
         parts.append(f"softcap {call.softcap:g}")
     parts += layout.mask_parts(call, causal_folded=not native_causal)
-    out, note = _fully_masked_rows(e, call, bias, out, three_d is not None, v, (dims.hq, dims.hkv))
+    plain = {key: value for key, value in attrs.items() if key in ("scale", "q_num_heads", "kv_num_heads")}
+    out, note = _fully_masked_rows(e, call, bias, out, three_d is not None, v, (dims.hq, dims.hkv), (q, k, plain))
     if note:
         parts.append(note)
     if f16:
