@@ -184,7 +184,7 @@ def test_jobs_run_models_in_worker_processes_with_the_same_rows(manifest, tmp_pa
     ("text", "message"),
     [
         ('[[model]]\npath = "a.onnx"\nblock = { ortflash = 1 }\n', "unknown key 'block'"),
-        ('[[model]]\npath = "a.onnx"\nblocks = { cuda = 1 }\n', "unknown target 'cuda'"),
+        ('[[model]]\npath = "a.onnx"\nblocks = { tensorrt = 1 }\n', "unknown target 'tensorrt'"),
         ('[[model]]\npath = "a.onnx"\nblocks = { ortflash = -1 }\n', "blocks.ortflash must be an integer >= 0"),
         ("[[model]]\nblocks = { ortflash = 1 }\n", "each [[model]] needs a path"),
         ("version = 9\n", "reads manifest version 1"),

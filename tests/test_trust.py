@@ -493,7 +493,7 @@ def test_auto_needs_an_execution_provider(model_path, tmp_path, capsys):
     assert len(err) == 1 and "execution provider" in err[0] and not out.exists()
 
 
-@pytest.mark.parametrize(("ep", "chosen", "auto"), [("cpu", "contrib", ["--target", "auto"]), ("cuda", "contrib", [])])
+@pytest.mark.parametrize(("ep", "chosen", "auto"), [("cpu", "contrib", ["--target", "auto"]), ("cuda", "cuda", [])])
 def test_auto_takes_the_first_target_of_the_eps_order(every_form_fuses, model_path, tmp_path, capsys, ep, chosen, auto):
     doc = tmp_path / "r.json"
     assert main(["optimize", model_path, *auto, "--ep", ep, "-o", str(tmp_path / "m.onnx"), "--json", str(doc)]) == 0
