@@ -2,14 +2,16 @@
 where the model runs, by a measured cost table, never a form predicted to be slower than the
 original ops.
 
-The table (``CPU_CROSSOVERS``) comes from ``benchmarks/crossover.py``: for each form and head dim,
-the least key length at which the form ran faster than the original graph, in one run, on this
-project's CPU class (``benchmarks/results/crossover_cpu.json``; a test checks the two agree).
-A block is fused where its key length is known (a static shape, or the lengths the user says the
-model runs at) and at or past the crossover at every such length. Where the length is known only
-at run time, the original ops stay: an ONNX ``If`` that dispatches on the length costs more per
-block and run on ONNX Runtime's CPU EP than the short side saves (``if_dispatch`` in the same
-results), and the fused form loses below the crossover. The row says which form was chosen and why.
+The tables come from committed benchmarks, one per execution provider (``TABLES``): the CPU EP's
+(``CPU_CROSSOVERS``, ``benchmarks/crossover.py``, a row per mask kind) and the WebGPU EP's
+(``WEBGPU_CROSSOVERS``, ``benchmarks/crossover_webgpu.py``). Each gives, per form and head dim, the
+least key length at which the form ran faster than the original graph in one run; tests check
+them against their results files. A block is fused where its key length is known (a static
+shape, or the lengths the user says the model runs at) and at or past the crossover at every such
+length. Where the length is known only at run time, the original ops stay: an ONNX ``If`` that
+dispatches on the length costs more per block and run on ONNX Runtime's CPU EP than the short
+side saves (``if_dispatch`` in crossover_cpu.md), and the fused form loses below the crossover.
+An EP with no table (CUDA) gets its target's form. The row says which form was chosen and why.
 """
 
 from __future__ import annotations
@@ -75,13 +77,31 @@ CPU_CROSSOVERS: Mapping[str, Mapping[str, Mapping[int, int | None]]] = MappingPr
         "bias": _rows({32: None, 64: None}, {32: None, 64: None}, {32: None, 64: None}, {32: None, 64: None}),
     }
 )
+
+# The same for ONNX Runtime's WebGPU EP (the onnxruntime-ep-webgpu 0.4.0 plugin, Dawn on Vulkan, on
+# an NVIDIA H200; wall time; benchmarks/crossover_webgpu.py -> WEBGPU_RESULTS): the `webgpu`
+# target's output against the original graph. The padding stack's row stands for the kinds that
+# were not measured (no mask, a full bias): it is the slower of the two measured. The causal
+# stack's original is ONNX Attention with is_causal, which an export's mask subgraph is no faster than.
+WEBGPU_RESULTS = "benchmarks/results/crossover_webgpu.md"
+_WEBGPU_PADDING = MappingProxyType({"webgpu": MappingProxyType({32: 2048, 64: 2048})})
+WEBGPU_CROSSOVERS: Mapping[str, Mapping[str, Mapping[int, int | None]]] = MappingProxyType(
+    {
+        "padding": _WEBGPU_PADDING,
+        "none": _WEBGPU_PADDING,
+        "causal": MappingProxyType({"webgpu": MappingProxyType({32: 64, 64: 64})}),
+        "bias": _WEBGPU_PADDING,
+    }
+)
+# execution provider (None: none named, so the CPU EP) -> its table and the results it names
+TABLES: Mapping[str | None, Mapping[str, Mapping[str, Mapping[int, int | None]]]] = MappingProxyType(
+    {None: CPU_CROSSOVERS, "cpu": CPU_CROSSOVERS, "webgpu": WEBGPU_CROSSOVERS}
+)
 MEASURED_UP_TO = 2048
-# The execution providers the table was measured on (None: no EP named, the CPU EP by default).
-MEASURED_EPS = (None, "cpu")
 _KIND_NAMES = {"none": "no mask", "padding": "a padding mask", "causal": "causal", "bias": "a full bias"}
 # The target whose blocks the table measured for each form: FlashAttention (naive or online by
 # the policy) for ortflash, MultiHeadAttention for contrib, Attention-23 for onnx.
-_TARGET_FORMS = {"contrib": "contrib", "onnx": "onnx"}
+_TARGET_FORMS = {"contrib": "contrib", "onnx": "onnx", "webgpu": "webgpu"}
 
 
 @dataclass(frozen=True)
@@ -108,11 +128,11 @@ def mask_kind(is_causal: bool, bias_query_rows: tuple[int | None, ...]) -> str:
     return "padding" if bias_query_rows else "none"
 
 
-def crossover(form: str, head_dim: int | None, kind: str = "padding") -> int | None:
-    """The form's crossover for this head dim and mask kind: the measured dims around it (the
-    larger crossover of the two, None if either never wins); every dim's where the head dim is
-    unknown."""
-    by_dim = CPU_CROSSOVERS[kind][form]
+def crossover(form: str, head_dim: int | None, kind: str = "padding", ep: str | None = None) -> int | None:
+    """The form's crossover on ``ep`` for this head dim and mask kind: the measured dims around it
+    (the larger crossover of the two, None if either never wins); every dim's where the head dim
+    is unknown."""
+    by_dim = TABLES[ep][kind][form]
     dims = sorted(by_dim)
     if head_dim is None:
         around = dims
@@ -137,15 +157,15 @@ def choose(
     """Fused, or the original ops kept, for one block of ``target`` and mask ``kind`` that runs at
     ``key_lens`` (None: the length is known only at run time) on ``ep`` (None: the CPU EP, where
     ortflash's own op runs)."""
-    if ep not in MEASURED_EPS:
+    if ep not in TABLES:
         return FormChoice(True, f"no measured cost table for the {ep} EP: fused as the target writes it")
     probe = form_at(target, policy, MEASURED_UP_TO)
-    if probe is None:
-        return FormChoice(True, f"no measured cost table for {target} on the CPU EP: fused as asked")
+    if probe is None or probe not in TABLES[ep][kind]:
+        return FormChoice(True, f"no measured cost table for {target} on the {ep or 'cpu'} EP: fused as asked")
     dim = ("an unproved head dim" if head_dim is None else f"head dim {head_dim}") + f", {_KIND_NAMES[kind]}"
-    results = results_path(kind)
+    results = WEBGPU_RESULTS if ep == "webgpu" else results_path(kind)
     if key_lens is None:
-        lowest = crossover(probe, head_dim, kind)
+        lowest = crossover(probe, head_dim, kind, ep)
         where = (
             f"{probe} beats the original ops only from key length {lowest}"
             if lowest is not None
@@ -159,7 +179,7 @@ def choose(
     for key_len in key_lens:
         form = form_at(target, policy, key_len)
         assert form is not None
-        at = crossover(form, head_dim, kind)
+        at = crossover(form, head_dim, kind, ep)
         if at is None or key_len < at:
             beats = f"from {at}" if at is not None else f"at no measured length up to {MEASURED_UP_TO}"
             return FormChoice(

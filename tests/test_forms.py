@@ -128,7 +128,7 @@ def test_a_head_dim_between_measured_ones_takes_the_slower_of_its_neighbours(hea
 def test_auto_runs_the_online_softmax_from_min_seq_len_so_its_form_follows_the_length():
     policy = SoftmaxPolicy.for_new_nodes(online_softmax=True)
     assert forms.form_at("ortflash", policy, 512) == "naive" and forms.form_at("ortflash", policy, 4096) == "online"
-    assert forms.form_at("contrib", policy, 16) == "contrib" and forms.form_at("webgpu", policy, 16) is None
+    assert forms.form_at("contrib", policy, 16) == "contrib" and forms.form_at("webgpu", policy, 16) == "webgpu"
 
 
 def test_where_the_model_with_blocks_kept_does_not_load_the_whole_fused_one_is_written_and_says_so():
@@ -166,3 +166,21 @@ def test_the_cpu_table_does_not_decide_for_another_ep():
     _, cuda = optimize(_static(16), ep="cuda", **NO_CHECK)
     assert cuda.fused == 1 and cuda.blocks[0].lowered_to is not None
     assert "no measured cost table for the cuda EP" in cuda.blocks[0].reason
+
+
+def test_the_webgpu_table_is_its_committed_benchmark_results():
+    doc = json.loads((RESULTS_DIR / "crossover_webgpu.json").read_text())
+    for stack, kind in (("padding", "padding"), ("causal", "causal")):
+        for dim, row in doc["by_stack"][stack]["webgpu"].items():
+            assert forms.WEBGPU_CROSSOVERS[kind]["webgpu"][int(dim)] == row["crossover"], (stack, dim)
+    # the kinds not measured take the padding row, the slower of the two
+    assert forms.WEBGPU_CROSSOVERS["none"] == forms.WEBGPU_CROSSOVERS["bias"] == forms.WEBGPU_CROSSOVERS["padding"]
+    assert max(doc["seq_lens"]) == forms.MEASURED_UP_TO
+
+
+def test_ep_webgpu_keeps_a_short_block_that_the_webgpu_table_says_is_slower_and_says_so():
+    _, short = optimize(_static(128), ep="webgpu", **NO_CHECK)
+    assert short.fused == 0 and "crossover_webgpu" in short.blocks[0].reason, short.blocks[0].reason
+    assert forms.choose("webgpu", SoftmaxPolicy.for_new_nodes(), 32, [64], "causal", "webgpu").fused
+    assert not forms.choose("webgpu", SoftmaxPolicy.for_new_nodes(), 32, [1024], "padding", "webgpu").fused
+    assert forms.choose("webgpu", SoftmaxPolicy.for_new_nodes(), 64, [2048], "padding", "webgpu").fused
