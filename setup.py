@@ -7,6 +7,7 @@ with -march=native, so a wheel runs on any x86-64 CPU (and the generic build els
 
 from __future__ import annotations
 
+import glob
 import platform
 import sys
 
@@ -41,7 +42,7 @@ def kernel_extension(isa: str) -> Extension:
     return Extension(
         f"ortflash.kernels._flash_{isa}",
         sources=[f"csrc/module_{isa}.cpp"],
-        depends=["csrc/flash_attention.hpp", "csrc/libc_single_threaded.hpp"],
+        depends=["csrc/flash_attention.hpp", "csrc/libc_single_threaded.hpp", *sorted(glob.glob("csrc/flash/*.hpp"))],
         language="c++",
         extra_compile_args=COMMON_FLAGS + ISA_FLAGS[isa],
         extra_link_args=["-pthread"],

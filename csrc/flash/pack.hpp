@@ -1,0 +1,121 @@
+// Packing: K^T panels, padded V rows, V suffix/prefix sums and per-group key norms, once per (batch, kv head).
+// Part of csrc/flash_attention.hpp (one translation unit per ISA build); it includes the standard headers.
+#pragma once
+
+#include "simd.hpp"
+#include "problem.hpp"
+
+namespace {
+
+struct Packed {  // K^T panels, V rows (padded to Dvp) and, when needed, V suffix and prefix sums, per (b, kv head)
+    int key_tile;      // keys per packed tile (block for online, Sk for naive)
+    int tile_floats;   // floats per packed K tile
+    int tiles;
+    int dvp;
+    bool suffix, prefix;
+    size_t k_floats, v_floats, s_floats, p_floats;  // per kv head
+    AlignedFloats k, v, vsuffix, vprefix;
+    // Per (kv head, key group): the largest |k| of the group's keys (NaN when any is NaN) and
+    // whether every V value of the group is finite and below V_SKIPPABLE_LIMIT, which together
+    // let PaddingSkip prove that a masked group would contribute exactly nothing. A group is
+    // an online tile, or NAIVE_GROUP_KEYS keys in the naive mode (which packs one tile of Sk).
+    int group_keys, groups;  // keys per group, groups per kv head
+    std::vector<float> key_norm;
+    std::vector<uint8_t> v_bounded;
+    Packed(const Problem& pb, int key_tile_, int group_keys_, bool suffix_, bool prefix_)
+        : key_tile(key_tile_),
+          tile_floats(round_up(key_tile_, NR) * pb.D),
+          tiles(ceil_div(pb.Sk, key_tile_)),
+          dvp(round_up(pb.Dv, W)),
+          suffix(suffix_),
+          prefix(prefix_),
+          k_floats(size_t(tiles) * tile_floats),
+          v_floats(size_t(pb.Sk) * dvp),
+          s_floats(suffix_ ? size_t(pb.Sk + 1) * dvp : 0),
+          p_floats(prefix_ ? size_t(pb.Sk + 1) * dvp : 0),
+          k(k_floats * pb.B * pb.Hkv),
+          v(v_floats * pb.B * pb.Hkv),
+          vsuffix(s_floats * pb.B * pb.Hkv),
+          vprefix(p_floats * pb.B * pb.Hkv),
+          group_keys(group_keys_),
+          groups(ceil_div(pb.Sk, group_keys_)),
+          key_norm(size_t(groups) * pb.B * pb.Hkv),
+          v_bounded(size_t(groups) * pb.B * pb.Hkv) {}
+};
+
+// A V value this large could overflow the accumulator when an earlier tile's weight is
+// rescaled by 0; below it, a weight of exactly 0 adds exactly 0.
+constexpr float V_SKIPPABLE_LIMIT = 1e30f;
+// Keys per group that the naive mode may skip: a multiple of NR for every ISA build.
+constexpr int NAIVE_GROUP_KEYS = 64;
+static_assert(NAIVE_GROUP_KEYS % NR == 0 && NAIVE_GROUP_KEYS % W == 0, "groups must be whole panels");
+
+// The largest Euclidean norm of n vectors of length d (row stride d); NaN when any element is.
+inline float max_norm(const float* x, int n, int d) {
+    float largest = 0.0f;
+    for (int j = 0; j < n; ++j) {
+        float sum = 0.0f;
+        for (int c = 0; c < d; ++c) sum += x[size_t(j) * d + c] * x[size_t(j) * d + c];
+        if (sum != sum) return sum;
+        largest = std::max(largest, sum);
+    }
+    return std::sqrt(largest);
+}
+
+void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
+    const int D = pb.D, Dv = pb.Dv, Sk = pb.Sk, dvp = pk.dvp;
+    float* kdst = pk.k.ptr + pk.k_floats * bh;
+    float* vdst = pk.v.ptr + pk.v_floats * bh;
+    row.resize(std::max(D, Dv));
+    for (int t = 0; t < pk.tiles; ++t) {
+        const int j0 = t * pk.key_tile;
+        const int keys = std::min(pk.key_tile, Sk - j0);
+        float* tile = kdst + size_t(t) * pk.tile_floats;
+        std::fill(tile, tile + size_t(ceil_div(keys, NR)) * NR * D, 0.0f);
+        for (int j = 0; j < keys; ++j) {
+            const size_t at = (size_t(bh) * Sk + j0 + j) * D;
+            const float* src = row.data();
+            if (pb.k_half)
+                halves_to_floats(static_cast<const uint16_t*>(pb.k) + at, row.data(), D);
+            else
+                src = static_cast<const float*>(pb.k) + at;
+            float* panel = tile + size_t(j / NR) * D * NR + j % NR;
+            for (int d = 0; d < D; ++d) panel[d * NR] = src[d];
+            const float norm = max_norm(src, 1, D);
+            const int key = j0 + j;
+            float& largest = pk.key_norm[size_t(bh) * pk.groups + key / pk.group_keys];
+            largest = key % pk.group_keys == 0 ? norm
+                      : (norm != norm || largest != largest) ? NAN : std::max(largest, norm);
+        }
+    }
+    for (int j = 0; j < Sk; ++j) {
+        const size_t at = (size_t(bh) * Sk + j) * Dv;
+        float* dst = vdst + size_t(j) * dvp;
+        if (pb.v_half)
+            halves_to_floats(static_cast<const uint16_t*>(pb.v) + at, dst, Dv);
+        else
+            std::memcpy(dst, static_cast<const float*>(pb.v) + at, sizeof(float) * Dv);
+        std::fill(dst + Dv, dst + dvp, 0.0f);
+    }
+    for (int g = 0; g < pk.groups; ++g) {
+        const int j0 = g * pk.group_keys, keys = std::min(pk.group_keys, Sk - j0);
+        bool bounded = true;
+        for (size_t c = size_t(j0) * dvp; c < size_t(j0 + keys) * dvp; ++c)
+            bounded &= std::fabs(vdst[c]) < V_SKIPPABLE_LIMIT;  // false for inf and NaN
+        pk.v_bounded[size_t(bh) * pk.groups + g] = bounded;
+    }
+    if (pk.suffix) {
+        float* sdst = pk.vsuffix.ptr + pk.s_floats * bh;
+        std::fill(sdst + size_t(Sk) * dvp, sdst + size_t(Sk + 1) * dvp, 0.0f);
+        for (int j = Sk - 1; j >= 0; --j)
+            for (int c = 0; c < dvp; ++c) sdst[size_t(j) * dvp + c] = sdst[size_t(j + 1) * dvp + c] + vdst[size_t(j) * dvp + c];
+    }
+    if (pk.prefix) {  // row j: the sum of V rows [0, j) (the keys left of a window)
+        float* pdst = pk.vprefix.ptr + pk.p_floats * bh;
+        std::fill(pdst, pdst + dvp, 0.0f);
+        for (int j = 0; j < Sk; ++j)
+            for (int c = 0; c < dvp; ++c) pdst[size_t(j + 1) * dvp + c] = pdst[size_t(j) * dvp + c] + vdst[size_t(j) * dvp + c];
+    }
+}
+
+}  // namespace

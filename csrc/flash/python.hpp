@@ -1,0 +1,234 @@
+// The Python interface: buffer checks, flash_attention() and cpu_features(), and the module's method table.
+// Part of csrc/flash_attention.hpp (one translation unit per ISA build); it includes the standard headers.
+#pragma once
+
+#include "simd.hpp"
+#include "problem.hpp"
+#include "dispatch.hpp"
+
+namespace {
+
+// ---- Python interface ----
+
+struct Buffer {  // a Py_buffer released on scope exit
+    Py_buffer view{};
+    bool held = false;
+    bool get(PyObject* obj, int flags) {
+        held = PyObject_GetBuffer(obj, &view, flags) == 0;
+        return held;
+    }
+    ~Buffer() {
+        if (held) PyBuffer_Release(&view);
+    }
+    char kind() const {  // the struct format letter, byte-order prefix skipped
+        const char* f = view.format ? view.format : "B";
+        while (*f == '@' || *f == '=' || *f == '<') ++f;
+        return *f;
+    }
+};
+
+bool float_kind(const Buffer& b, const char* name, bool* half) {
+    const char kind = b.kind();
+    if (kind == 'f' && b.view.itemsize == 4) {
+        *half = false;
+        return true;
+    }
+    if (kind == 'e' && b.view.itemsize == 2) {
+        *half = true;
+        return true;
+    }
+    PyErr_Format(PyExc_TypeError, "%s must be float32 or float16 (buffer format '%s')", name,
+                 b.view.format ? b.view.format : "B");
+    return false;
+}
+
+bool four_d(const Buffer& b, const char* name) {
+    if (b.view.ndim != 4) {
+        PyErr_Format(PyExc_ValueError, "%s must be 4-D, got %d dimensions", name, b.view.ndim);
+        return false;
+    }
+    return true;
+}
+
+// bias or mask: 4-D, each axis 1 (broadcast, stride 0) or the scores' size.
+bool broadcast_operand(const Buffer& b, const char* name, const Py_ssize_t* scores, Broadcast4* out) {
+    if (!four_d(b, name)) return false;
+    out->data = static_cast<const char*>(b.view.buf);
+    out->item = int(b.view.itemsize);
+    for (int a = 0; a < 4; ++a) {
+        const Py_ssize_t n = b.view.shape[a];
+        if (n != 1 && n != scores[a]) {
+            PyErr_Format(PyExc_ValueError, "%s axis %d has size %zd; want 1 or %zd", name, a, n, scores[a]);
+            return false;
+        }
+        if (b.view.strides[a] % b.view.itemsize) {
+            PyErr_Format(PyExc_ValueError, "%s has a stride that is not a whole number of elements", name);
+            return false;
+        }
+        out->stride[a] = n == 1 ? 0 : b.view.strides[a] / b.view.itemsize;
+    }
+    return true;
+}
+
+PyObject* py_flash_attention(PyObject*, PyObject* args, PyObject* kwargs) {
+    static const char* keywords[] = {"q", "k", "v", "out", "bias", "mask", "scale", "is_causal", "mask_fill",
+                                     "zero_rows", "softcap", "online", "block_size", "query_tile", "threads",
+                                     "bias_after_mask", "window_left", "window_right", nullptr};
+    PyObject *q_obj, *k_obj, *v_obj, *out_obj, *bias_obj, *mask_obj;
+    double scale, mask_fill, softcap;
+    int causal, zero_rows, online, block, query_tile, threads, bias_after_mask = 0, window_left = -1,
+                                                                   window_right = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOdidpdpiii|pii", const_cast<char**>(keywords), &q_obj,
+                                     &k_obj, &v_obj, &out_obj, &bias_obj, &mask_obj, &scale, &causal, &mask_fill,
+                                     &zero_rows, &softcap, &online, &block, &query_tile, &threads, &bias_after_mask,
+                                     &window_left, &window_right))
+        return nullptr;
+    if (causal < 0 || causal > 2) {
+        PyErr_SetString(PyExc_ValueError, "is_causal must be 0, 1 or 2");
+        return nullptr;
+    }
+    if (window_left < -1 || window_right < -1) {
+        PyErr_SetString(PyExc_ValueError, "window_left and window_right must be -1 (unbounded) or >= 0");
+        return nullptr;
+    }
+    Buffer q, k, v, out, bias, mask;
+    const int dense = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT;
+    if (!q.get(q_obj, dense) || !k.get(k_obj, dense) || !v.get(v_obj, dense) ||
+        !out.get(out_obj, dense | PyBUF_WRITABLE))
+        return nullptr;
+    Problem pb{};
+    if (!four_d(q, "q") || !four_d(k, "k") || !four_d(v, "v") || !four_d(out, "out")) return nullptr;
+    if (!float_kind(q, "q", &pb.q_half) || !float_kind(k, "k", &pb.k_half) || !float_kind(v, "v", &pb.v_half))
+        return nullptr;
+    bool out_half = false;
+    if (!float_kind(out, "out", &out_half)) return nullptr;
+    const Py_ssize_t* qs = q.view.shape;
+    const Py_ssize_t* ks = k.view.shape;
+    const Py_ssize_t* vs = v.view.shape;
+    const Py_ssize_t* os = out.view.shape;
+    const bool shapes_ok = ks[0] == qs[0] && vs[0] == qs[0] && vs[1] == ks[1] && vs[2] == ks[2] && ks[3] == qs[3] &&
+                           ks[1] > 0 && qs[1] % ks[1] == 0 && os[0] == qs[0] && os[1] == qs[1] && os[2] == qs[2] &&
+                           os[3] == vs[3] && out_half == pb.q_half;
+    if (!shapes_ok) {
+        PyErr_SetString(PyExc_ValueError,
+                        "shapes must be q [B,Hq,Sq,D], k [B,Hkv,Sk,D], v [B,Hkv,Sk,Dv], out [B,Hq,Sq,Dv] (Q's "
+                        "dtype), Hq a multiple of Hkv");
+        return nullptr;
+    }
+    for (int a = 0; a < 4; ++a)
+        if (qs[a] <= 0 || ks[a] <= 0 || vs[a] <= 0 || qs[a] > INT32_MAX / 4 || ks[a] > INT32_MAX / 4) {
+            PyErr_SetString(PyExc_ValueError, "every dimension must be positive (and below 2^29)");
+            return nullptr;
+        }
+    if (block < 1 || query_tile < 1 || threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "block_size, query_tile and threads must be positive");
+        return nullptr;
+    }
+    const Py_ssize_t scores[4] = {qs[0], qs[1], qs[2], ks[2]};
+    const int strided = PyBUF_STRIDES | PyBUF_FORMAT;
+    if (bias_obj != Py_None) {
+        if (!bias.get(bias_obj, strided) || !float_kind(bias, "bias", &pb.bias.half) ||
+            !broadcast_operand(bias, "bias", scores, &pb.bias))
+            return nullptr;
+    }
+    if (mask_obj != Py_None) {
+        if (!mask.get(mask_obj, strided)) return nullptr;
+        if (mask.kind() != '?' || mask.view.itemsize != 1) {
+            PyErr_SetString(PyExc_TypeError, "mask must be a bool array");
+            return nullptr;
+        }
+        if (!broadcast_operand(mask, "mask", scores, &pb.mask)) return nullptr;
+    }
+    pb.B = int(qs[0]);
+    pb.Hq = int(qs[1]);
+    pb.Sq = int(qs[2]);
+    pb.D = int(qs[3]);
+    pb.Hkv = int(ks[1]);
+    pb.Sk = int(ks[2]);
+    pb.Dv = int(vs[3]);
+    pb.q = q.view.buf;
+    pb.k = k.view.buf;
+    pb.v = v.view.buf;
+    pb.out = out.view.buf;
+    pb.scale = float(scale);
+    pb.mask_fill = float(mask_fill);
+    pb.softcap = float(softcap);
+    // spec.key_bounds: position p = i + (Sk - Sq under is_causal 2, else 0); keys j <= p under
+    // is_causal, j <= p + window_right under a window without it (the same right frontier, moved),
+    // and j >= p - window_left.
+    const int position = causal == 2 ? pb.Sk - pb.Sq : 0;
+    pb.causal = causal != 0 || window_right >= 0;
+    pb.causal_offset = causal != 0 ? position : position + window_right;
+    pb.windowed = window_left >= 0;
+    pb.left_offset = position - window_left;
+    pb.bias_after_mask = bias_after_mask != 0;
+    pb.zero_rows = zero_rows != 0;
+    pb.online = online != 0;
+    pb.block = std::min(block, pb.Sk);  // one tile holds every key when block_size >= Sk
+    pb.query_tile = query_tile;
+    // A thread costs tens of microseconds to start: give each at least ~4M multiply-adds.
+    const double multiply_adds = double(pb.B) * pb.Hq * pb.Sq * pb.Sk * (pb.D + pb.Dv);
+    pb.threads = int(std::max(1.0, std::min(double(threads), multiply_adds / double(1 << 22))));
+    bool ok = false;
+    Py_BEGIN_ALLOW_THREADS
+    try {
+        ok = run_problem(pb);
+    } catch (const std::exception&) {
+        ok = false;
+    }
+    Py_END_ALLOW_THREADS
+    if (!ok) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+PyObject* py_cpu_features(PyObject*, PyObject*) {
+    // What this CPU (and the OS, for the AVX register state) supports, for the ISA choice.
+    PyObject* names = PyList_New(0);
+    if (!names) return nullptr;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    const struct {
+        const char* name;
+        bool present;
+    } features[] = {
+        {"sse2", bool(__builtin_cpu_supports("sse2"))},         {"avx", bool(__builtin_cpu_supports("avx"))},
+        {"avx2", bool(__builtin_cpu_supports("avx2"))},         {"fma", bool(__builtin_cpu_supports("fma"))},
+        {"f16c", bool(__builtin_cpu_supports("f16c"))},         {"avx512f", bool(__builtin_cpu_supports("avx512f"))},
+        {"avx512dq", bool(__builtin_cpu_supports("avx512dq"))}, {"avx512vl", bool(__builtin_cpu_supports("avx512vl"))},
+        {"avx512bw", bool(__builtin_cpu_supports("avx512bw"))},
+    };
+    for (const auto& f : features) {
+        if (!f.present) continue;
+        PyObject* s = PyUnicode_FromString(f.name);
+        if (!s || PyList_Append(names, s) < 0) {
+            Py_XDECREF(s);
+            Py_DECREF(names);
+            return nullptr;
+        }
+        Py_DECREF(s);
+    }
+#endif
+    return names;
+}
+
+PyMethodDef methods[] = {
+    {"flash_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_flash_attention)),
+     METH_VARARGS | METH_KEYWORDS,
+     "flash_attention(q, k, v, out, bias, mask, scale, is_causal (0/1/2), mask_fill, zero_rows, softcap, online, "
+     "block_size, query_tile, threads, bias_after_mask=False, window_left=-1, window_right=-1)\n\nWrites FlashAttention of q, k, v into out (see ortflash.kernels.cpu)."},
+    {"cpu_features", py_cpu_features, METH_NOARGS, "The x86 features this CPU and OS support, as names."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+#define ORTFLASH_STR2(x) #x
+#define ORTFLASH_STR(x) ORTFLASH_STR2(x)
+#define ORTFLASH_CAT2(a, b) a##b
+#define ORTFLASH_CAT(a, b) ORTFLASH_CAT2(a, b)
+
+PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, ORTFLASH_STR(ORTFLASH_MODULE_NAME),
+    "FlashAttention CPU kernel (one ISA build); use ortflash.kernels.cpu.", -1, methods, nullptr, nullptr, nullptr,
+    nullptr,
+};
+
+}  // namespace
