@@ -17,11 +17,11 @@ from ..errors import NotLowered
 from ..fusion.call import FlashAttentionCall
 from ..graph.emitter import Emitter
 from ..graph.shapes import same_dim
-from . import layout
-from .cache import CacheAppend, find_cache_append, move_present, prove_absorbable
+from . import layout, native
+from .cache import CacheAppend, find_cache_append, prove_absorbable
+from .native import CONTRIB_DOMAIN
 from .read import CallDims, aligned_batch, call_dims
 
-CONTRIB_DOMAIN = "com.microsoft"
 CONTRIB_VERSION = 1
 MIN_CONTRIB_OPSET = 13  # the helper ops are written in their opset-13 forms (axes as inputs)
 OP_MHA = f"{CONTRIB_DOMAIN}.MultiHeadAttention"
@@ -122,31 +122,29 @@ def _lower_with_cache(
     parts = [f"{hq} query / {hkv} key-value heads", "past_key/past_value in, present_key/present_value out"]
     if hkv < hq:
         # with a past, GroupQueryAttention's causal mask is bottom-right: is_causal 2's; 1 goes in the bias
-        native = call.is_causal == 2 and _native_causal(call)
-        bias = layout.additive_bias(e, call, lengths, fold_causal=not native, avoid_lowest=False)
-        total = lengths.of(e, "k", scalar=True)
+        native_causal = call.is_causal == 2 and _native_causal(call)
+        bias = layout.additive_bias(e, call, lengths, fold_causal=not native_causal, avoid_lowest=False)
         # every row holds all past + new keys: seqlens_k (keys - 1) is the same for each
-        seqlens = e.node(
-            "Expand", [e.node("Cast", [e.node("Sub", [total, e.i64(1)])], to=ir.DataType.INT32), e.dim(q3, 0)]
-        )
-        attrs: dict[str, Any] = {"num_heads": hq, "kv_num_heads": hkv, "scale": call.scale}
-        if not native:
+        seqlens = native.key_lengths(e, lengths.of(e, "k", scalar=True), q3)
+        attrs = native.gqa_attributes(hq, hkv, call.scale)
+        if not native_causal:
             attrs["causal"] = 0
         else:
             _window_attribute(call, attrs, parts)
-        inputs: list[ir.Value | None] = [q3, k3, v3, cache.past_key, cache.past_value, seqlens]
-        inputs.append(e.node("Cast", [total], to=ir.DataType.INT32))
-        inputs += [None, None, None, bias] if bias is not None else []
+        past = (cache.past_key, cache.past_value)
+        inputs = native.gqa_inputs(q3, k3, v3, seqlens, past, (bias,) if bias is not None else ())
         op, op_type = OP_GQA, "GroupQueryAttention"
         parts.append("seqlens_k = past + new - 1 for every row, total_sequence_length = past + new")
         parts.append(
-            "causal=1 (bottom-right, as is_causal 2)" if native else "causal=0, causality (if any) in attention_bias"
+            "causal=1 (bottom-right, as is_causal 2)"
+            if native_causal
+            else "causal=0, causality (if any) in attention_bias"
         )
         parts.append(
             "ONNX Runtime 1.31's CPU kernel runs prefill (past 0) and decode (1 new token); it refuses a batch > 1 "
             "with several new tokens after a non-empty past"
         )
-        causal_folded = not native
+        causal_folded = not native_causal
     else:
         bias = layout.additive_bias(e, call, lengths, fold_causal=True, avoid_lowest=False)
         inputs = [q3, k3, v3, None, None, bias, cache.past_key, cache.past_value]
@@ -154,15 +152,7 @@ def _lower_with_cache(
         op, op_type = OP_MHA, "MultiHeadAttention"
         parts.append("no GroupQueryAttention needed: as many key/value heads as query heads")
         causal_folded = True
-    node = ir.node(
-        op_type, inputs, attributes=attrs, domain=CONTRIB_DOMAIN, num_outputs=3, name=f"{e.prefix}/{op_type}"
-    )
-    for value, suffix in zip(node.outputs, ("out", "present_key", "present_value")):
-        value.name = f"{e.prefix}/{op_type}_{suffix}"
-    e.graph.insert_before(e.anchor, node)
-    out, present_key, present_value = node.outputs
-    move_present(e.graph, e.anchor, cache.present_key, present_key)
-    move_present(e.graph, e.anchor, cache.present_value, present_value)
+    out, _ = native.absorb_cache(e, op_type, inputs, attrs, cache, CONTRIB_DOMAIN)
     parts += layout.mask_parts(call, causal_folded=causal_folded)
     if call.masked_rows == "zero":
         out = e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out])
@@ -200,14 +190,14 @@ def _lower_without_cache(
     parts = [f"{hq} query / {hkv} key-value heads"] + ([broadcast] if broadcast else [])
     causal_folded = True
     if use_gqa:
-        native = _native_causal(call)
-        out = _group_query_attention(e, call, q, k, v, hq, hkv, reuse, native, parts)
+        native_causal = _native_causal(call)
+        out = _group_query_attention(e, call, q, k, v, hq, hkv, reuse, native_causal, parts)
         op = OP_GQA
         if call.softcap > 0:
             parts.append(f"softcap {call.softcap:g}")
         parts.append("Sq == Sk proved")
-        causal_folded = not native
-        if not native:
+        causal_folded = not native_causal
+        if not native_causal:
             parts.append("causal=0, causality in attention_bias")
     else:
         q3 = layout.to_bsd(e, q, hq, reuse)
@@ -254,21 +244,14 @@ def _group_query_attention(
     top-left mask when Sq == Sk; causal=0 where the causality is folded into attention_bias."""
     q3, k3, v3 = (layout.to_bsd(e, x, h, reuse) for x, h in ((q, hq), (k, hkv), (v, hkv)))
     lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
-    sk = lengths.of(e, "k", scalar=True)
-    seqlens = e.node("Cast", [e.node("Sub", [sk, e.i64(1)])], to=ir.DataType.INT32)
-    seqlens = e.node("Expand", [seqlens, e.dim(q3, 0)])
-    total = e.node("Cast", [sk], to=ir.DataType.INT32)
+    seqlens = native.key_lengths(e, lengths.of(e, "k", scalar=True), q3)
     bias = layout.additive_bias(e, call, lengths, fold_causal=not native_causal, avoid_lowest=False)
-    attrs: dict[str, object] = {"num_heads": hq, "kv_num_heads": hkv, "scale": call.scale}
+    attrs = native.gqa_attributes(hq, hkv, call.scale)
     if not native_causal:
         attrs["causal"] = 0
     else:
         _window_attribute(call, attrs, parts)
     if call.softcap > 0:
         attrs["softcap"] = call.softcap
-    return e.node(
-        "GroupQueryAttention",
-        [q3, k3, v3, None, None, seqlens, total, None, None, None, bias],
-        domain=CONTRIB_DOMAIN,
-        **attrs,
-    )
+    # the attention_bias slot is written even when empty (an 11-input node)
+    return native.group_query_attention(e, native.gqa_inputs(q3, k3, v3, seqlens, attention_bias=(bias,)), attrs)

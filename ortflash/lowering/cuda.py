@@ -39,7 +39,7 @@ from ..fusion.call import FlashAttentionCall
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..graph.shapes import same_dim
-from . import layout
+from . import layout, native
 from .cache import find_cache_append
 from .contrib import CONTRIB_DOMAIN, MIN_CONTRIB_OPSET, OP_GQA, OP_MHA, lower_contrib
 from .read import ABSORBING_FILL, aligned_batch, call_dims
@@ -261,21 +261,8 @@ def _group_query_attention(
     """GroupQueryAttention without past: causal with seqlens_k = Sk - 1 for every row is the
     top-left mask when Sq == Sk (no row is fully masked: row i sees key 0)."""
     q3, k3, v3 = (layout.to_bsd(e, x, h, reuse) for x, h in ((q, hq), (k, hkv), (v, hkv)))
-    sk = e.dim(k3, 1, scalar=True)
-    seqlens = e.node("Cast", [e.node("Sub", [sk, e.i64(1)])], to=ir.DataType.INT32)
-    seqlens = e.node("Expand", [seqlens, e.dim(q3, 0)])
-    total = e.node("Cast", [sk], to=ir.DataType.INT32)
+    seqlens = native.key_lengths(e, e.dim(k3, 1, scalar=True), q3)
     # present_key / present_value are written although nothing reads them: the CUDA EP refuses the
     # node without them ("present_key and present_value are required", onnxruntime-gpu 1.31.1)
-    node = ir.node(
-        "GroupQueryAttention",
-        [q3, k3, v3, None, None, seqlens, total],
-        attributes={"num_heads": hq, "kv_num_heads": hkv, "scale": call.scale},
-        domain=CONTRIB_DOMAIN,
-        num_outputs=3,
-        name=f"{e.prefix}/GroupQueryAttention",
-    )
-    for value, suffix in zip(node.outputs, ("out", "present_key", "present_value")):
-        value.name = f"{e.prefix}/GroupQueryAttention_{suffix}"
-    e.graph.insert_before(e.anchor, node)
-    return node.outputs[0]
+    inputs = native.gqa_inputs(q3, k3, v3, seqlens)
+    return native.group_query_attention(e, inputs, native.gqa_attributes(hq, hkv, call.scale), presents=True)

@@ -18,8 +18,8 @@ from ..fusion.call import FlashAttentionCall
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter, replace_output
 from ..graph.shapes import same_dim
-from . import layout
-from .cache import CacheAppend, find_cache_append, move_present, prove_absorbable
+from . import layout, native
+from .cache import CacheAppend, find_cache_append, prove_absorbable
 from .read import ABSORBING_FILL, CallDims, aligned_batch, call_dims
 
 OP_ATTENTION = "Attention"
@@ -68,13 +68,7 @@ def _attention_with_cache(
     if call.softcap > 0:
         attrs["softcap"] = call.softcap
     inputs = [call.q, cache.new_key, cache.new_value, bias, cache.past_key, cache.past_value]
-    node = ir.node("Attention", inputs, attributes=attrs, num_outputs=3, name=f"{e.prefix}/Attention")
-    for value, suffix in zip(node.outputs, ("out", "present_key", "present_value")):
-        value.name = f"{e.prefix}/Attention_{suffix}"
-    e.graph.insert_before(e.anchor, node)
-    out, present_key, present_value = node.outputs
-    move_present(e.graph, e.anchor, cache.present_key, present_key)
-    move_present(e.graph, e.anchor, cache.present_value, present_value)
+    out, present_value = native.absorb_cache(e, "Attention", inputs, attrs, cache)
     parts = [
         f"{hq or '?'} query / {hkv or '?'} key-value heads",
         "past_key/past_value in, present_key/present_value out",

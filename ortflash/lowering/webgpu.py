@@ -38,7 +38,7 @@ from ..errors import NotLowered
 from ..fusion.call import FlashAttentionCall
 from ..graph.emitter import Emitter
 from ..graph.shapes import same_dim
-from . import layout
+from . import layout, native
 from .contrib import CONTRIB_DOMAIN, MIN_CONTRIB_OPSET, OP_GQA, OP_MHA
 from .read import ABSORBING_FILL, aligned_batch, call_dims
 
@@ -260,17 +260,9 @@ def _group_query_attention(
     """GroupQueryAttention without past: causal with seqlens_k = Sk - 1 for every row is the
     top-left mask when Sq == Sk."""
     q3, k3, v3 = (layout.to_bsd(e, x, h, reuse) for x, h in ((q, hq), (k, hkv), (v, hkv)))
-    sk = e.dim(k3, 1, scalar=True)
-    seqlens = e.node("Cast", [e.node("Sub", [sk, e.i64(1)])], to=ir.DataType.INT32)
-    seqlens = e.node("Expand", [seqlens, e.dim(q3, 0)])
-    total = e.node("Cast", [sk], to=ir.DataType.INT32)
-    out = e.node(
-        "GroupQueryAttention",
-        [q3, k3, v3, None, None, seqlens, total],
-        domain=CONTRIB_DOMAIN,
-        num_heads=hq,
-        kv_num_heads=hkv,
-        scale=call.scale,
+    seqlens = native.key_lengths(e, e.dim(k3, 1, scalar=True), q3)
+    out = native.group_query_attention(
+        e, native.gqa_inputs(q3, k3, v3, seqlens), native.gqa_attributes(hq, hkv, call.scale)
     )
     if call.masked_rows == "zero":
         out = e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out])

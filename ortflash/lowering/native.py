@@ -1,0 +1,82 @@
+"""Writes the native attention nodes the targets share: a node with present_key/present_value
+outputs (and the cache append moved into it), and GroupQueryAttention with its key lengths."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import onnx_ir as ir
+
+from ..graph.emitter import Emitter
+from .cache import CacheAppend, move_present
+
+CONTRIB_DOMAIN = "com.microsoft"
+
+
+def node_with_presents(
+    e: Emitter, op_type: str, inputs: Sequence[ir.Value | None], attributes: Mapping[str, Any], domain: str = ""
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """op_type with three outputs (out, present_key, present_value), named after it, before the anchor."""
+    node = ir.node(op_type, inputs, attributes=attributes, domain=domain, num_outputs=3, name=f"{e.prefix}/{op_type}")
+    for value, suffix in zip(node.outputs, ("out", "present_key", "present_value")):
+        value.name = f"{e.prefix}/{op_type}_{suffix}"
+    e.graph.insert_before(e.anchor, node)
+    out, present_key, present_value = node.outputs
+    return out, present_key, present_value
+
+
+def absorb_cache(
+    e: Emitter,
+    op_type: str,
+    inputs: Sequence[ir.Value | None],
+    attributes: Mapping[str, Any],
+    cache: CacheAppend,
+    domain: str = "",
+) -> tuple[ir.Value, ir.Value]:
+    """node_with_presents whose presents take the place of the cache append's Concat outputs:
+    (out, present_value)."""
+    out, present_key, present_value = node_with_presents(e, op_type, inputs, attributes, domain)
+    move_present(e.graph, e.anchor, cache.present_key, present_key)
+    move_present(e.graph, e.anchor, cache.present_value, present_value)
+    return out, present_value
+
+
+def key_lengths(e: Emitter, total: ir.Value, q3: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """GroupQueryAttention's seqlens_k and total_sequence_length (int32) when every row holds all
+    `total` keys (int64 scalar): seqlens_k = total - 1 for each of q3's batch rows."""
+    seqlens = e.node("Cast", [e.node("Sub", [total, e.i64(1)])], to=ir.DataType.INT32)
+    seqlens = e.node("Expand", [seqlens, e.dim(q3, 0)])
+    return seqlens, e.node("Cast", [total], to=ir.DataType.INT32)
+
+
+def gqa_inputs(
+    q3: ir.Value,
+    k3: ir.Value,
+    v3: ir.Value,
+    lengths: tuple[ir.Value, ir.Value],
+    past: tuple[ir.Value | None, ir.Value | None] = (None, None),
+    attention_bias: Sequence[ir.Value | None] = (),
+) -> list[ir.Value | None]:
+    """GroupQueryAttention's inputs: query, key, value, past_key, past_value, seqlens_k,
+    total_sequence_length, then (where attention_bias holds one value) cos_cache, sin_cache and
+    position_ids left empty before attention_bias."""
+    inputs: list[ir.Value | None] = [q3, k3, v3, *past, *lengths]
+    if attention_bias:
+        inputs += [None, None, None, *attention_bias]
+    return inputs
+
+
+def gqa_attributes(hq: int, hkv: int, scale: float) -> dict[str, Any]:
+    """GroupQueryAttention's head counts and scale; callers add causal, local_window_size, softcap."""
+    return {"num_heads": hq, "kv_num_heads": hkv, "scale": scale}
+
+
+def group_query_attention(
+    e: Emitter, inputs: Sequence[ir.Value | None], attributes: Mapping[str, Any], presents: bool = False
+) -> ir.Value:
+    """The GroupQueryAttention node (com.microsoft) and its output; presents: with present_key /
+    present_value outputs that nothing reads (an EP that refuses the node without them)."""
+    if presents:
+        return node_with_presents(e, "GroupQueryAttention", inputs, attributes, CONTRIB_DOMAIN)[0]
+    return e.node("GroupQueryAttention", inputs, domain=CONTRIB_DOMAIN, **attributes)
