@@ -20,28 +20,20 @@ from ..graph.shapes import same_dim
 from . import layout, native
 from .cache import CacheAppend, find_cache_append, prove_absorbable
 from .native import CONTRIB_DOMAIN
+from .native import MIN_CONTRIB_OPSET as MIN_CONTRIB_OPSET  # re-exported: targets.py reads it here
 from .read import CallDims, aligned_batch, call_dims
 
 CONTRIB_VERSION = 1
-MIN_CONTRIB_OPSET = 13  # the helper ops are written in their opset-13 forms (axes as inputs)
 OP_MHA = f"{CONTRIB_DOMAIN}.MultiHeadAttention"
 OP_GQA = f"{CONTRIB_DOMAIN}.GroupQueryAttention"
 _CASTLIKE_OPSET = 15
-_GQA_HEAD_SIZE_MULTIPLE = 8  # the CPU EP's GroupQueryAttention kernel
 
 
 def lower_contrib(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[str, str]:
     """Write the native op computing call and reroute output to it: (op, how)."""
-    if e.opset < MIN_CONTRIB_OPSET:
-        raise NotLowered(
-            f"the model's opset {e.opset} is below {MIN_CONTRIB_OPSET}, which the reshaping ops are written for"
-        )
+    native.require_contrib_opset(e)
     dims = call_dims(call)
-    hq, hkv = dims.hq, dims.hkv
-    if hq is None or hkv is None:
-        raise NotLowered("the head counts (dim 1 of Q and K) are not static; MultiHeadAttention needs num_heads")
-    if hkv < 1 or hq % hkv:
-        raise NotLowered(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+    hq, hkv = native.head_counts(dims)
     cache = find_cache_append(call)
     kept_outside = ""
     if cache is not None:
@@ -51,15 +43,6 @@ def lower_contrib(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tup
         kept_outside = f"cache append kept outside the op: {why_not}"
     op, how = _lower_without_cache(e, call, dims, hq, hkv, output)
     return op, how + (f"; {kept_outside}" if kept_outside else "")
-
-
-def _gqa_head_size_fits(dims: CallDims) -> bool:
-    return (
-        same_dim(dims.dk, dims.dv)
-        and same_dim(dims.d, dims.dv)
-        and isinstance(dims.d, int)
-        and dims.d % _GQA_HEAD_SIZE_MULTIPLE == 0
-    )
 
 
 def _native_causal(call: FlashAttentionCall) -> bool:
@@ -93,10 +76,10 @@ def _cache_refusal(call: FlashAttentionCall, cache: CacheAppend, dims: CallDims,
         return "Q is not proved float32 (past and present would change type between casts)"
     if call.softcap > 0:
         return "softcap: MultiHeadAttention has none, and GroupQueryAttention with past is not used with it"
-    if hkv < hq and not _gqa_head_size_fits(dims):
+    if hkv < hq and not native.gqa_head_size_fits(dims):
         return (
             "grouped-query heads need GroupQueryAttention, which needs one static head size that is a "
-            f"multiple of {_GQA_HEAD_SIZE_MULTIPLE}"
+            f"multiple of {native.GQA_HEAD_SIZE_MULTIPLE}"
         )
     try:
         prove_absorbable(call, cache)
@@ -172,7 +155,7 @@ def _lower_without_cache(
         and call.mask_fill == -math.inf
         and not call.bias_after_mask
         and same_dim(dims.sq, dims.sk)
-        and _gqa_head_size_fits(dims)
+        and native.gqa_head_size_fits(dims)
     )
     if call.softcap > 0 and not gqa_fits:
         raise NotLowered(
@@ -202,9 +185,7 @@ def _lower_without_cache(
     else:
         q3 = layout.to_bsd(e, q, hq, reuse)
         if hkv != hq:
-            r = hq // hkv
-            k_in, v_in = layout.repeat_bsd(e, k, hkv, r, reuse), layout.repeat_bsd(e, v, hkv, r, reuse)
-            parts.append(f"key/value heads repeated {r}x")
+            k_in, v_in = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
         elif reuse and layout.bsd_source(k, hkv) is not None and layout.bsd_source(v, hkv) is not None:
             k_in, v_in = layout.to_bsd(e, k, hkv), layout.to_bsd(e, v, hkv)
         elif same_dim(dims.dk, dims.dv) and same_dim(dims.sk, dims.sv):

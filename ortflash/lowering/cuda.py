@@ -29,9 +29,6 @@ The float32 products on the CUDA EP use TF32 unless the session sets ``use_tf32=
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import onnx_ir as ir
 
 from ..errors import NotLowered
@@ -39,22 +36,13 @@ from ..fusion.call import FlashAttentionCall
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..graph.shapes import same_dim
-from . import layout, native
+from . import layout, measured, native
 from .cache import find_cache_append
-from .contrib import CONTRIB_DOMAIN, MIN_CONTRIB_OPSET, OP_GQA, OP_MHA, lower_contrib
-from .read import ABSORBING_FILL, aligned_batch, call_dims
+from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA, lower_contrib
+from .measured import Capability
+from .read import aligned_batch, call_dims
 
 _CASTLIKE_OPSET = 15
-_REDUCE_AXES_INPUT_OPSET = 18  # ReduceMax takes its axes as an input from here on
-_GQA_HEAD_SIZE_MULTIPLE = 8  # GroupQueryAttention's kernels (CPU and CUDA)
-
-
-@dataclass(frozen=True)
-class Capability:
-    """One measured row: does the EP run the form on the GPU, and does it match the CPU EP."""
-
-    on_gpu: bool
-    right: bool
 
 
 # (form, case) -> what the CUDA EP did, measured 2026-12-01 on an NVIDIA H200 (driver 580.159.04)
@@ -85,26 +73,18 @@ CAPABILITIES: dict[tuple[str, str], Capability] = {
 
 
 def usable(form: str, case: str) -> bool:
-    cap = CAPABILITIES.get((form, case))
-    return cap is not None and cap.on_gpu and cap.right
+    return measured.usable(CAPABILITIES, form, case)
 
 
 def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[str, str]:
     """Write the CUDA EP's form of call and reroute output to it: (op, how)."""
-    if e.opset < MIN_CONTRIB_OPSET:
-        raise NotLowered(
-            f"the model's opset {e.opset} is below {MIN_CONTRIB_OPSET}, which the reshaping ops are written for"
-        )
+    native.require_contrib_opset(e)
     if call.bias_after_mask and call.bias is not None and call.masked:
         raise NotLowered("bias_after_mask: the bias is added after the fills, which one additive bias does not express")
     if call.softcap > 0:
         raise NotLowered("softcap: MultiHeadAttention has none, and the CUDA capability table has no softcap row")
     dims = call_dims(call)
-    hq, hkv = dims.hq, dims.hkv
-    if hq is None or hkv is None:
-        raise NotLowered("the head counts (dim 1 of Q and K) are not static; MultiHeadAttention needs num_heads")
-    if hkv < 1 or hq % hkv:
-        raise NotLowered(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+    hq, hkv = native.head_counts(dims)
     if call.dtype is None and e.opset < _CASTLIKE_OPSET:
         raise NotLowered("Q's element type is not known and the model's opset has no CastLike (15) to restore it")
     if hq == hkv and call.dtype == ir.DataType.FLOAT and find_cache_append(call) is not None:
@@ -126,10 +106,7 @@ def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[
         and call.bias is None
         and call.mask is None
         and same_dim(dims.sq, dims.sk)
-        and same_dim(dims.dk, dims.dv)
-        and same_dim(dims.d, dims.dv)
-        and isinstance(dims.d, int)
-        and dims.d % _GQA_HEAD_SIZE_MULTIPLE == 0
+        and native.gqa_head_size_fits(dims)
     )
     mha_case = "causal_leftpad_f16_d64_s37" if half else "causal_leftpad_f32_d64_s37"
     if not use_gqa and not usable("mha_bias", mha_case):
@@ -192,9 +169,7 @@ def _multi_head_attention(
     (computed in float32 on the float32 bias; the output cast around it for float16)."""
     q3 = layout.to_bsd(e, q, hq, reuse)
     if hkv != hq:
-        r = hq // hkv
-        k3, v3 = layout.repeat_bsd(e, k, hkv, r, reuse), layout.repeat_bsd(e, v, hkv, r, reuse)
-        parts.append(f"key/value heads repeated {r}x")
+        k3, v3 = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
     else:
         k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
     lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
@@ -219,22 +194,10 @@ def _multi_head_attention(
     out32 = e.cast(out, ir.DataType.FLOAT) if half else out
     v32 = e.cast(v3, ir.DataType.FLOAT) if half else v3
     ones = e.i64([1, 1, 1, 1])  # the reduced bias at rank 4 (a causal-only bias is [Sq, Sk])
-    row_max = e.transpose(e.node("Expand", [_reduce(e, "ReduceMax", bias), ones]), layout.SWAP_SH)
-    row_min = e.transpose(e.node("Expand", [_reduce(e, "ReduceMin", bias), ones]), layout.SWAP_SH)
-    uniform = e.node(
-        "And",
-        [
-            e.node("Equal", [row_max, row_min]),
-            e.node(
-                "And",
-                [
-                    e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]),
-                    e.node("Greater", [row_max, e.f32(-math.inf)]),
-                ],
-            ),
-        ],
-    )
-    mean_v = e.reshape(_reduce(e, "ReduceMean", v32, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+    row_max = e.transpose(e.node("Expand", [layout.reduce_keepdims(e, "ReduceMax", bias), ones]), layout.SWAP_SH)
+    row_min = e.transpose(e.node("Expand", [layout.reduce_keepdims(e, "ReduceMin", bias), ones]), layout.SWAP_SH)
+    uniform = layout.absorbing_rows(e, row_max, row_min)
+    mean_v = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v32, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
     out4 = e.node("Where", [uniform, mean_v, e.reshape(out32, [0, 0, hq, -1])])
     out4 = e.node("Add", [out4, e.node("Mul", [row_max, e.f32(0.0)])])
     guard = (
@@ -246,13 +209,6 @@ def _multi_head_attention(
         guard += "; NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)"
     out3 = e.reshape(out4, [0, 0, -1])
     return (e.cast(out3, ir.DataType.FLOAT16) if half else out3), guard
-
-
-def _reduce(e: Emitter, op: str, x: ir.Value, axis: int = -1) -> ir.Value:
-    """op (ReduceMax, ReduceMin, ReduceMean) over one axis, keepdims, in the model's opset's form."""
-    if e.opset >= _REDUCE_AXES_INPUT_OPSET:
-        return e.node(op, [x, e.i64([axis])], keepdims=1)
-    return e.node(op, [x], axes=[axis], keepdims=1)
 
 
 def _group_query_attention(

@@ -1,5 +1,6 @@
 """What the native attention ops need around them: BNSH <-> BSD layouts, repeated K/V heads,
-the causal and boolean masks written as one additive bias, and the cast back to Q's type."""
+the causal and boolean masks written as one additive bias, the rows it masks fully, and the cast
+back to Q's type."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from ..fusion.call import FlashAttentionCall
 from ..graph import ir_utils as u
 from ..graph import shapes
 from ..graph.emitter import Emitter, replace_output
+from ..spec import ABSORBING_FILL
 
 SWAP_SH = [0, 2, 1, 3]  # [B, H, S, D] <-> [B, S, H, D]
 F32_LOWEST = float(np.finfo(np.float32).min)
 # One step above lowest: the same mask value for softmax, but not ONNX Runtime's sentinel.
 _F32_ABOVE_LOWEST = float(np.nextafter(np.float32(F32_LOWEST), np.float32(0)))
+_REDUCE_AXES_INPUT_OPSET = 18  # ReduceMax takes its axes as an input from here on
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,17 @@ def repeat_bsd(e: Emitter, x: ir.Value, heads: int, repeats: int, reuse_transpos
         bshd = e.transpose(x, SWAP_SH)
     wide = e.node("Expand", [e.unsqueeze(bshd, [3]), e.i64([1, 1, 1, repeats, 1])])
     return e.reshape(wide, [0, 0, _width(x, heads * repeats)])
+
+
+def repeat_kv_bsd(
+    e: Emitter, k: ir.Value, v: ir.Value, hq: int, hkv: int, reuse_transpose: bool, parts: list[str]
+) -> tuple[ir.Value, ir.Value]:
+    """K and V [B, Hkv, S, D] as [B, S, Hq·D], each key/value head repeated for its hq // hkv query
+    heads (for MultiHeadAttention, which has one head count); the note's words go to parts."""
+    r = hq // hkv
+    k3, v3 = repeat_bsd(e, k, hkv, r, reuse_transpose), repeat_bsd(e, v, hkv, r, reuse_transpose)
+    parts.append(f"key/value heads repeated {r}x")
+    return k3, v3
 
 
 def replace_bsd_output(e: Emitter, out3: ir.Value, heads: int, old: ir.Value, reuse_transpose: bool) -> None:
@@ -177,3 +191,28 @@ def mask_parts(call: FlashAttentionCall, causal_folded: bool) -> list[str]:
         where = " in the bias" if causal_folded else ""
         parts.append(f"window ({', '.join(window)}){where}")
     return parts
+
+
+def reduce_keepdims(e: Emitter, op: str, x: ir.Value, axis: int = -1) -> ir.Value:
+    """op (ReduceMax, ReduceMin, ReduceMean) over one axis, keepdims, in the model's opset's form."""
+    if e.opset >= _REDUCE_AXES_INPUT_OPSET:
+        return e.node(op, [x, e.i64([axis])], keepdims=1)
+    return e.node(op, [x], axes=[axis], keepdims=1)
+
+
+def absorbing_rows(e: Emitter, row_max: ir.Value, row_min: ir.Value) -> ir.Value:
+    """bool: the bias row is one finite value at or below ABSORBING_FILL everywhere (float32-lowest,
+    what transformers writes), where FlashAttention's row is the mean of V."""
+    return e.node(
+        "And",
+        [
+            e.node("Equal", [row_max, row_min]),
+            e.node(
+                "And",
+                [
+                    e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]),
+                    e.node("Greater", [row_max, e.f32(-math.inf)]),
+                ],
+            ),
+        ],
+    )

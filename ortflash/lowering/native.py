@@ -1,5 +1,6 @@
 """Writes the native attention nodes the targets share: a node with present_key/present_value
-outputs (and the cache append moved into it), and GroupQueryAttention with its key lengths."""
+outputs (and the cache append moved into it), GroupQueryAttention with its key lengths, and the
+head counts, head size and opset those nodes need."""
 
 from __future__ import annotations
 
@@ -8,10 +9,43 @@ from typing import Any
 
 import onnx_ir as ir
 
+from ..errors import NotLowered
 from ..graph.emitter import Emitter
+from ..graph.shapes import same_dim
 from .cache import CacheAppend, move_present
+from .read import CallDims
 
 CONTRIB_DOMAIN = "com.microsoft"
+MIN_CONTRIB_OPSET = 13  # the helper ops are written in their opset-13 forms (axes as inputs)
+GQA_HEAD_SIZE_MULTIPLE = 8  # GroupQueryAttention's kernels (CPU and CUDA); a WebGPU form must run there too
+
+
+def require_contrib_opset(e: Emitter) -> None:
+    """NotLowered below the opset the reshaping ops around the com.microsoft nodes are written for."""
+    if e.opset < MIN_CONTRIB_OPSET:
+        raise NotLowered(
+            f"the model's opset {e.opset} is below {MIN_CONTRIB_OPSET}, which the reshaping ops are written for"
+        )
+
+
+def head_counts(dims: CallDims) -> tuple[int, int]:
+    """(num_heads, kv_num_heads): static, and the query heads a multiple of the key/value heads."""
+    hq, hkv = dims.hq, dims.hkv
+    if hq is None or hkv is None:
+        raise NotLowered("the head counts (dim 1 of Q and K) are not static; MultiHeadAttention needs num_heads")
+    if hkv < 1 or hq % hkv:
+        raise NotLowered(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+    return hq, hkv
+
+
+def gqa_head_size_fits(dims: CallDims) -> bool:
+    """GroupQueryAttention's one head size: Q, K and V alike, static, a multiple of GQA_HEAD_SIZE_MULTIPLE."""
+    return (
+        same_dim(dims.dk, dims.dv)
+        and same_dim(dims.d, dims.dv)
+        and isinstance(dims.d, int)
+        and dims.d % GQA_HEAD_SIZE_MULTIPLE == 0
+    )
 
 
 def node_with_presents(

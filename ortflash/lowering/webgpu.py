@@ -28,7 +28,6 @@ additive bias, the same float32 computation between casts for float16 blocks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import onnx_ir as ir
@@ -38,21 +37,12 @@ from ..errors import NotLowered
 from ..fusion.call import FlashAttentionCall
 from ..graph.emitter import Emitter
 from ..graph.shapes import same_dim
-from . import layout, native
-from .contrib import CONTRIB_DOMAIN, MIN_CONTRIB_OPSET, OP_GQA, OP_MHA
+from . import layout, measured, native
+from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
+from .measured import Capability
 from .read import ABSORBING_FILL, aligned_batch, call_dims
 
 _CASTLIKE_OPSET = 15
-_REDUCE_AXES_INPUT_OPSET = 18  # ReduceMax takes its axes as an input from here on
-_GQA_HEAD_SIZE_MULTIPLE = 8  # the CPU EP's GroupQueryAttention kernel: the form must also run there
-
-
-@dataclass(frozen=True)
-class Capability:
-    """One measured row: does the EP run the form on the GPU, and does it match the CPU EP."""
-
-    on_gpu: bool
-    right: bool
 
 
 # (form, case) -> what the WebGPU EP did, measured 2026-11-30 on an NVIDIA H200 with onnxruntime
@@ -77,16 +67,12 @@ CAPABILITIES: dict[tuple[str, str], Capability] = {
 
 
 def usable(form: str, case: str) -> bool:
-    cap = CAPABILITIES.get((form, case))
-    return cap is not None and cap.on_gpu and cap.right
+    return measured.usable(CAPABILITIES, form, case)
 
 
 def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[str, str]:
     """Write the WebGPU-safe form of call and reroute output to it: (op, how)."""
-    if e.opset < MIN_CONTRIB_OPSET:
-        raise NotLowered(
-            f"the model's opset {e.opset} is below {MIN_CONTRIB_OPSET}, which the reshaping ops are written for"
-        )
+    native.require_contrib_opset(e)
     attrs = _node_attributes(e.anchor)
     # is_causal 2 (bottom-right: decoders with a cache) takes the MultiHeadAttention path below, its
     # causal part folded into attention_bias like any mask: the form the table measures right for
@@ -103,11 +89,7 @@ def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tupl
             "softcap: MultiHeadAttention has none, and GroupQueryAttention's softcap is not in the WebGPU capability table"
         )
     dims = call_dims(call)
-    hq, hkv = dims.hq, dims.hkv
-    if hq is None or hkv is None:
-        raise NotLowered("the head counts (dim 1 of Q and K) are not static; MultiHeadAttention needs num_heads")
-    if hkv < 1 or hq % hkv:
-        raise NotLowered(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+    hq, hkv = native.head_counts(dims)
     if call.dtype is None and e.opset < _CASTLIKE_OPSET:
         raise NotLowered("Q's element type is not known and the model's opset has no CastLike (15) to restore it")
     # GroupQueryAttention's own causal mask: top-left when Sq == Sk; no bias or mask, since
@@ -120,10 +102,7 @@ def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tupl
         and call.bias is None
         and call.mask is None
         and same_dim(dims.sq, dims.sk)
-        and same_dim(dims.dk, dims.dv)
-        and same_dim(dims.d, dims.dv)
-        and isinstance(dims.d, int)
-        and dims.d % _GQA_HEAD_SIZE_MULTIPLE == 0
+        and native.gqa_head_size_fits(dims)
     )
     if not use_gqa and not usable("mha_bias", "padding"):
         raise NotLowered("no form in the WebGPU capability table is right on the GPU for this block")
@@ -180,9 +159,7 @@ def _multi_head_attention(
     """MultiHeadAttention [B, Sq, Hq·Dv] with every mask in attention_bias, and the -inf rows guard."""
     q3 = layout.to_bsd(e, q, hq, reuse)
     if hkv != hq:
-        r = hq // hkv
-        k3, v3 = layout.repeat_bsd(e, k, hkv, r, reuse), layout.repeat_bsd(e, v, hkv, r, reuse)
-        parts.append(f"key/value heads repeated {r}x")
+        k3, v3 = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
     else:
         k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
     lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
@@ -201,21 +178,9 @@ def _multi_head_attention(
     # - a row whose bias is -inf everywhere: NaN in FlashAttention and on the CPU EP; not always on
     #   the WebGPU EP. Written in float arithmetic, which stays on the GPU: out + 0·max(bias row) is
     #   out where the maximum is finite (0·finite = 0, x + 0 = x) and NaN where it is -inf.
-    row_max = e.transpose(_reduce(e, "ReduceMax", bias), layout.SWAP_SH)  # [B|1, Sq, H|1, 1]
-    row_min = e.transpose(_reduce(e, "ReduceMin", bias), layout.SWAP_SH)
-    uniform = e.node(
-        "And",
-        [
-            e.node("Equal", [row_max, row_min]),
-            e.node(
-                "And",
-                [
-                    e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]),
-                    e.node("Greater", [row_max, e.f32(-math.inf)]),
-                ],
-            ),
-        ],
-    )
+    row_max = e.transpose(layout.reduce_keepdims(e, "ReduceMax", bias), layout.SWAP_SH)  # [B|1, Sq, H|1, 1]
+    row_min = e.transpose(layout.reduce_keepdims(e, "ReduceMin", bias), layout.SWAP_SH)
+    uniform = layout.absorbing_rows(e, row_max, row_min)
     if call.bias_after_mask:
         # The bias added after the fills: a row that sees no key holds fill + bias, c (bias 0) or
         # -inf (fill + fill), not one value; FlashAttention gives the mean of V over the keys at
@@ -227,13 +192,13 @@ def _multi_head_attention(
                 e.node("Greater", [row_max, e.f32(-math.inf)]),
             ],
         )
-        at_max = e.cast(e.node("Equal", [bias, _reduce(e, "ReduceMax", bias)]), ir.DataType.FLOAT)
+        at_max = e.cast(e.node("Equal", [bias, layout.reduce_keepdims(e, "ReduceMax", bias)]), ir.DataType.FLOAT)
         v4 = e.transpose(e.reshape(v3, [0, 0, hq, -1]), layout.SWAP_SH)  # [B, Hq, Sk, Dv]
         total = e.node("MatMul", [at_max, v4])
         count = e.node("ReduceSum", [at_max, e.i64([-1])], keepdims=1)  # axes an input from opset 13
         mean_v = e.transpose(e.node("Div", [total, count]), layout.SWAP_SH)
     else:
-        mean_v = e.reshape(_reduce(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+        mean_v = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
     out4 = e.node("Where", [uniform, mean_v, e.reshape(out, [0, 0, hq, -1])])
     poison = e.node("Mul", [row_max, e.f32(0.0)])
     out4 = e.node("Add", [out4, poison])
@@ -245,13 +210,6 @@ def _multi_head_attention(
         out4 = e.node("Where", [e.node("IsNaN", [out4]), e.f32(0.0), out4])
         guard += "; NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)"
     return e.reshape(out4, [0, 0, -1]), guard
-
-
-def _reduce(e: Emitter, op: str, x: ir.Value, axis: int = -1) -> ir.Value:
-    """op (ReduceMax, ReduceMin, ReduceMean) over one axis, keepdims, in the model's opset's form."""
-    if e.opset >= _REDUCE_AXES_INPUT_OPSET:
-        return e.node(op, [x, e.i64([axis])], keepdims=1)
-    return e.node(op, [x], axes=[axis], keepdims=1)
 
 
 def _group_query_attention(
