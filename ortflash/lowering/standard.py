@@ -59,14 +59,7 @@ def _attention_with_cache(
     """Attention with past_key/past_value in and present_key/present_value out (all 4D)."""
     lengths = layout.SeqLengths(q=(call.q, 2), k=(cache.new_key, 2), past=cache.past_key)
     # with a past, ONNX Runtime aligns is_causal bottom-right: FlashAttention's is_causal 2
-    native_causal = call.is_causal == 2 and call.mask_fill == -math.inf and call.bias is None and call.mask is None
-    native_causal = native_causal and not _windowed(call)
-    bias = layout.additive_bias(e, call, lengths, fold_causal=not native_causal, avoid_lowest=True)
-    attrs: dict[str, Any] = {"scale": call.scale}
-    if native_causal:
-        attrs["is_causal"] = 1
-    if call.softcap > 0:
-        attrs["softcap"] = call.softcap
+    native_causal, bias, attrs = _bias_and_attributes(e, call, lengths, aligned=call.is_causal == 2)
     inputs = [call.q, cache.new_key, cache.new_value, bias, cache.past_key, cache.past_value]
     out, present_value = native.absorb_cache(e, "Attention", inputs, attrs, cache)
     parts = [
@@ -83,6 +76,23 @@ def _attention_with_cache(
         parts.append(note)
     replace_output(e.graph, output, out)
     return OP_ATTENTION, "; ".join(parts)
+
+
+def _bias_and_attributes(
+    e: Emitter, call: FlashAttentionCall, lengths: layout.SeqLengths, aligned: bool
+) -> tuple[bool, ir.Value | None, dict[str, Any]]:
+    """(native_causal, attn_mask, attributes) of an Attention node: its own is_causal where the
+    call's causality is aligned as ONNX Runtime aligns it and nothing else masks; else the
+    causality, the window and the masks in the additive attn_mask (float32-lowest avoided)."""
+    native_causal = aligned and call.mask_fill == -math.inf and call.bias is None and call.mask is None
+    native_causal = native_causal and not _windowed(call)
+    bias = layout.additive_bias(e, call, lengths, fold_causal=not native_causal, avoid_lowest=True)
+    attrs: dict[str, Any] = {"scale": call.scale}
+    if native_causal:
+        attrs["is_causal"] = 1
+    if call.softcap > 0:
+        attrs["softcap"] = call.softcap
+    return native_causal, bias, attrs
 
 
 def _windowed(call: FlashAttentionCall) -> bool:
@@ -156,14 +166,7 @@ def _attention(e: Emitter, call: FlashAttentionCall, dims: CallDims, f16: bool, 
         lengths = layout.SeqLengths(q=(q, 2), k=(k, 2))
     # without a past, ONNX Runtime aligns is_causal top-left: is_causal 2 only where Sq == Sk
     aligned = call.is_causal == 1 or (call.is_causal == 2 and same_dim(dims.sq, dims.sk))
-    native_causal = aligned and call.mask_fill == -math.inf and call.bias is None and call.mask is None
-    native_causal = native_causal and not _windowed(call)
-    bias = layout.additive_bias(e, call, lengths, fold_causal=not native_causal, avoid_lowest=True)
-    attrs: dict[str, Any] = {"scale": call.scale}
-    if native_causal:
-        attrs["is_causal"] = 1
-    if call.softcap > 0:
-        attrs["softcap"] = call.softcap
+    native_causal, bias, attrs = _bias_and_attributes(e, call, lengths, aligned)
     if three_d is not None:
         attrs.update(q_num_heads=1, kv_num_heads=1)
     out = e.node("Attention", [q, k, v] + ([bias] if bias is not None else []), **attrs)
