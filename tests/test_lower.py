@@ -20,7 +20,7 @@ import ortflash
 from ortflash import spec
 from ortflash.checks.compare import compare, default_tolerance
 from ortflash.checks.feeds import make_feeds
-from ortflash.checks.run import run_model
+from ortflash.checks.sessions import run_model
 from ortflash.checks.verify import verify
 from ortflash.lowering import (
     CONTRIB_DOMAIN,

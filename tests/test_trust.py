@@ -659,7 +659,7 @@ def test_the_api_takes_an_onnx_ir_model():
 def test_the_load_check_opens_without_weight_prepacking(monkeypatch):
     """ORT's pre-packing copies every MatMul weight when a session opens: the check before writing
     took a 1.2 GiB model to 1.5 GiB of memory and 2x load+save's time with it (large_model.md)."""
-    from ortflash.checks import run as run_mod
+    from ortflash.checks import sessions as run_mod
     from ortflash.pipeline import first_run as fr
 
     seen = []

@@ -57,7 +57,7 @@ def test_a_tampered_scale_fails(tmp_path, backend):
 
 
 def test_inference_session_runs_fused_nodes_through_wgsl():
-    from ortflash.checks.run import run_model
+    from ortflash.checks.sessions import run_model
 
     _wgsl_ready()
     path = os.path.join(ZOO, "gpt2_sdpa_dynamo.onnx")

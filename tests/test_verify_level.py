@@ -11,8 +11,8 @@ import pytest
 from attention_graphs import Variant, build
 
 import ortflash
-from ortflash.checks import run
-from ortflash.checks.run import ORT_OPT_LEVELS
+from ortflash.checks import sessions
+from ortflash.checks.sessions import ORT_OPT_LEVELS
 from ortflash.checks.verify import VERIFY_OPT_LEVEL, prove
 from ortflash.cli import main
 
@@ -32,13 +32,13 @@ def pair(tmp_path) -> tuple[str, str]:
 def levels_opened(monkeypatch) -> list[ort.GraphOptimizationLevel]:
     """The graph optimization level of every session a check opens, in order."""
     opened: list[ort.GraphOptimizationLevel] = []
-    real = run.InferenceSession
+    real = sessions.InferenceSession
 
     def spy(model: Any, *, sess_options: ort.SessionOptions, **kwargs: Any) -> Any:
         opened.append(sess_options.graph_optimization_level)
         return real(model, sess_options=sess_options, **kwargs)
 
-    monkeypatch.setattr(run, "InferenceSession", spy)
+    monkeypatch.setattr(sessions, "InferenceSession", spy)
     return opened
 
 
@@ -62,7 +62,7 @@ def test_verify_runs_both_models_at_the_level_asked_and_says_so(pair, level, tmp
 
 @pytest.mark.parametrize("level", list(ORT_OPT_LEVELS))
 def test_the_level_reaches_the_onnx_runtime_session(pair, level):
-    session = run.open_session(pair[1], opt_level=level)
+    session = sessions.open_session(pair[1], opt_level=level)
     assert session._session.get_session_options().graph_optimization_level == ORT_OPT_LEVELS[level]
 
 

@@ -21,7 +21,7 @@ from ortflash.checks import web_check as wc
 from ortflash.checks import web_files
 from ortflash.checks.compare import compare_outputs, tolerance
 from ortflash.checks.feeds import make_feeds
-from ortflash.checks.run import run_model
+from ortflash.checks.sessions import run_model
 from ortflash.errors import OrtflashError
 
 ZOO = os.path.join(os.path.dirname(__file__), "..", "models")

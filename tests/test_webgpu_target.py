@@ -24,7 +24,7 @@ import ortflash
 from ortflash import spec
 from ortflash.checks.compare import compare
 from ortflash.checks.feeds import make_feeds
-from ortflash.checks.run import run_model
+from ortflash.checks.sessions import run_model
 from ortflash.lowering import OP_GQA, OP_MHA, TARGETS, lower
 from ortflash.lowering.webgpu import CAPABILITIES
 

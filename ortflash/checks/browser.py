@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 
 from ..errors import OrtflashError
-from .run import one_line
+from .sessions import one_line
 from .web_files import PACKAGED_WEB_DIR, ensure_node_packages, read_tensors, web_dir, write_tensors
 
 # onnxruntime-web's wasm and WebGPU backends in headless Chromium, driven by selenium (web/browser/ is the page)

@@ -24,7 +24,7 @@ import onnx
 from ..errors import OrtflashError
 from ..model_io import graphs_of
 from .compare import compare
-from .run import ModelSource, open_session, run_session
+from .sessions import ModelSource, open_session, run_session
 
 _F32, _F64 = onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE
 # Attributes that name an element type to produce (Cast's to, ConstantOfShape's value is a tensor).

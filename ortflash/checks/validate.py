@@ -22,7 +22,7 @@ from ..kernels.config import DEFAULT_BACKEND, KernelConfig
 from ..model_io import graphs_of
 from ..policy import SoftmaxPolicy
 from .compare import compare, tolerance
-from .run import run_model
+from .sessions import run_model
 
 if TYPE_CHECKING:
     from ..kernels.ort_bridge import Kernel

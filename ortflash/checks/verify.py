@@ -33,7 +33,7 @@ from ..session import InferenceSession
 from .compare import OutputDiff, compare_outputs, noise_text, shape_text, tolerance
 from .feeds import decoder_cases, make_feeds, with_batch_hint
 from .noise import NoiseMeter
-from .run import ModelSource, open_session, run_model, run_session
+from .sessions import ModelSource, open_session, run_model, run_session
 
 SOFTMAXES = ("naive", "online")
 # The graph optimization level verify runs both models at unless told otherwise. Disabled, because

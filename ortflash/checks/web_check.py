@@ -26,7 +26,7 @@ from . import web_files
 from .browser import BROWSER_RUNTIMES
 from .compare import OutputDiff, compare_outputs, tolerance
 from .feeds import make_feeds
-from .run import MESSAGE_CHARS, ModelSource, clean_ort_message, one_line, run_model
+from .sessions import MESSAGE_CHARS, ModelSource, clean_ort_message, one_line, run_model
 from .web_files import NODE_TIMEOUT_S, RUNNER_NAME, read_tensors, write_tensors
 
 NODE_RUNTIMES = ("web-wasm", "node-cpu", "node-webgpu")

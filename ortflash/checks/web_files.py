@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import OrtflashError
-from .run import MESSAGE_CHARS
+from .sessions import MESSAGE_CHARS
 
 # The Node runner and its pinned packages, shipped as package data.
 PACKAGED_WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")

@@ -128,7 +128,7 @@ def add_feeds(p: argparse.ArgumentParser) -> None:
 
 def add_opt_level(p: argparse.ArgumentParser, when: str = "") -> None:
     """--ort-opt-level: the ONNX Runtime graph optimization level verify runs both models at."""
-    from ..checks.run import ORT_OPT_LEVELS
+    from ..checks.sessions import ORT_OPT_LEVELS
     from ..checks.verify import VERIFY_OPT_LEVEL
 
     p.add_argument(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from ..checks.run import ModelSource, open_session, run_model, run_session
+from ..checks.sessions import ModelSource, open_session, run_model, run_session
 from ..errors import OrtflashError
 
 if TYPE_CHECKING:

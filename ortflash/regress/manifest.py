@@ -221,7 +221,7 @@ def _shown(file: str, folder: str) -> str:
 
 def load_manifest(path: str) -> Manifest:
     """Read and check a manifest: one ModelCheck per model file, each with its entry's expectations."""
-    from ..checks.run import ORT_OPT_LEVELS
+    from ..checks.sessions import ORT_OPT_LEVELS
 
     doc = read_document(path)
     _check_keys(path, "top level", doc, _TOP_KEYS)
