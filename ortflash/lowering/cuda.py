@@ -198,16 +198,7 @@ def _multi_head_attention(
     row_min = e.transpose(e.node("Expand", [layout.reduce_keepdims(e, "ReduceMin", bias), ones]), layout.SWAP_SH)
     uniform = layout.absorbing_rows(e, row_max, row_min)
     mean_v = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v32, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
-    out4 = e.node("Where", [uniform, mean_v, e.reshape(out32, [0, 0, hq, -1])])
-    out4 = e.node("Add", [out4, e.node("Mul", [row_max, e.f32(0.0)])])
-    guard = (
-        "fully masked rows written out: one value <= -2**127 everywhere -> mean of V by Where, "
-        "-inf everywhere -> NaN by out + 0·max(bias row)"
-    )
-    if call.masked_rows == "zero":
-        out4 = e.node("Where", [e.node("IsNaN", [out4]), e.f32(0.0), out4])
-        guard += "; NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)"
-    out3 = e.reshape(out4, [0, 0, -1])
+    out3, guard = layout.write_out_masked_rows(e, call, out32, (uniform, mean_v, row_max), hq)
     return (e.cast(out3, ir.DataType.FLOAT16) if half else out3), guard
 
 

@@ -216,3 +216,29 @@ def absorbing_rows(e: Emitter, row_max: ir.Value, row_min: ir.Value) -> ir.Value
             ),
         ],
     )
+
+
+def write_out_masked_rows(
+    e: Emitter,
+    call: FlashAttentionCall,
+    out: ir.Value,
+    rows: tuple[ir.Value, ir.Value, ir.Value],
+    heads: int,
+    why: str = "",
+) -> tuple[ir.Value, str]:
+    """out [B, Sq, H·Dv] with its fully masked rows written out, and the note's words.
+
+    rows: (uniform, mean_v, row_max) [.., Sq, H|1, ..]: where uniform (the row is one value at or
+    below ABSORBING_FILL) the row is mean_v; where row_max is -inf it is NaN, by out + 0·row_max
+    (0·finite = 0, x + 0 = x), which stays in float arithmetic; then the NaN guard where asked."""
+    uniform, mean_v, row_max = rows
+    out4 = e.node("Where", [uniform, mean_v, e.reshape(out, [0, 0, heads, -1])])
+    out4 = e.node("Add", [out4, e.node("Mul", [row_max, e.f32(0.0)])])
+    guard = (
+        "fully masked rows written out: one value <= -2**127 everywhere -> mean of V by Where, "
+        "-inf everywhere -> NaN by out + 0·max(bias row)" + (f" ({why})" if why else "")
+    )
+    if call.masked_rows == "zero":
+        out4 = e.node("Where", [e.node("IsNaN", [out4]), e.f32(0.0), out4])
+        guard += "; NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)"
+    return e.reshape(out4, [0, 0, -1]), guard

@@ -199,17 +199,9 @@ def _multi_head_attention(
         mean_v = e.transpose(e.node("Div", [total, count]), layout.SWAP_SH)
     else:
         mean_v = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
-    out4 = e.node("Where", [uniform, mean_v, e.reshape(out, [0, 0, hq, -1])])
-    poison = e.node("Mul", [row_max, e.f32(0.0)])
-    out4 = e.node("Add", [out4, poison])
-    guard = (
-        "fully masked rows written out: one value <= -2**127 everywhere -> mean of V by Where, "
-        "-inf everywhere -> NaN by out + 0·max(bias row) (the EP gets either wrong in some shapes)"
+    return layout.write_out_masked_rows(
+        e, call, out, (uniform, mean_v, row_max), hq, why="the EP gets either wrong in some shapes"
     )
-    if call.masked_rows == "zero":
-        out4 = e.node("Where", [e.node("IsNaN", [out4]), e.f32(0.0), out4])
-        guard += "; NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)"
-    return e.reshape(out4, [0, 0, -1]), guard
 
 
 def _group_query_attention(
