@@ -3,6 +3,8 @@
 ``Gather`` on a flattened tensor and ``GatherND`` with built index tuples become look-ups;
 comparisons, bool ops, ``Where`` and integer arithmetic build terms. graph/interpret's ``Reader``
 runs them; a rule that cannot read its op raises ``NotProved`` naming the step.
+
+Over 400 lines because it is one table of per-op rules (``OPS``), each short and read alone.
 """
 
 from __future__ import annotations
