@@ -35,7 +35,6 @@ from ..errors import NotLowered
 from ..fusion.call import FlashAttentionCall
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
-from ..graph.shapes import same_dim
 from . import layout, measured, native
 from .cache import find_cache_append
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA, lower_contrib
@@ -97,17 +96,7 @@ def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[
         return op, f"the contrib target's form for a cached float32 step (MultiHeadAttention on the GPU); {how}"
     halves = [_float16_source(x) for x in (call.q, call.k, call.v)]
     half = call.dtype == ir.DataType.FLOAT16 or all(h is not None for h in halves)
-    use_gqa = (
-        half
-        and usable("gqa", "causal_f16_d64_s37")
-        and call.is_causal == 1
-        and call.window_left < 0
-        and call.window_right < 0
-        and call.bias is None
-        and call.mask is None
-        and same_dim(dims.sq, dims.sk)
-        and native.gqa_head_size_fits(dims)
-    )
+    use_gqa = half and usable("gqa", "causal_f16_d64_s37") and native.gqa_own_causal_fits(call, dims)
     mha_case = "causal_leftpad_f16_d64_s37" if half else "causal_leftpad_f32_d64_s37"
     if not use_gqa and not usable("mha_bias", mha_case):
         raise NotLowered("no form in the CUDA capability table is right on the GPU for this block")

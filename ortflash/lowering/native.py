@@ -10,6 +10,7 @@ from typing import Any
 import onnx_ir as ir
 
 from ..errors import NotLowered
+from ..fusion.call import FlashAttentionCall
 from ..graph.emitter import Emitter
 from ..graph.shapes import same_dim
 from .cache import CacheAppend, move_present
@@ -74,6 +75,21 @@ def absorb_cache(
     move_present(e.graph, e.anchor, cache.present_key, present_key)
     move_present(e.graph, e.anchor, cache.present_value, present_value)
     return out, present_value
+
+
+def gqa_own_causal_fits(call: FlashAttentionCall, dims: CallDims) -> bool:
+    """Whether GroupQueryAttention without past, with its own causal mask and nothing else, computes
+    the call: top-left causal (Sq == Sk proved, where seqlens_k = Sk - 1 is that mask), no window,
+    bias or mask, and one head size the kernels take."""
+    return (
+        call.is_causal == 1
+        and call.window_left < 0
+        and call.window_right < 0
+        and call.bias is None
+        and call.mask is None
+        and same_dim(dims.sq, dims.sk)
+        and gqa_head_size_fits(dims)
+    )
 
 
 def key_lengths(e: Emitter, total: ir.Value, q3: ir.Value) -> tuple[ir.Value, ir.Value]:

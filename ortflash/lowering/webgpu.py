@@ -36,7 +36,6 @@ from .. import spec
 from ..errors import NotLowered
 from ..fusion.call import FlashAttentionCall
 from ..graph.emitter import Emitter
-from ..graph.shapes import same_dim
 from . import layout, measured, native
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .measured import Capability
@@ -96,13 +95,7 @@ def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tupl
     # GroupQueryAttention with attention_bias is wrong on the EP for fully masked rows.
     use_gqa = (
         usable("gqa", "causal")
-        and call.is_causal == 1
-        and call.window_left < 0  # a window goes into attention_bias (MultiHeadAttention below)
-        and call.window_right < 0
-        and call.bias is None
-        and call.mask is None
-        and same_dim(dims.sq, dims.sk)
-        and native.gqa_head_size_fits(dims)
+        and native.gqa_own_causal_fits(call, dims)  # a window goes into attention_bias (MultiHeadAttention below)
     )
     if not use_gqa and not usable("mha_bias", "padding"):
         raise NotLowered("no form in the WebGPU capability table is right on the GPU for this block")
