@@ -37,9 +37,9 @@ import numpy as np
 from ... import spec
 from ...policy import SoftmaxPolicy
 from .. import reference
+from .device import Runner
 from .params import Problem
 from .resident import DeviceTensor
-from .device import Runner
 
 
 class AdapterUnavailable(RuntimeError):
