@@ -243,15 +243,19 @@ def main(argv: list[str] | None = None) -> int:
             shown = row["cpu_time_ratios"] if args.metric == "cpu" else row["ratios"]
             cells = " | ".join("-" if shown[str(s)] is None else f"{shown[str(s)]:.2f}" for s in seq_lens)
             lines.append(f"| {form} | {dim} | {cells} | {row['crossover'] or 'none measured'} |")
-    lines += [] if args.no_if_dispatch else [
-        "",
-        "The cost of dispatching on the length: the original stack with each attention block inside an ONNX `If` "
-        "whose both branches are the block's original ops (benchmarks/crossover.py `with_length_dispatch`), "
-        "against the original, in the same run:",
-        "",
-        "| head dim | " + " | ".join(f"S={s}" for s in seq_lens) + " |",
-        "|---|" + "---|" * len(seq_lens),
-    ]
+    lines += (
+        []
+        if args.no_if_dispatch
+        else [
+            "",
+            "The cost of dispatching on the length: the original stack with each attention block inside an ONNX `If` "
+            "whose both branches are the block's original ops (benchmarks/crossover.py `with_length_dispatch`), "
+            "against the original, in the same run:",
+            "",
+            "| head dim | " + " | ".join(f"S={s}" for s in seq_lens) + " |",
+            "|---|" + "---|" * len(seq_lens),
+        ]
+    )
     for dim, row in doc.get("if_dispatch", {}).items():
         lines.append(
             f"| {dim} | " + " | ".join("-" if row[str(s)] is None else f"{row[str(s)]:.2f}" for s in seq_lens) + " |"

@@ -680,8 +680,8 @@ def test_heavy_first_order_changes_nothing_but_the_order(is_causal):
     the same workgroups in another order, so the output is bit-identical to the grid order and
     matches float64; a finite fill (no tile skipped) never sets the flag."""
     from ortflash import spec
-    from ortflash.kernels.wgpu.params import FLAG_HEAVY_FIRST, Problem, prepare
     from ortflash.kernels.wgpu.device import Runner
+    from ortflash.kernels.wgpu.params import FLAG_HEAVY_FIRST, Problem, prepare
     from ortflash.kernels.wgpu.tiles import FlashTile
 
     rng = np.random.default_rng(7 + is_causal)
