@@ -39,18 +39,26 @@ def _grouped(
     kg = k.astype(ACC)[:, :, None]  # [B, Hkv, 1, Sk, D]
     vg = v.astype(ACC)[:, :, None]
 
-    def group(t: Array | None, dtype: type) -> Array | None:
+    def group(t: Array | None, dtype: type, name: str) -> Array | None:
         if t is None:
             return None
         arr = np.asarray(t)
+        if arr.ndim > 4:
+            raise ValueError(f"FlashAttention's {name} has {arr.ndim} dims; it broadcasts to [B, Hq, Sq, Sk] (4)")
         shape: tuple[int, ...] = (1,) * (4 - arr.ndim) + tuple(arr.shape)
+        if shape[3] not in (1, sk):
+            # else a key tile of it is short or empty, and the output NaN, not an error (its batch and
+            # query axes may be ones the scores broadcast over, as the graph's own Add did)
+            raise ValueError(
+                f"FlashAttention's {name} of shape {list(arr.shape)} does not broadcast to the scores' {sk} keys"
+            )
         arr = arr.reshape(shape)
         full = np.broadcast_to(arr, (shape[0], hq if shape[1] != 1 else 1, shape[2], shape[3]))
         if full.shape[1] == 1:
             return full[:, :, None].astype(dtype, copy=False)  # [B|1, 1, 1, Sq|1, Sk|1]
         return full.reshape(full.shape[0], hkv, g, full.shape[2], full.shape[3]).astype(dtype, copy=False)
 
-    return qg, kg, vg, group(bias, ACC), group(mask, bool), (b, hq, sq, sk)
+    return qg, kg, vg, group(bias, ACC, "bias"), group(mask, bool, "mask"), (b, hq, sq, sk)
 
 
 def _scores(qg: Array, kt: Array, bias: Array | None, mask: Array | None, key_offset: int, attrs: Attrs) -> Array:
