@@ -155,7 +155,7 @@ def reps_for(s: int, reps: int) -> int:
 
 
 def wgsl_attrs(d: int, mask_kind: str) -> dict[str, Any]:
-    from ortflash import spec
+    from ortflash.op import spec
 
     return spec.validate({"scale": d**-0.5, "is_causal": int(mask_kind == "causal")})
 

@@ -36,7 +36,7 @@ import onnxscript.optimizer
 from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
 import ortflash
-from ortflash import spec
+from ortflash.op import spec
 from ortflash.passes import FuseAttention
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")

@@ -43,7 +43,7 @@ TARGET_RATIO = 3.0
 def node_model(kind: str, window: int, mode: str) -> onnx.ModelProto:
     """One FlashAttention node over q [1, H, S, D], k, v [1, Hkv, S, D] (kind: VARIANTS' first
     word); the window: the keys a query sees, itself included (window_left = window - 1)."""
-    from ortflash import spec
+    from ortflash.op import spec
 
     attrs = spec.validate(
         {

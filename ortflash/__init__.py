@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from .api import NodeCheck, OutputDiff, ValidateResult, VerifyResult, make_feeds, validate, verify
     from .lowering import LoweringNote, lower
     from .model_io import save
+    from .op.policy import SoftmaxPolicy
     from .optimize import optimize
-    from .policy import SoftmaxPolicy
     from .report import Block, Report
     from .session import InferenceSession, session_options
 
@@ -29,7 +29,7 @@ _PUBLIC: Mapping[str, str] = types.MappingProxyType(
         "save": "model_io",
         "session_options": "session",
         "InferenceSession": "session",
-        "SoftmaxPolicy": "policy",
+        "SoftmaxPolicy": "op.policy",
         "Report": "report",
         "Block": "report",
         "lower": "lowering",
@@ -46,7 +46,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
         setattr(sys.modules[__name__], name, value)
         return value
-    try:  # a submodule not imported yet (ortflash.spec, ortflash.model_io, ...), as an eager package had them
+    try:  # a submodule not imported yet (ortflash.op, ortflash.model_io, ...), as an eager package had them
         return importlib.import_module(f".{name}", __name__)
     except ModuleNotFoundError as exc:
         if exc.name != f"{__name__}.{name}":

@@ -25,8 +25,8 @@ from .checks.verify import VERIFY_OPT_LEVEL, VerifyRun
 from .errors import OrtflashError
 from .kernels.config import DEFAULT_BACKEND
 from .model_io import ModelLike, external_locations, load
-from .policy import SoftmaxPolicy
-from .spec import SpecError
+from .op.policy import SoftmaxPolicy
+from .op.spec import SpecError
 
 __all__ = ["OutputDiff", "NodeCheck", "VerifyRun", "VerifyResult", "ValidateResult", "verify", "validate", "make_feeds"]
 

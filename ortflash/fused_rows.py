@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from . import forms, spec
+from . import forms
 from .errors import OrtflashError
-from .fusion.emit import BLOCK_ID, GIVEN_HEADS
 from .graph import ir_utils as u
 from .graph import shapes
 from .lowering import head_count as given_heads
+from .op import spec
+from .op.node import BLOCK_ID, GIVEN_HEADS
 from .report import Report
 
 

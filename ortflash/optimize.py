@@ -13,10 +13,9 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from . import forms, spec
+from . import forms
 from .errors import OrtflashError
 from .fused_rows import prove_heads
-from .fusion.emit import BLOCK_ID, GIVEN_HEADS
 from .fusion.onnx_attention import fuse_attention_ops
 from .fusion.walker import fuse_softmax_blocks
 from .graph import ir_utils as u
@@ -25,7 +24,9 @@ from .lowering import LoweringNote, lower
 from .lowering.targets import DEFAULT_TARGET, EP_ORDER, EXECUTION_PROVIDERS, REGISTRY, TARGETS
 from .model_io import ModelLike, check_opsets, load, save
 from .model_shapes import graphs_of, with_shapes
-from .policy import SoftmaxPolicy
+from .op import spec
+from .op.node import BLOCK_ID, GIVEN_HEADS
+from .op.policy import SoftmaxPolicy
 from .report import Report, TargetChoice
 from .target_choice import AUTO, LoadCheck, choose_default, choose_for_ep
 

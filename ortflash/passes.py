@@ -31,8 +31,8 @@ import onnx
 import onnx_ir as ir
 
 from .lowering import CONTRIB_DOMAIN, LoweringNote, lower
+from .op.policy import SoftmaxPolicy
 from .optimize import optimize
-from .policy import SoftmaxPolicy
 from .report import Report
 
 __all__ = ["LOWERING_KEY", "REPORT_KEY", "FuseAttention", "FusionResult", "Lower", "LoweringResult"]

@@ -10,10 +10,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from . import spec
 from .kernels.config import DEFAULT_BACKEND, KernelConfig, join_side_channel
 from .model_io import ModelLike, external_locations, graphs_of, load
-from .policy import SoftmaxPolicy
+from .op import spec
+from .op.policy import SoftmaxPolicy
 
 # ONNX Runtime's session option for its intra-op threads' busy-waiting (see session_options).
 SPINNING_KEY = "session.intra_op.allow_spinning"

@@ -35,7 +35,7 @@ import onnx
 
 from .errors import OrtflashError
 from .model_io import ModelLike, load
-from .policy import SoftmaxPolicy
+from .op.policy import SoftmaxPolicy
 from .report import Report
 
 ORIGINAL = "original"

@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import ortflash
-from ortflash import spec
 from ortflash.kernels import cpu, reference
+from ortflash.op import spec
 
 RNG = np.random.default_rng(0)
 Q = RNG.standard_normal((1, 2, 3, 8)).astype(np.float32)

@@ -20,8 +20,8 @@ from attention_graphs import (
 )
 
 import ortflash
-from ortflash import spec
 from ortflash.lowering import lower
+from ortflash.op import spec
 
 TARGETS = ("ortflash", "contrib", "onnx")
 SIZES = {"B": 2, "S": 7, "T": 7}

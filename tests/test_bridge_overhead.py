@@ -17,8 +17,8 @@ import pytest
 from attention_graphs import Variant, build, feeds
 
 import ortflash
-from ortflash import spec
 from ortflash.kernels import cpu, ort_bridge
+from ortflash.op import spec
 
 DIMS = {"B": 1, "S": 24, "T": 24}
 

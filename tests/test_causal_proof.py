@@ -19,8 +19,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import ortflash
-from ortflash import spec
 from ortflash.kernels import reference
+from ortflash.op import spec
 
 LOWEST = float(np.finfo(np.float32).min)
 B, H, S, D = 2, 2, 11, 8

@@ -340,7 +340,7 @@ def test_online_block_sizes(isa: str, block: int) -> None:
 
 
 def test_policy_and_auto_mode(isa: str) -> None:
-    from ortflash.policy import SoftmaxPolicy
+    from ortflash.op.policy import SoftmaxPolicy
 
     q, k, v = inputs(1, 2, 2, 10, 40, 16)
     for policy in (SoftmaxPolicy("online", 16), SoftmaxPolicy("auto", 16, 32), SoftmaxPolicy("auto", 8, 64)):

@@ -11,8 +11,8 @@ import pytest
 from attention_graphs import Variant, build
 
 from ortflash import forms
+from ortflash.op.policy import SoftmaxPolicy
 from ortflash.optimize import optimize
-from ortflash.policy import SoftmaxPolicy
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 NO_CHECK = {"load_check": lambda m, r: None}

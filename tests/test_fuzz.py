@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import ortflash
-from ortflash import spec
+from ortflash.op import spec
 
 EXAMPLES = int(os.environ.get("ORTFLASH_FUZZ_EXAMPLES", "40"))
 

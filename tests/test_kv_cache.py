@@ -17,12 +17,12 @@ import pytest
 from onnx import TensorProto, helper
 
 import ortflash
-from ortflash import spec
 from ortflash.checks.feeds import decoder_cases, make_feeds
 from ortflash.checks.verify import verify
 from ortflash.kernels import reference
 from ortflash.lowering import lower
 from ortflash.model_shapes import graphs_of
+from ortflash.op import spec
 
 F32 = TensorProto.FLOAT
 LOWEST = float(np.finfo(np.float32).min)

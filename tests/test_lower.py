@@ -17,7 +17,6 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 import ortflash
-from ortflash import spec
 from ortflash.checks.compare import compare, default_tolerance
 from ortflash.checks.feeds import make_feeds
 from ortflash.checks.sessions import run_model
@@ -32,6 +31,7 @@ from ortflash.lowering import (
     lower,
 )
 from ortflash.model_shapes import graphs_of
+from ortflash.op import spec
 
 ZOO = os.path.join(os.path.dirname(__file__), "..", "models")
 _MANIFEST_PATH = os.path.join(ZOO, "manifest.json")

@@ -1,5 +1,5 @@
-"""One place constructs SoftmaxPolicy (ortflash/policy.py) and one module writes FlashAttention
-nodes (ortflash/fusion/emit.py): ARCHITECTURE.md's "one of each", checked on the source (issue 21)."""
+"""One place constructs SoftmaxPolicy (ortflash/op/policy.py) and one module writes FlashAttention
+nodes (ortflash/op/node.py): ARCHITECTURE.md's "one of each", checked on the source (issue 21)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _calls(name: str) -> dict[str, int]:
 
 
 def test_only_the_policy_module_constructs_a_softmax_policy():
-    assert set(_calls("SoftmaxPolicy")) == {"policy.py"}
+    assert set(_calls("SoftmaxPolicy")) == {"op/policy.py"}
 
 
 def test_only_emit_writes_flash_attention_nodes():
@@ -46,4 +46,4 @@ def test_only_emit_writes_flash_attention_nodes():
                 and node.args[0].attr == "OP_TYPE"
             ):
                 writers.add(str(path.relative_to(PACKAGE)))
-    assert writers == {"fusion/emit.py"}
+    assert writers == {"op/node.py"}

@@ -20,9 +20,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import ortflash
-from ortflash import spec
 from ortflash.fusion.onnx_attention import fuse_attention_ops
-from ortflash.policy import SoftmaxPolicy
+from ortflash.op import spec
+from ortflash.op.policy import SoftmaxPolicy
 
 F32, F16, BOOL, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BOOL, TensorProto.INT64
 LOWEST = float(np.finfo(np.float32).min)

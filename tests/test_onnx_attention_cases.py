@@ -83,7 +83,7 @@ def test_a_window_without_a_past_is_the_ops_own(name: str, is_causal: int, windo
     """Without a past ONNX's query position is the op's: the window is FlashAttention's own
     (tiles outside the band skipped), not a mask tensor."""
     import ortflash
-    from ortflash import spec
+    from ortflash.op import spec
 
     fused, _ = ortflash.optimize(ALL[name].model, target="ortflash")
     (node,) = [n for n in fused.graph.node if n.op_type == "FlashAttention"]

@@ -14,8 +14,8 @@ from attention_graphs import F32, initializer, projected_block, tensor
 from onnx import TensorProto, helper
 
 import ortflash
-from ortflash import spec
 from ortflash.lowering.opset import OpsetNotRaised, raise_default_opset
+from ortflash.op import spec
 
 WIDTH = 32  # projected_block's heads · head_dim
 

@@ -14,7 +14,7 @@ from attention_graphs import feeds, initializer, model_of, tensor
 from onnx import helper
 
 import ortflash
-from ortflash import spec
+from ortflash.op import spec
 
 DATA = Path(__file__).parent / "data" / "outside"
 HEADS, HEAD_DIM = 4, 8

@@ -13,7 +13,7 @@ import pytest
 from attention_graphs import Variant, build
 
 import ortflash
-from ortflash import spec
+from ortflash.op import spec
 from ortflash.passes import LOWERING_KEY, REPORT_KEY, FuseAttention, FusionResult, Lower, LoweringResult
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")

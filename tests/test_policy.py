@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from ortflash import SoftmaxPolicy, spec
+from ortflash import SoftmaxPolicy
 from ortflash.kernels.reference import flash_attention
+from ortflash.op import spec
 
 
 def test_online_and_naive_agree_numerically():

@@ -9,7 +9,7 @@ from attention_graphs import F16, Variant, build, feeds
 
 import ortflash
 import ortflash.kernels.reference
-from ortflash import spec
+from ortflash.op import spec
 
 SHAPES = [{"B": 2, "S": 37, "T": 53, "BH": 4}, {"B": 1, "S": 1, "T": 130, "BH": 2}]
 

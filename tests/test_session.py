@@ -17,8 +17,8 @@ import pytest
 from attention_graphs import Variant, build, feeds
 
 import ortflash
-from ortflash import spec
 from ortflash.kernels.config import ConfigError, KernelConfig, split_side_channel
+from ortflash.op import spec
 from ortflash.session import configure_model
 
 DIMS = {"B": 2, "S": 48, "T": 48}

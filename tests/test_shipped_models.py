@@ -15,8 +15,8 @@ from onnx import TensorProto, helper
 from test_causal_proof import _cached_decoder, _cached_feeds
 
 import ortflash
-from ortflash import spec
 from ortflash.model_io import graphs_of
+from ortflash.op import spec
 
 B, H, S, D = 2, 4, 6, 8
 

@@ -19,10 +19,10 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 import ortflash
-from ortflash import spec
-from ortflash.fusion.call import FlashAttentionCall  # noqa: F401  (the attributes' one writer, below)
 from ortflash.kernels import cpu, reference
 from ortflash.lowering import lower
+from ortflash.op import spec
+from ortflash.op.call import FlashAttentionCall  # noqa: F401  (the attributes' one writer, below)
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_causal_proof import _decoder, _feeds  # noqa: E402  (the hand-built masking_utils decoder)

@@ -11,8 +11,8 @@ import pytest
 from attention_graphs import Variant, build
 
 from ortflash import lowering
-from ortflash.fusion.emit import GIVEN_HEADS
 from ortflash.lowering.targets import EP_ORDER, ORT_KERNEL_TARGETS, REGISTRY, TARGETS
+from ortflash.op.node import GIVEN_HEADS
 from ortflash.optimize import optimize
 
 # the module (the package exports its function under the same name)

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 import ortflash
 from ortflash.cli import main
 from ortflash.cli import optimize as cli
-from ortflash.policy import SoftmaxPolicy
+from ortflash.op.policy import SoftmaxPolicy
 from ortflash.report import Block
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")

@@ -56,7 +56,7 @@ def test_the_key_changes_with_the_model_the_lengths_the_ep_and_the_policy(tmp_pa
 
 
 def _cached(cache: Path, path: Path, seq_lens: tuple[int, ...], chosen: str, ratios: dict) -> None:
-    from ortflash.policy import SoftmaxPolicy
+    from ortflash.op.policy import SoftmaxPolicy
 
     policy = json.dumps(SoftmaxPolicy.for_new_nodes().attributes(), sort_keys=True)  # the default policy
     key = tune.cache_key(onnx.load(path), ep="cpu", seq_lens=seq_lens, policy=policy, target=None)

@@ -21,12 +21,12 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 import ortflash
-from ortflash import spec
 from ortflash.checks.compare import compare
 from ortflash.checks.feeds import make_feeds
 from ortflash.checks.sessions import run_model
 from ortflash.lowering import OP_GQA, OP_MHA, TARGETS, lower
 from ortflash.lowering.webgpu import CAPABILITIES
+from ortflash.op import spec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..")

@@ -15,7 +15,7 @@ import pytest
 
 from ortflash.kernels import reference
 from ortflash.kernels.wgpu import kernel as wk
-from ortflash.policy import SoftmaxPolicy
+from ortflash.op.policy import SoftmaxPolicy
 
 pytestmark = pytest.mark.skipif(not wk.available(), reason=wk.unavailable_reason() or "no wgpu adapter")
 
@@ -236,7 +236,7 @@ def attention_f64(q, k, v, bias=None, mask=None, *, scale, is_causal=0, bias_aft
 def run_contract(runner_, q, k, v, bias=None, mask=None, *, kernel, tile=None, atol=F32_ATOL, **attrs):
     """The WGSL kernel (through the runner: spec.validate may not know is_causal=2 yet) against
     attention_f64; the kernel's output is returned."""
-    from ortflash import spec
+    from ortflash.op import spec
 
     extra = {name: attrs.pop(name) for name in ("is_causal", "bias_after_mask") if name in attrs}
     validated = {**spec.validate({"scale": q.shape[-1] ** -0.5, **attrs}), "bias_after_mask": 0, **extra}
@@ -271,8 +271,8 @@ def test_causal_bottom_right(runner, kernel, sq, sk):
 def test_causal_bottom_right_small_tiles(runner, sq, sk):
     """Many key tiles per row tile: the skipped tiles, the plain tiles left of the diagonal and
     the ones across it, for both diagonals, with a mask and masked_rows=zero."""
-    from ortflash import spec
     from ortflash.kernels.wgpu.tiles import FlashTile
+    from ortflash.op import spec
 
     rng = np.random.default_rng(sq + 7 * sk)
     q, k, v = make(rng, 1, 2, 2, sq, sk, 64)
@@ -308,8 +308,8 @@ def test_bias_after_mask(runner, kernel, is_causal):
 def test_bias_after_mask_inf_bias_on_causal_keys(runner, kernel):
     """With bias_after_mask=1 a +inf bias on a key hidden by the causal fill gives -inf + inf =
     NaN, which the formula propagates: the flash kernel must not skip that tile."""
-    from ortflash import spec
     from ortflash.kernels.wgpu.params import FLAG_SKIP_CAUSAL_TILES, Problem, prepare
+    from ortflash.op import spec
 
     rng = np.random.default_rng(17)
     q, k, v = make(rng, 1, 1, 1, 40, 200, 32)
@@ -333,7 +333,7 @@ def test_bias_after_mask_inf_bias_on_causal_keys(runner, kernel):
 def test_contract_keywords_through_the_kernel():
     """flash_attention takes bias_after_mask as a keyword (how the bridge passes it) and is_causal=2
     once spec.validate accepts it; a bad bias_after_mask is a SpecError."""
-    from ortflash import spec
+    from ortflash.op import spec
 
     rng = np.random.default_rng(23)
     q, k, v = make(rng, 1, 2, 2, 30, 50, 32)
@@ -359,7 +359,7 @@ def test_contract_features_through_an_ortflash_session():
     from onnx import TensorProto, helper
 
     import ortflash
-    from ortflash import spec
+    from ortflash.op import spec
 
     attrs = spec.validate({"scale": 0.5, "is_causal": 2, "mask_fill": -100.0, "bias_after_mask": 1})
     declared = {name: attrs[name] for name in spec.DECLARED}
@@ -402,8 +402,8 @@ def test_float16(kernel, d, sq, sk):
 
 def test_float16_converted_on_host():
     """An adapter without shader-f16: float16 travels as float32, O comes back float16."""
-    from ortflash import spec
     from ortflash.kernels.wgpu.device import Runner
+    from ortflash.op import spec
 
     host = Runner(use_f16=False, use_timestamps=False)
     assert not host.has_f16
@@ -441,8 +441,8 @@ TILES = [
 @pytest.mark.parametrize("sq,sk", [(64, 64), (256, 256), (300, 301)])
 def test_flash_tiles(runner, tile, sq, sk):
     """Register-tiling variants (private arrays indexed in unrolled loops), at and past the tile edges."""
-    from ortflash import spec
     from ortflash.kernels.wgpu.tiles import FlashTile
+    from ortflash.op import spec
 
     t = FlashTile(**tile)
     if t.smem_bytes(16) > runner.limits["max-compute-workgroup-storage-size"]:
@@ -461,9 +461,9 @@ def test_row_reductions_with_and_without_subgroups(subgroups):
     """Both reductions of flash.wgsl: subgroup shuffles where the device has them (lavapipe does,
     8 lanes), and the workgroup-memory fallback (a device made without the feature, checked
     shaders) that adapters without subgroups run."""
-    from ortflash import spec
     from ortflash.kernels.wgpu.device import Runner
     from ortflash.kernels.wgpu.tiles import FlashTile
+    from ortflash.op import spec
 
     dev = Runner(use_subgroups=subgroups, trusted_shaders=subgroups)
     if subgroups and not dev.subgroup_size:
@@ -484,7 +484,7 @@ def test_row_reductions_with_and_without_subgroups(subgroups):
 
 def test_buffers_reused_across_calls(runner):
     """Calls of the same sizes reuse every device and staging buffer (no allocation per call)."""
-    from ortflash import spec
+    from ortflash.op import spec
 
     rng = np.random.default_rng(43)
     q, k, v = make(rng, 1, 2, 2, 96, 96, 64)
@@ -501,7 +501,7 @@ def test_buffers_reused_across_calls(runner):
 
 def test_naive_score_chunks(runner):
     """The naive kernel splits heads and rows when the score buffer would exceed its cap."""
-    from ortflash import spec
+    from ortflash.op import spec
 
     rng = np.random.default_rng(51)
     q, k, v = make(rng, 2, 2, 1, 70, 90, 32)
@@ -591,10 +591,10 @@ def test_available_does_not_cache_a_failure(monkeypatch):
 
 
 def test_binding_limit_is_a_named_memory_error():
-    from ortflash import spec
     from ortflash.kernels.wgpu.limits import BindingTooLarge, DeviceLimits
     from ortflash.kernels.wgpu.params import Problem, prepare
     from ortflash.kernels.wgpu.plan import plan_naive
+    from ortflash.op import spec
 
     q, k, v = make(np.random.default_rng(0), 1, 2, 2, 8, 300, 32)
     problem = Problem.of(q, k, v)
@@ -609,11 +609,11 @@ def test_binding_limit_is_a_named_memory_error():
 
 def test_naive_grid_and_shader_share_the_tile_edge():
     """The naive kernel's tile edge and softmax width are written once, in Python."""
-    from ortflash import spec
     from ortflash.kernels.wgpu.assemble import NAIVE_SOFTMAX_WORKGROUP, NAIVE_TILE, assemble, naive_constants
     from ortflash.kernels.wgpu.limits import DeviceLimits
     from ortflash.kernels.wgpu.params import Problem, prepare
     from ortflash.kernels.wgpu.plan import plan_naive
+    from ortflash.op import spec
 
     src = assemble("naive", "f32", naive_constants(16, 16))
     assert "${" not in src
@@ -679,10 +679,10 @@ def test_heavy_first_order_changes_nothing_but_the_order(is_causal):
     """Causal with skipped tiles runs the row tiles of all heads heaviest first (FLAG_HEAVY_FIRST):
     the same workgroups in another order, so the output is bit-identical to the grid order and
     matches float64; a finite fill (no tile skipped) never sets the flag."""
-    from ortflash import spec
     from ortflash.kernels.wgpu.device import Runner
     from ortflash.kernels.wgpu.params import FLAG_HEAVY_FIRST, Problem, prepare
     from ortflash.kernels.wgpu.tiles import FlashTile
+    from ortflash.op import spec
 
     rng = np.random.default_rng(7 + is_causal)
     q, k, v = make(rng, 2, 3, 1, 150, 170, 32)

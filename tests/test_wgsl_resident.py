@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ortflash import spec
 from ortflash.kernels.wgpu import DeviceTensor
 from ortflash.kernels.wgpu import kernel as wk
+from ortflash.op import spec
 
 pytestmark = pytest.mark.skipif(not wk.available(), reason=wk.unavailable_reason() or "no wgpu adapter")
 

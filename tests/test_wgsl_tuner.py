@@ -64,10 +64,10 @@ def test_skips_failing_tiles_and_ignores_a_broken_cache(tmp_path):
 
 
 def test_runner_uses_and_writes_the_cache(tmp_path):
-    from ortflash import spec
     from ortflash.kernels.reference import flash_attention
     from ortflash.kernels.wgpu import kernel as wk
     from ortflash.kernels.wgpu.device import Runner
+    from ortflash.op import spec
 
     if not wk.available():
         pytest.skip(wk.unavailable_reason() or "no wgpu adapter")
@@ -88,10 +88,10 @@ def test_runner_uses_and_writes_the_cache(tmp_path):
 def test_tuning_times_resident_tensors(tmp_path):
     """tune_flash times every candidate on tensors uploaded once (the kernel without host copies
     around it): no per-call Q/K/V upload, and the tile it returns runs correctly."""
-    from ortflash import spec
     from ortflash.kernels.reference import flash_attention
     from ortflash.kernels.wgpu import kernel as wk
     from ortflash.kernels.wgpu.device import Runner
+    from ortflash.op import spec
 
     if not wk.available():
         pytest.skip(wk.unavailable_reason() or "no wgpu adapter")

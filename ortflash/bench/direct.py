@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .. import spec
-from ..policy import SoftmaxPolicy
+from ..op import spec
+from ..op.policy import SoftmaxPolicy
 
 # attributes that say how a node runs, not what it computes: the kernels take them as policy
 _RUN_ATTRIBUTES = ("exact_floats", spec.RUNTIME.name) if hasattr(spec, "RUNTIME") else ("exact_floats",)

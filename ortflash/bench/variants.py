@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 import onnx
 import onnxruntime as ort
 
-from .. import spec
 from ..model_io import graphs_of
-from ..policy import SoftmaxPolicy
+from ..op import spec
+from ..op.policy import SoftmaxPolicy
 
 VARIANTS = ("original", "naive", "online", "contrib", "onnx", "reference", "torch-sdpa")
 DEFAULT_VARIANTS = ("original", "naive", "online", "contrib", "onnx")

@@ -23,8 +23,8 @@ from typing import Any
 
 import onnx
 
-from .. import spec
-from ..policy import SoftmaxPolicy
+from ..op import spec
+from ..op.policy import SoftmaxPolicy
 from . import direct, sgemm
 from .inputs import bench_feeds
 from .probes import MIB, PeakProbe, maxrss, rss

@@ -20,7 +20,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from ..errors import OrtflashError
-from ..policy import SoftmaxPolicy
+from ..op.policy import SoftmaxPolicy
 from ..session import InferenceSession
 
 ModelSource = onnx.ModelProto | str | os.PathLike[str]

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from .. import spec
 from ..errors import OrtflashError
-from ..fusion.emit import REPLACES
 from ..kernels.config import DEFAULT_BACKEND, KernelConfig
 from ..model_io import graphs_of
-from ..policy import SoftmaxPolicy
+from ..op import spec
+from ..op.node import REPLACES
+from ..op.policy import SoftmaxPolicy
 from .compare import compare, tolerance
 from .sessions import run_model
 

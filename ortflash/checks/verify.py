@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .. import spec
 from ..errors import OrtflashError
 from ..model_io import graphs_of, load
-from ..policy import NODES_OWN, SoftmaxPolicy
+from ..op import spec
+from ..op.policy import NODES_OWN, SoftmaxPolicy
 from ..session import InferenceSession
 from .compare import OutputDiff, compare_outputs, noise_text, shape_text, tolerance
 from .feeds import decoder_cases, make_feeds, with_batch_hint

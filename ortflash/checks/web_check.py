@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-from .. import spec
 from ..errors import OrtflashError
 from ..model_io import graphs_of, load
+from ..op import spec
 from . import web_files
 from .browser import BROWSER_RUNTIMES
 from .compare import OutputDiff, compare_outputs, tolerance

@@ -9,10 +9,10 @@ import math
 import signal
 from typing import Any, NoReturn
 
-from .. import spec
 from ..arg_types import int_at_least, positive_int, positive_ints
 from ..checks.compare import FLOAT16_TOLERANCE, FLOAT32_TOLERANCE
-from ..policy import SoftmaxPolicy
+from ..op import spec
+from ..op.policy import SoftmaxPolicy
 
 EXIT_OK = 0
 EXIT_MISMATCH = 1  # a check ran and failed: outputs differ, or ONNX Runtime cannot load what was made

@@ -12,7 +12,7 @@ import onnx
 from ..arg_types import console_for
 from ..checks.compare import tolerance_text
 from ..model_io import load
-from ..policy import SoftmaxPolicy
+from ..op.policy import SoftmaxPolicy
 from ..report import result_document
 from .args import EXIT_MISMATCH, EXIT_OK, add_feeds, add_opt_level, add_policy, policy_from_args
 from .inputs import check_dims

@@ -57,10 +57,10 @@ from ..errors import NotFused
 from ..graph import ir_utils as u
 from ..graph import shapes
 from ..graph.emitter import Emitter, replace_output
-from ..policy import SoftmaxPolicy
+from ..op.call import FlashAttentionCall
+from ..op.node import write_call
+from ..op.policy import SoftmaxPolicy
 from ..report import Block
-from .call import FlashAttentionCall
-from .emit import write_call
 
 FIRST_OPSET = 23  # Attention entered the default domain here
 # Attention-25's window attributes (ONNX Runtime 1.31 does not run them): written as a mask

@@ -8,7 +8,7 @@ A block is read starting at its Softmax, outwards: up the score expression
 (casts, a NaN guard) to the MatMul with v. Each rule proves what must hold for the
 fused op to compute the same numbers (`check`, which raises NotFused naming the failed
 precondition) and folds its piece into the walk's state (`apply`). The walk itself is
-in walker.py; what the block becomes is fusion/call.py's FlashAttentionCall. Beside them:
+in walker.py; what the block becomes is op/call.py's FlashAttentionCall. Beside them:
 qk_operands.py (what Q, K and V must be once Q·Kᵀ is read), kv_repeats.py (grouped-query
 repeats), einsum_rules.py (the Einsum forms of the two products).
 """
@@ -24,7 +24,7 @@ from ..graph import bounds, shapes
 from ..graph import ir_utils as u
 from ..graph.dim_terms import dims_equal
 from ..graph.interpret import proved_dims
-from ..spec import ABSORBING_FILL
+from ..op.spec import ABSORBING_FILL
 from .qk_operands import QKOperands, scaled_q, take_qk, try_scale
 from .walk_state import WalkState
 

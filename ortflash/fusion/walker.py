@@ -20,13 +20,13 @@ from ..graph import shapes
 from ..graph.dim_terms import dims_equal
 from ..graph.emitter import Emitter, replace_output
 from ..graph.interpret import proved_dims
-from ..policy import SoftmaxPolicy
+from ..op.call import FlashAttentionCall
+from ..op.node import write_call
+from ..op.policy import SoftmaxPolicy
 from ..report import Block
-from .call import FlashAttentionCall
 from .causal.proof import CausalProof, NoFrontier, NotProved, prove
 from .causal.write import write_padding
 from .einsum_rules import ProbsEinsumV, QKEinsum
-from .emit import write_call
 from .softmax_rules import (
     NOT_SPLIT,
     PROBS_RULES,

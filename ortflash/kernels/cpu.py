@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import spec
-from ..policy import SoftmaxPolicy
+from ..op import spec
+from ..op.policy import SoftmaxPolicy
 from . import reference
 
 ISA_ENV = "ORTFLASH_CPU_ISA"

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from onnxruntime_extensions import PyCustomOpDef, _ocos, get_library_path, onnx_op
 
-from .. import spec
+from ..op import spec
 from . import cpu
 from .config import KernelConfig, split_side_channel
 

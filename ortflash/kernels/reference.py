@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import spec
-from ..policy import SoftmaxPolicy
+from ..op import spec
+from ..op.policy import SoftmaxPolicy
 
 ACC = np.float32
 

@@ -14,7 +14,7 @@ Targets (the README's ``--target``, under "Command line"):
 - ``onnx``: the standard ``Attention`` op; the model's default opset is converted to 23.
 
 A node is lowered only where the target op computes exactly what FlashAttention computes
-(``ortflash/spec.py``), up to float32 rounding. Otherwise it stays a FlashAttention node, the
+(``ortflash/op/spec.py``), up to float32 rounding. Otherwise it stays a FlashAttention node, the
 model still needs ortflash to run, and its LoweringNote says why. What the rules rest on was
 measured on ONNX Runtime 1.31 (CPU EP) and is pinned by tests/test_lower.py:
 
@@ -84,12 +84,12 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from .. import spec
 from ..errors import NotLowered, OrtflashError
-from ..fusion.emit import BLOCK_ID
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..model_shapes import graphs_of
+from ..op import spec
+from ..op.node import BLOCK_ID
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .head_count import with_given_head_counts
 from .opset import raise_default_opset

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from ..errors import NotLowered
-from ..fusion.call import FlashAttentionCall
 from ..graph import ir_utils as u
 from ..graph import shapes
 from ..graph.emitter import take_graph_output
+from ..op.call import FlashAttentionCall
 
 _SEQ_AXES = (2, -2)
 

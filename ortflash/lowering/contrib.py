@@ -14,9 +14,9 @@ from typing import Any
 import onnx_ir as ir
 
 from ..errors import NotLowered
-from ..fusion.call import FlashAttentionCall
 from ..graph.emitter import Emitter
 from ..graph.shapes import same_dim
+from ..op.call import FlashAttentionCall
 from . import layout, native
 from .cache import CacheAppend, find_cache_append, prove_absorbable
 from .native import CONTRIB_DOMAIN

@@ -32,9 +32,9 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from ..errors import NotLowered
-from ..fusion.call import FlashAttentionCall
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
+from ..op.call import FlashAttentionCall
 from . import layout, measured, native
 from .cache import find_cache_append
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA, lower_contrib

@@ -12,9 +12,9 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 
-from ..fusion.emit import BLOCK_ID, GIVEN_HEADS
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
+from ..op.node import BLOCK_ID, GIVEN_HEADS
 from .read import is_flash_attention
 
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from ..fusion.call import FlashAttentionCall
 from ..graph import ir_utils as u
 from ..graph import shapes
 from ..graph.emitter import Emitter, replace_output
-from ..spec import ABSORBING_FILL
+from ..op.call import FlashAttentionCall
+from ..op.spec import ABSORBING_FILL
 
 SWAP_SH = [0, 2, 1, 3]  # [B, H, S, D] <-> [B, S, H, D]
 F32_LOWEST = float(np.finfo(np.float32).min)

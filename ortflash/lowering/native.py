@@ -10,9 +10,9 @@ from typing import Any
 import onnx_ir as ir
 
 from ..errors import NotLowered
-from ..fusion.call import FlashAttentionCall
 from ..graph.emitter import Emitter
 from ..graph.shapes import same_dim
+from ..op.call import FlashAttentionCall
 from .cache import CacheAppend, move_present
 from .read import CallDims
 

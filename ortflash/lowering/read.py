@@ -13,14 +13,14 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from .. import spec
 from ..errors import NotLowered
-from ..fusion.call import FlashAttentionCall
 from ..graph import bounds, shapes
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..model_shapes import graphs_of, unknown_ranks
-from ..spec import ABSORBING_FILL
+from ..op import spec
+from ..op.call import FlashAttentionCall
+from ..op.spec import ABSORBING_FILL
 
 # A constant bias (mask) below this many elements that is all zeros (all true) counts as absent:
 # the bridge's placeholders are scalars; a larger constant is not worth reading.

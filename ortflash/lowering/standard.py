@@ -14,10 +14,10 @@ from typing import Any
 import onnx_ir as ir
 
 from ..errors import NotLowered
-from ..fusion.call import FlashAttentionCall
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter, replace_output
 from ..graph.shapes import same_dim
+from ..op.call import FlashAttentionCall
 from . import layout, native
 from .cache import CacheAppend, find_cache_append, prove_absorbable
 from .read import ABSORBING_FILL, CallDims, aligned_batch, call_dims

@@ -15,8 +15,8 @@ from types import MappingProxyType
 
 import onnx_ir as ir
 
-from ..fusion.call import FlashAttentionCall
 from ..graph.emitter import Emitter
+from ..op.call import FlashAttentionCall
 from .contrib import CONTRIB_DOMAIN, CONTRIB_VERSION, MIN_CONTRIB_OPSET, lower_contrib
 from .cuda import lower_cuda
 from .standard import ONNX_ATTENTION_OPSET, ONNX_IR_VERSION, lower_standard

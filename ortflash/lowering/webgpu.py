@@ -32,10 +32,10 @@ from typing import Any
 
 import onnx_ir as ir
 
-from .. import spec
 from ..errors import NotLowered
-from ..fusion.call import FlashAttentionCall
 from ..graph.emitter import Emitter
+from ..op import spec
+from ..op.call import FlashAttentionCall
 from . import layout, measured, native
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .measured import Capability

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import onnx
 
-from ..fusion.emit import BLOCK_ID
 from ..model_io import graphs_of
+from ..op.node import BLOCK_ID
 from ..report import Report
 
 # How far past the row's node (the Softmax, or an ONNX Attention node) a quantizer still counts:

@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .. import spec
 from ..errors import OrtflashError
 from ..lowering import TARGETS
-from ..policy import SoftmaxPolicy
+from ..op import spec
+from ..op.policy import SoftmaxPolicy
 
 MANIFEST_VERSION = 1
 SUFFIXES = (".toml", ".json")

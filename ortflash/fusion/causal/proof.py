@@ -44,7 +44,7 @@ from ...graph import shapes
 from ...graph.dim_terms import dim_lin, dims_equal
 from ...graph.interpret import Reader
 from ...graph.terms import Abstract, Cmp, Lin, Look, NotProved, Num, Op, Term, atoms, axes_of, fold, remap, replace_atom
-from ...spec import ABSORBING_FILL
+from ...op.spec import ABSORBING_FILL
 from .write import write_term
 
 

@@ -60,7 +60,7 @@ def tune_on_device(
     """The fastest of `candidates` for `key`: from `cache` when it has one, else each timed on
     random [1, heads, seq, d] Q, K and [1, heads, seq, dv] V (key.io's dtype) resident on the
     runner's device."""
-    from ... import spec
+    from ...op import spec
 
     dtype = np.float16 if key.io == "f16" else np.float32
     rng = np.random.default_rng(0)

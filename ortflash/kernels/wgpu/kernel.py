@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from ... import spec
-from ...policy import SoftmaxPolicy
+from ...op import spec
+from ...op.policy import SoftmaxPolicy
 from .. import reference
 from .device import Runner
 from .params import Problem

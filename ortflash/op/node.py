@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from .. import spec
 from ..graph.emitter import Emitter
-from ..policy import SoftmaxPolicy
+from . import spec
 from .call import FlashAttentionCall
+from .policy import SoftmaxPolicy
 
 # Node metadata written on every FlashAttention node ortflash.optimize emits.
 REPLACES = "ortflash.replaces"  # the original value the node computes (ortflash validate reads it)
