@@ -1,5 +1,5 @@
-"""One application of the FlashAttention op: what both front ends build, ``node.write_call`` writes
-node and the lowering reads back from one. Its meaning is spec.py's."""
+"""One application of the FlashAttention op: what both front ends build, ``node.write_call``
+writes as a node and the lowering reads back from one. Its meaning is spec.py's."""
 
 from __future__ import annotations
 
