@@ -5,6 +5,8 @@ TorchScript exports), the cost table's mask kind, and the head count the user ga
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import onnx_ir as ir
 
 from . import forms
@@ -17,7 +19,7 @@ from .op.node import BLOCK_ID, GIVEN_HEADS
 from .report import Report
 
 
-def prove_heads(graph: ir.Graph, report: Report, num_heads: int | None) -> None:
+def prove_heads(graph: ir.Graph, report: Report, num_heads: int | None, per_batch_head: Collection[int] = ()) -> None:
     """Heads, kv heads and head dim of each block fused in ``graph``, as numbers where the fused
     node's operands prove them (resolved through Reshapes, Transposes and computed shapes, which
     the rules' own reading leaves symbolic in TorchScript exports), else None.
@@ -25,14 +27,15 @@ def prove_heads(graph: ir.Graph, report: Report, num_heads: int | None) -> None:
     ``num_heads`` fills the query head count where nothing proves it; where something does and
     it differs, OrtflashError. The given count is recorded on the node, for Q, and for K and V
     where their head dim is the same unknown as Q's (``GIVEN_HEADS``): a lowering, whose ops
-    take the count as a number, writes it there (lowering/head_count.py).
+    take the count as a number, writes it there (lowering/head_count.py). ``per_batch_head``:
+    the rows whose scores are per batch·head (fusion/driver.Fused), whose heads stay None.
     """
     for node in list(graph):
         if node.domain != spec.DOMAIN or node.op_type != spec.OP_TYPE or BLOCK_ID not in node.metadata_props:
             continue
         row = int(node.metadata_props[BLOCK_ID])
         block = report.blocks[row]
-        three_d = block.heads == "B·H"  # [B·H, S, D]: the node sees one head per batch-head pair
+        three_d = row in per_batch_head  # [B·H, S, D]: the node sees one head per batch-head pair
         q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
         if q is None or k is None or v is None:
             continue  # the op's contract requires all three; a node without them is not ours to read

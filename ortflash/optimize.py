@@ -16,8 +16,9 @@ import onnx_ir.passes.common as common_passes
 from . import forms
 from .errors import OrtflashError
 from .fused_rows import prove_heads
-from .fusion.onnx_attention import fuse_attention_ops
-from .fusion.walker import fuse_softmax_blocks
+from .fusion.driver import fuse
+from .fusion.onnx_attention import AttentionOpFrontEnd
+from .fusion.walker import SoftmaxFrontEnd
 from .graph import ir_utils as u
 from .ir_versions import stamp_loadable_ir_version
 from .lowering import LoweringNote, lower
@@ -217,20 +218,18 @@ def _fuse(
     with_inferred, inference = shaped
     model = ir.serde.deserialize_model(with_inferred)
     report = Report(proto.graph.name or "model", shape_inference=inference)
+    # ONNX Attention ops (opset 23+) first: their Softmax is inside the op, not in the graph.
+    front_ends = (AttentionOpFrontEnd(), SoftmaxFrontEnd(prove_causal=prove_causal))
     for graph, scope in _scopes(model.graph, ""):
         _forget_earlier_blocks(graph)
-        # ONNX Attention ops (opset 23+) first: their Softmax is inside the op, not in the graph.
         here = {name[len(scope) :]: why for name, why in keep.items() if name.startswith(scope)}
-        rows = fuse_attention_ops(graph, opset, policy, first_row=len(report.blocks), keep=here)
-        rows += fuse_softmax_blocks(
-            graph, opset, policy, first_row=len(report.blocks) + len(rows), prove_causal=prove_causal, keep=here
-        )
-        for row in rows:
+        rows = fuse(graph, opset, policy, front_ends, first_row=len(report.blocks), keep=here)
+        for row in rows.blocks:
             row.name = scope + row.name
-        report.blocks += rows
-        prove_heads(graph, report, num_heads)
+        report.blocks += rows.blocks
+        prove_heads(graph, report, num_heads, rows.per_batch_head)
 
-    for block in report.blocks:  # rows not fused: what the rules read, where it is a number
+    for block in report.blocks:  # rows not fused: what the rules read, where it is a number (not a dim's name)
         block.heads, block.kv_heads, block.head_dim = (
             d if isinstance(d, int) else None for d in (block.heads, block.kv_heads, block.head_dim)
         )

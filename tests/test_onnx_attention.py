@@ -20,7 +20,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import ortflash
-from ortflash.fusion.onnx_attention import fuse_attention_ops
+from ortflash.fusion.driver import fuse as fuse_graph
+from ortflash.fusion.onnx_attention import AttentionOpFrontEnd
 from ortflash.op import spec
 from ortflash.op.policy import SoftmaxPolicy
 
@@ -160,11 +161,11 @@ def _real(dims, c: Case):
 
 
 def fuse(model: onnx.ModelProto, policy: SoftmaxPolicy | None = None):
-    """What optimize() does around fuse_attention_ops."""
+    """What optimize() does around the Attention op's front end."""
     policy = policy or SoftmaxPolicy("naive")
     opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
     ir_model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(model, data_prop=True))
-    blocks = fuse_attention_ops(ir_model.graph, opset, policy)
+    blocks = fuse_graph(ir_model.graph, opset, policy, (AttentionOpFrontEnd(),)).blocks
     if any(b.fused for b in blocks):
         common_passes.RemoveUnusedNodesPass()(ir_model)
         ir_model.opset_imports.setdefault(spec.DOMAIN, spec.DOMAIN_VERSION)
@@ -466,7 +467,7 @@ def test_3d_without_head_counts_is_kept():
 def test_opset_below_23_is_not_read():
     model, _ = build(Case())
     ir_model = ir.serde.deserialize_model(model)
-    blocks = fuse_attention_ops(ir_model.graph, 22, SoftmaxPolicy("naive"))
+    blocks = fuse_graph(ir_model.graph, 22, SoftmaxPolicy("naive"), (AttentionOpFrontEnd(),)).blocks
     assert not blocks[0].fused and "opset 22" in blocks[0].reason
 
 

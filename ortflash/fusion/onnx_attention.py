@@ -47,7 +47,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -60,7 +59,7 @@ from ..graph.emitter import Emitter, replace_output
 from ..op.call import FlashAttentionCall
 from ..op.node import write_call
 from ..op.policy import SoftmaxPolicy
-from ..report import Block
+from .driver import Written
 
 FIRST_OPSET = 23  # Attention entered the default domain here
 # Attention-25's window attributes (ONNX Runtime 1.31 does not run them): written as a mask
@@ -448,51 +447,40 @@ def _emit(e: Emitter, p: AttentionOpReading, policy: SoftmaxPolicy, block_id: st
     return causal.how
 
 
-def fuse_attention_ops(
-    graph: ir.Graph,
-    opset: int,
-    policy: SoftmaxPolicy,
-    first_row: int = 0,
-    keep: Mapping[str, str] = MappingProxyType({}),
-) -> list[Block]:
-    """Rewrite every standard ONNX Attention node of graph into FlashAttention, in place.
+@dataclass(frozen=True)
+class AttentionOpFrontEnd:
+    """The standard ONNX Attention nodes (fusion/driver.FrontEnd). New nodes go before each
+    Attention node and its outputs are rerouted to them."""
 
-    New nodes go before each Attention node and its outputs are rerouted to them; the
-    Attention node is left dead for the caller's RemoveUnusedNodesPass. Returns one
-    Block per Attention node: fused, or kept with the reason. Rows are numbered from
-    first_row; each fused node records its row in its metadata (emit.BLOCK_ID). ``keep``:
-    node names left as they are, each with the reason its row gives.
-    """
-    blocks: list[Block] = []
-    taken = {n.name for n in graph}
-    for index, node in enumerate([n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]):
-        label = node.name or f"Attention_{index}"
-        try:
-            reading = _read(node, opset)
-        except NotFused as why:
-            blocks.append(Block(label, False, str(why), pattern="Attention"))
-            continue
-        if label in keep:
-            blocks.append(Block(label, False, keep[label], pattern="Attention", head_dim=reading.head_dim))
-            continue
-        # numbered by report row: unique across a model's graphs, as nested scopes need
-        prefix = f"ortflash/onnx_attention_{first_row + index}"
-        while any(name.startswith(prefix + "/") for name in taken if name):
-            prefix += "_"
-        e = Emitter(graph, node, prefix, opset)
-        causal = _emit(e, reading, policy, block_id=str(first_row + index), replaces=node.outputs[0].name or "")
-        blocks.append(
-            Block(
-                label,
-                True,
-                reading.notes,
-                pattern=reading.pattern(),
-                heads=reading.q_heads,
-                kv_heads=reading.kv_heads,
-                head_dim=reading.head_dim,
-                scale=reading.scale,
-                mask=reading.summary(causal),
-                softmax=policy.mode,  # type: ignore[arg-type]  # None only for a session's policy
-            )
-        )
-    return blocks
+    label: str = "Attention"
+    prefix: str = "onnx_attention"
+
+    def candidates(self, graph: ir.Graph) -> list[ir.Node]:
+        return [n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]
+
+    def read(self, node: ir.Node, opset: int) -> AttentionOpReading:
+        return _read(node, opset)
+
+    def unread_columns(self) -> Mapping[str, object]:
+        return {"pattern": "Attention"}
+
+    def columns(self, reading: AttentionOpReading) -> Mapping[str, object]:
+        return {"pattern": "Attention", "head_dim": reading.head_dim}
+
+    def anchor(self, reading: AttentionOpReading, node: ir.Node) -> ir.Node:
+        return node
+
+    def heads_per_batch_head(self, reading: AttentionOpReading) -> bool:
+        return False
+
+    def write(self, e: Emitter, reading: AttentionOpReading, policy: SoftmaxPolicy, block_id: str) -> Written:
+        causal = _emit(e, reading, policy, block_id=block_id, replaces=e.anchor.outputs[0].name or "")
+        columns = {
+            "pattern": reading.pattern(),
+            "heads": reading.q_heads,
+            "kv_heads": reading.kv_heads,
+            "head_dim": reading.head_dim,
+            "scale": reading.scale,
+            "mask": reading.summary(causal),
+        }
+        return Written(reading.notes, columns)

@@ -7,10 +7,10 @@ count, a split batch-head dim), each step reading the SoftmaxBlock the one befor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import onnx_ir as ir
 
@@ -23,9 +23,9 @@ from ..graph.interpret import proved_dims
 from ..op.call import FlashAttentionCall
 from ..op.node import write_call
 from ..op.policy import SoftmaxPolicy
-from ..report import Block
 from .causal.proof import CausalProof, NoFrontier, NotProved, prove
 from .causal.write import write_padding
+from .driver import Written
 from .einsum_rules import ProbsEinsumV, QKEinsum
 from .softmax_rules import (
     NOT_SPLIT,
@@ -66,6 +66,12 @@ class SoftmaxBlock:
     heads_split: int | None = None
     split_biases: int = 0
     split_masks: int = 0
+
+
+# SoftmaxBlock's fields that are WalkState's as they are (the rest are frozen or derived in _finished)
+_FROM_STATE = tuple(
+    f.name for f in dataclasses.fields(SoftmaxBlock) if f.name not in ("biases", "masks", "nodes", "pattern")
+)
 
 
 def _next_probs_node(value: ir.Value) -> ir.Node:
@@ -158,31 +164,19 @@ def _check_head_split(state: WalkState) -> None:
 
 
 def _finished(state: WalkState) -> SoftmaxBlock:
-    """The frozen block of a complete walk (the rules set every field a block needs)."""
+    """The frozen block of a complete walk: the state's fields of the same names (lists frozen as
+    tuples), and the pattern as read (the rules set every field a block needs)."""
     assert state.output is not None and state.q is not None and state.k is not None and state.v is not None
     assert state.rank is not None
     probs = state.ops[1 : 1 + state.probs_ops]
     scores = state.ops[1 + state.probs_ops :]
+    read = {name: getattr(state, name) for name in _FROM_STATE}
     return SoftmaxBlock(
-        output=state.output,
-        q=state.q,
-        k=state.k,
-        k_perm=state.k_perm,
-        v=state.v,
-        v_perm=state.v_perm,
-        rank=state.rank,
-        scale=state.scale,
+        **read,
         biases=tuple(state.biases),
         masks=tuple(state.masks),
-        mask_fill=state.mask_fill,
-        nan_guard=state.nan_guard,
-        softcap=state.softcap,
-        bias_after_mask=state.bias_after_mask,
         nodes=tuple(state.nodes),
         pattern="→".join(list(reversed(scores)) + [state.ops[0]] + probs),
-        heads_split=state.heads_split,
-        split_biases=state.split_biases,
-        split_masks=state.split_masks,
     )
 
 
@@ -229,7 +223,8 @@ def describe(block: SoftmaxBlock) -> dict[str, object]:
         }
     return {
         "pattern": block.pattern,
-        "heads": q_shape[1] if four_d else ("B·H" if block.rank == 3 else None),
+        # a [B·H, S, D] block shows no head count: its node sees one head per batch·head pair
+        "heads": q_shape[1] if four_d else None,
         "kv_heads": k_shape[1] if four_d and len(k_shape) == 4 else None,
         "head_dim": q_shape[-1] if q_shape else None,
         "scale": block.scale,
@@ -475,42 +470,42 @@ def _split_call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None) -> Flas
     return _assemble(e, block, q, k, v, biases, masks, causal)
 
 
-def fuse_softmax_blocks(
-    graph: ir.Graph,
-    opset: int,
-    policy: SoftmaxPolicy,
-    first_row: int,
-    prove_causal: bool = True,
-    keep: Mapping[str, str] = MappingProxyType({}),
-) -> list[Block]:
-    """Fuse the block around every Softmax of graph, in place; one report Block per Softmax.
+@dataclass(frozen=True)
+class SoftmaxFrontEnd:
+    """The blocks around each Softmax (fusion/driver.FrontEnd). prove_causal: read each block's
+    [B, 1, Sq, Sk] bias or mask as causal x key padding where that is proved (fusion/causal);
+    False keeps the tensor as the block's bias or mask (the baseline of
+    benchmarks/results/causal_proof.md)."""
 
-    prove_causal: read each block's [B, 1, Sq, Sk] bias or mask as causal x key padding where
-    that is proved (fusion/causal); False keeps the tensor as the block's bias or mask (the
-    baseline of benchmarks/results/causal_proof.md).
+    prove_causal: bool = True
+    label: str = "Softmax"
+    prefix: str = "attention"
 
-    Rows are numbered from first_row (the report rows before them); each fused node records
-    its row in its metadata (emit.BLOCK_ID) for the lowering's notes. ``keep``: Softmax names
-    whose block is read but left as it is, each with the reason its row gives (forms.py: the
-    original ops are faster there)."""
-    blocks: list[Block] = []
-    for softmax in [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]:
-        row = first_row + len(blocks)
-        label = softmax.name or f"Softmax_{row}"
-        try:
-            block = read_block(softmax, opset)
-        except NotFused as why:
-            blocks.append(Block(label, False, str(why)))
-            continue
-        if label in keep:
-            blocks.append(Block(label, False, keep[label], **describe(block)))  # type: ignore[arg-type]
-            continue
-        matmul_pv = block.output.producer()
+    def candidates(self, graph: ir.Graph) -> list[ir.Node]:
+        return [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
+
+    def read(self, node: ir.Node, opset: int) -> SoftmaxBlock:
+        return read_block(node, opset)
+
+    def unread_columns(self) -> Mapping[str, object]:
+        return {}
+
+    def columns(self, reading: SoftmaxBlock) -> Mapping[str, object]:
+        return describe(reading)
+
+    def anchor(self, reading: SoftmaxBlock, node: ir.Node) -> ir.Node:
+        matmul_pv = reading.output.producer()
         assert matmul_pv is not None
-        e = Emitter(graph, matmul_pv, f"ortflash/attention_{row}", opset)
-        causal = proved_causal(block) if prove_causal else None
+        return matmul_pv
+
+    def heads_per_batch_head(self, reading: SoftmaxBlock) -> bool:
+        return reading.rank == 3 and reading.heads_split is None
+
+    def write(self, e: Emitter, reading: SoftmaxBlock, policy: SoftmaxPolicy, block_id: str) -> Written:
+        block = reading
+        causal = proved_causal(block) if self.prove_causal else None
         proof = causal if isinstance(causal, _Causal) else None
-        out = write_call(e, _call(e, block, proof), policy, block_id=str(row), replaces=block.output.name or "")
+        out = write_call(e, _call(e, block, proof), policy, block_id=block_id, replaces=block.output.name or "")
         if block.heads_split is not None:  # [B, H, Sq, Dv] back to the [B·H, Sq, Dv] P·V wrote
             out = e.node(
                 "Reshape",
@@ -518,7 +513,7 @@ def fuse_softmax_blocks(
             )
         elif block.rank == 3:
             out = e.squeeze(out, [1])
-        replace_output(graph, block.output, out)
+        replace_output(e.graph, block.output, out)
         kept = scores_kept(block)
         notes = [f"scores also read by {', '.join(kept)}, kept" if kept else ""]
         if proof is not None:
@@ -534,5 +529,4 @@ def fuse_softmax_blocks(
                 if x is not proof.replaced
             ]
             columns["mask"] = ", ".join([f"causal + padding {list(proof.proof.padding.dims)}", *others])
-        blocks.append(Block(label, True, "; ".join(filter(None, notes)), softmax=policy.mode, **columns))  # type: ignore[arg-type]  # mode None only for a session's policy
-    return blocks
+        return Written("; ".join(filter(None, notes)), columns)
