@@ -1,5 +1,5 @@
-"""The Softmax front end: read the attention block around each Softmax with the rules, or say
-why it is not one, and fuse every block read into a FlashAttention node.
+"""The Softmax front end (driver.FrontEnd): read the attention block around each Softmax with
+the rules, or say why it is not one, and write each block read as a FlashAttention node.
 
 Over 400 lines: the front end is one path from a Softmax to its node (the block read, its report
 row, the causal reading of its mask, the operands put in the op's layout: rank 4, one head
