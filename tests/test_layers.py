@@ -20,6 +20,15 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "ortflash"
 NO_CIRCLES_IN = ("ortflash.graph", "ortflash.fusion", "ortflash.lowering")
 # graph/ is the lowest layer: it may not import these.
 ABOVE_GRAPH = ("ortflash.fusion", "ortflash.lowering", "ortflash.checks", "ortflash.kernels")
+# op/ is the hub every stage meets at (the contract, the policy, the call, its node): it may import
+# graph/ and nothing from the stages around it.
+AROUND_THE_OP = ABOVE_GRAPH + (
+    "ortflash.cli",
+    "ortflash.bench",
+    "ortflash.regress",
+    "ortflash.pipeline",
+    "ortflash.optimize",
+)
 # No module over MAX_LINES; none over EXPLAINED_FROM without REASON in its docstring, which goes
 # on to say why (issue 21: "Over 400 lines because ...").
 MAX_LINES = 600
@@ -182,6 +191,18 @@ def test_graph_imports_no_layer_above_it(package_graph: dict[str, set[str]]) -> 
     )
     assert upward == [], f"graph/ imports from a layer above it: {upward}"
     assert "ortflash.graph.interpret" in package_graph  # the deep reader lives in graph/
+
+
+def test_the_op_imports_no_stage_around_it(package_graph: dict[str, set[str]]) -> None:
+    outward = sorted(
+        (module, target)
+        for module, targets in package_graph.items()
+        if _in(module, ("ortflash.op",))
+        for target in targets
+        if _in(target, AROUND_THE_OP)
+    )
+    assert outward == [], f"op/ imports from a stage around it: {outward}"
+    assert {"ortflash.op.spec", "ortflash.op.policy", "ortflash.op.call", "ortflash.op.node"} <= set(package_graph)
 
 
 def module_sizes(package_dir: Path) -> dict[str, tuple[int, str]]:
