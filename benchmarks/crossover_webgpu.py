@@ -19,7 +19,6 @@ crossover.py's: the least S with ratio >= WIN there and >= 1 at every larger S.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -31,31 +30,19 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_attention  # noqa: E402 - the sibling script (numpy + onnx only)
+import ep_probe  # noqa: E402
 import webgpu_capabilities as wcaps  # noqa: E402
 import webgpu_zoo as wz  # noqa: E402
+from crossover import WIN, crossover  # noqa: E402 - the CPU table's rule (ortflash imported only in its main)
 
 SEQ_LENS = (64, 128, 256, 512, 1024, 2048)
 HEAD_DIMS = (32, 64)
 STACKS = ("padding", "causal")
 HEADS = 12
 LAYERS = 2
-WIN = 1.05
 ROUNDS = 3
 REPEATS = 5
 FORM = "webgpu"
-
-
-def crossover(ratios: dict[int, float | None], win: float = WIN) -> int | None:
-    """The least S with ratio >= win there and >= 1 at every larger S; None where none is
-    (benchmarks/crossover.py's rule, copied: that script imports ortflash, which the GPU machine lacks)."""
-    found: int | None = None
-    for s in sorted(ratios, reverse=True):
-        r = ratios[s]
-        if r is None or r < 1.0:
-            break
-        if r >= win:
-            found = s
-    return found
 
 
 def _stem(stack: str, d: int) -> str:
@@ -150,7 +137,7 @@ def run(folder: str, out_dir: str, budget_s: float) -> None:
         }
     result = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": {"gpu": _gpu(), "ep": ep, "onnxruntime": ort.__version__},
+        "machine": {"gpu": ep_probe.gpu(), "ep": ep, "onnxruntime": ort.__version__},
         "heads": HEADS,
         "layers": LAYERS,
         "win": WIN,
@@ -167,20 +154,6 @@ def run(folder: str, out_dir: str, budget_s: float) -> None:
     except ImportError:
         pass
     json.dump(result, open(os.path.join(out_dir, "crossover_webgpu.json"), "w"), indent=1)
-
-
-def _gpu() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"nvidia-smi: {exc}"
 
 
 def table(json_path: str, md_path: str) -> None:
@@ -208,29 +181,18 @@ def table(json_path: str, md_path: str) -> None:
         lines.append(
             f"| {r['stack']} | {r['head_dim']} | {r['seq']} | {r['ms']['original']:.2f} | {r['ms'][FORM]:.2f} | {r['max_abs_diff']:.2g} |"
         )
-    open(md_path, "w").write("\n".join(lines) + "\n")
+    ep_probe.write_table(md_path, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("make")
-    m.add_argument("folder")
-    r = sub.add_parser("run")
-    r.add_argument("folder")
-    r.add_argument("--out", required=True)
-    r.add_argument("--budget-s", type=float, default=150.0)
-    t = sub.add_parser("table")
-    t.add_argument("json")
-    t.add_argument("--md", default="benchmarks/results/crossover_webgpu.md")
-    args = p.parse_args(argv)
-    if args.cmd == "make":
-        make(args.folder)
-    elif args.cmd == "run":
-        run(args.folder, args.out, args.budget_s)
-    else:
-        table(args.json, args.md)
-    return 0
+    steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/crossover_webgpu.md", device=None)
+    steps.run.add_argument("--budget-s", type=float, default=150.0)
+    return steps.call(
+        argv,
+        make=lambda args: make(args.folder),
+        run=lambda args: run(args.folder, args.out, args.budget_s),
+        table=lambda args: table(args.json, args.md),
+    )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ of repeats. PyTorch's ``scaled_dot_product_attention`` on the same shapes is the
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import glob
 import json
@@ -50,6 +49,9 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ep_probe  # noqa: E402 - the probe scripts' shared pieces
+
 F32_LOWEST = float(np.finfo(np.float32).min)
 PAD = 12  # padded keys of batch item 1 (short cases); long cases pad a quarter of the keys
 DEAD = 5  # the fully masked query rows of batch item 1
@@ -57,10 +59,8 @@ SHORT = {"B": 2, "H": 4, "S": 37}
 LONG = {"B": 1, "H": 16}
 LONG_LENGTHS = (128, 1024, 4096, 16384)
 HEAD_DIMS = (64, 128)
-TOLERANCE = {"float32": (1e-4, 1e-5), "float16": (2e-2, 2e-3)}
 KERNEL_LINE = re.compile(r"SdpaKernel=(\w+)")
 FLAG_LINE = re.compile(r"(\w+ATTENTION\w*)=1")
-ATTENTION_OPS = ("MultiHeadAttention", "GroupQueryAttention", "Attention", "MatMul", "FusedMatMul", "Softmax")
 
 
 @dataclass(frozen=True)
@@ -264,7 +264,6 @@ def reference_inputs(form: str, case: Case, feeds: dict[str, np.ndarray]) -> dic
 
 
 def build(form: str, case: Case) -> Any:
-    import onnx
     from onnx import TensorProto, helper
 
     b, h, s, d = case.batch, case.heads, case.seq, case.head_dim
@@ -296,17 +295,7 @@ def build(form: str, case: Case) -> Any:
         ins = ["q", "k", "v", *past, "seqlens_k", "total"]
         if has_bias:
             ins += ["", "", "", "bias"]
-        nodes.append(
-            helper.make_node(
-                "GroupQueryAttention",
-                ins,
-                ["o", "pk", "pv"],
-                domain="com.microsoft",
-                num_heads=h,
-                kv_num_heads=hkv,
-                scale=scale,
-            )
-        )
+        nodes.append(ep_probe.group_query_attention(ins, h, hkv, scale))
         out_shape = [b, sq, h * d]
     elif form.startswith("attn23"):
         ins = ["q", "k", "v"] + (["bias"] if has_bias else [])
@@ -316,29 +305,14 @@ def build(form: str, case: Case) -> Any:
         nodes.append(helper.make_node("Attention", ins, ["o"], **attrs))
         out_shape = [b, h, sq, d]
     else:  # unfused
-        nodes += [
-            helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-            helper.make_node("MatMul", ["q", "kt"], ["qk"]),
-            helper.make_node("Mul", ["qk", "scale"], ["s0"]),
-        ]
-        last = "s0"
-        if has_bias:
-            nodes.append(helper.make_node("Add", ["s0", "bias"], ["s1"]))
-            last = "s1"
-        nodes += [helper.make_node("Softmax", [last], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o"])]
+        nodes += ep_probe.unfused_nodes(has_bias)
         out_shape = [b, h, s, d]
     graph_outputs = [vi("o", elem, out_shape)]
     inits = [helper.make_tensor("scale", elem, [], [scale])] if form == "unfused" else []
     graph = helper.make_graph(
         nodes, f"{form}__{case.name}", [inp(n) for n in feeds_shape], graph_outputs, initializer=inits
     )
-    opsets = [helper.make_opsetid("", 23 if form.startswith("attn23") else 21)]
-    if form.startswith(("mha", "gqa")):
-        opsets.append(helper.make_opsetid("com.microsoft", 1))
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 10
-    onnx.checker.check_model(model)
-    return model
+    return ep_probe.checked_model(graph, 23 if form.startswith("attn23") else 21, form.startswith(("mha", "gqa")))
 
 
 def feed_shapes(form: str, case: Case) -> dict[str, list[int]]:
@@ -377,16 +351,10 @@ def feed_shapes(form: str, case: Case) -> dict[str, list[int]]:
 
 
 def make(folder: str) -> None:
-    import onnx
-
-    os.makedirs(folder, exist_ok=True)
-    count = 0
-    for case in cases():
-        for form in FORMS:
-            if applies(form, case):
-                onnx.save_model(build(form, case), os.path.join(folder, f"{form}__{case.name}.onnx"))
-                count += 1
-    print(f"{count} models in {folder}")
+    ep_probe.save_models(
+        folder,
+        ((f"{form}__{case.name}", build(form, case)) for case in cases() for form in FORMS if applies(form, case)),
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -399,28 +367,11 @@ def cuda_options(tf32: bool) -> dict[str, str]:
 
 
 def cuda_session(ort: Any, path: str, tf32: bool, profile_prefix: str | None = None) -> Any:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if profile_prefix:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile_prefix
     return ort.InferenceSession(
-        path, so, providers=[("CUDAExecutionProvider", cuda_options(tf32)), "CPUExecutionProvider"]
+        path,
+        ep_probe.session_options(ort, profile_prefix),
+        providers=[("CUDAExecutionProvider", cuda_options(tf32)), "CPUExecutionProvider"],
     )
-
-
-def placements(profile_path: str) -> dict[str, dict[str, str]]:
-    """{node name: {"op": op type, "provider": EP}} from an ORT profile."""
-    with open(profile_path) as f:
-        events = json.load(f)
-    out: dict[str, dict[str, str]] = {}
-    for ev in events:
-        args = ev.get("args", {})
-        if ev.get("cat") != "Node" or "provider" not in args:
-            continue
-        name = ev["name"].removesuffix("_kernel_time").removesuffix("_fence_before").removesuffix("_fence_after")
-        out[name] = {"op": args.get("op_name", "?"), "provider": args["provider"]}
-    return out
 
 
 @contextlib.contextmanager
@@ -465,7 +416,7 @@ def run_cuda(
     row["kernels"] = kernels_from(lines)
     row["debug_lines"] = [ln[:300] for ln in lines if "Operator=" in ln or "SdpaKernel" in ln][:4]
     if profile_prefix:
-        placed = placements(sess.end_profiling())
+        placed = ep_probe.placements(sess.end_profiling())
         row["nodes"] = len(placed)
         row["nodes_on_cuda"] = sum(p["provider"] == "CUDAExecutionProvider" for p in placed.values())
         row["cpu_ops"] = sorted({p["op"] for p in placed.values() if p["provider"] != "CUDAExecutionProvider"})
@@ -491,18 +442,6 @@ def bound_latency(ort: Any, sess: Any, feeds: dict[str, np.ndarray], repeats: in
         binding.synchronize_outputs()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
-
-
-def error(expected: np.ndarray, actual: np.ndarray, dtype: str) -> dict[str, Any]:
-    e, a = expected.astype(np.float64), actual.astype(np.float64)
-    nan_mismatch = int(np.sum(np.isnan(e) != np.isnan(a)))
-    both = ~(np.isnan(e) | np.isnan(a))
-    with np.errstate(invalid="ignore"):
-        diff = np.where(e[both] == a[both], 0.0, np.abs(e[both] - a[both]))  # equal infinities: no error
-    max_abs = float(diff.max()) if diff.size else 0.0
-    rtol, atol = TOLERANCE[dtype]
-    ok = nan_mismatch == 0 and bool(np.all(diff <= atol + rtol * np.abs(e[both])))
-    return {"ok": ok, "max_abs": max_abs, "nan_mismatch": nan_mismatch, "nan_expected": int(np.isnan(e).sum())}
 
 
 def torch_reference(ref: dict[str, Any], scale: float) -> np.ndarray:
@@ -576,7 +515,7 @@ def run(folder: str, out_dir: str, only: str | None, budget_s: float) -> None:
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "onnxruntime": ort.__version__,
-        "gpu": gpu(),
+        "gpu": ep_probe.gpu(),
         "rows": rows,
     }
     out_json = os.path.join(out_dir, "cuda_capabilities.json")
@@ -601,7 +540,9 @@ def run(folder: str, out_dir: str, only: str | None, budget_s: float) -> None:
                 cpu = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
                 want = cpu.run(None, feeds)[0]
                 row["reference"] = "CPU EP"
-                row["vs_float64"] = error(torch_reference(reference_inputs(form, case, feeds), scale), want, case.dtype)
+                row["vs_float64"] = ep_probe.error(
+                    torch_reference(reference_inputs(form, case, feeds), scale), want, case.dtype
+                )
         except Exception as exc:  # noqa: BLE001 - reported per row
             row.update(ok=False, error=f"reference: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
             rows.append(row)
@@ -611,11 +552,11 @@ def run(folder: str, out_dir: str, only: str | None, budget_s: float) -> None:
         prefix = os.path.join(out_dir, "prof_" + stem)
         try:
             exact = run_cuda(ort, path, feeds, tf32=False, repeats=repeats, profile_prefix=prefix)
-            row.update(error(want, exact.pop("outputs")[0], case.dtype))
+            row.update(ep_probe.error(want, exact.pop("outputs")[0], case.dtype))
             row.update(exact)
             if case.dtype == "float32":
                 tf32 = run_cuda(ort, path, feeds, tf32=True, repeats=repeats, profile_prefix=None)
-                row["tf32"] = error(want, tf32.pop("outputs")[0], case.dtype)
+                row["tf32"] = ep_probe.error(want, tf32.pop("outputs")[0], case.dtype)
                 row["tf32_ms"] = tf32["ms"]
                 row["tf32_kernels"] = tf32["kernels"]
         except Exception as exc:  # noqa: BLE001 - reported per row
@@ -637,21 +578,6 @@ def run(folder: str, out_dir: str, only: str | None, budget_s: float) -> None:
                 peers.append({"case": case.name, "error": str(exc).splitlines()[0][:200]})
     result["torch_sdpa"] = peers
     json.dump(result, open(out_json, "w"), indent=1)
-
-
-def gpu() -> str:
-    """The GPU, its driver and CUDA version, as nvidia-smi says."""
-    import subprocess
-
-    try:
-        return subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"nvidia-smi: {exc}"
 
 
 def _seq_of(path: str) -> int:
@@ -700,32 +626,19 @@ def table(json_path: str, md_path: str, device: str) -> None:
             f"{'' if 'tf32_ms' not in r else format(r['tf32_ms'], '.3f')} | "
             f"{'' if peer is None else format(peer['torch_ms'], '.3f')} |"
         )
-    with open(md_path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    ep_probe.write_table(md_path, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("make")
-    m.add_argument("folder")
-    r = sub.add_parser("run")
-    r.add_argument("folder")
-    r.add_argument("--out", required=True)
-    r.add_argument("--only", help="a regular expression on the model names")
-    r.add_argument("--budget-s", type=float, default=400.0, help="skip the rest after this many seconds")
-    t = sub.add_parser("table")
-    t.add_argument("json")
-    t.add_argument("--md", default="benchmarks/results/cuda_capabilities.md")
-    t.add_argument("--device", default="NVIDIA H200")
-    args = p.parse_args(argv)
-    if args.cmd == "make":
-        make(args.folder)
-    elif args.cmd == "run":
-        run(args.folder, args.out, args.only, args.budget_s)
-    else:
-        table(args.json, args.md, args.device)
-    return 0
+    steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/cuda_capabilities.md")
+    steps.run.add_argument("--only", help="a regular expression on the model names")
+    steps.run.add_argument("--budget-s", type=float, default=400.0, help="skip the rest after this many seconds")
+    return steps.call(
+        argv,
+        make=lambda args: make(args.folder),
+        run=lambda args: run(args.folder, args.out, args.only, args.budget_s),
+        table=lambda args: table(args.json, args.md, args.device),
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ Three steps, because the GPU machine has onnxruntime-gpu but not ortflash:
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -39,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_capabilities as caps  # noqa: E402 - the sibling script
+import ep_probe  # noqa: E402
 import webgpu_zoo as wz  # noqa: E402
 
 TARGETS = ("contrib", "onnx", "cuda")
@@ -280,17 +280,6 @@ def _blocks(notes: list[Any]) -> dict[str, Any]:
 # run (onnxruntime-gpu; numpy)
 
 
-def _compare(want: list[np.ndarray], got: list[np.ndarray], dtype: str) -> dict[str, Any]:
-    worst, nan_mismatch, ok = 0.0, 0, True
-    for w, g in zip(want, got):
-        if not np.issubdtype(w.dtype, np.floating):
-            ok = ok and bool(np.array_equal(w, g))
-            continue
-        r = caps.error(w, g, dtype)
-        worst, nan_mismatch, ok = max(worst, r["max_abs"]), nan_mismatch + r["nan_mismatch"], ok and r["ok"]
-    return {"ok": ok, "max_abs": worst, "nan_mismatch": nan_mismatch}
-
-
 F16_MODEL_ATOL = 2e-2  # a whole float16 model's outputs against the same model on the CPU EP
 
 
@@ -299,12 +288,12 @@ def _judge_f16(refs: dict[str, list[np.ndarray]], outs: list[np.ndarray]) -> dic
     F16_MODEL_ATOL, NaN in the same places (a per-element rtol 2e-2 / atol 2e-3 fails every whole
     float16 model there, the original too: errors add up over the layers). Its distance to the
     float32 original and the converted original's own are recorded beside it."""
-    vs16 = _compare(refs["f16"], outs, "float16")
+    vs16 = ep_probe.compare(refs["f16"], outs, "float16")
     row: dict[str, Any] = {"vs_f16_cpu": vs16, "max_abs": vs16["max_abs"], "nan_mismatch": vs16["nan_mismatch"]}
     row["ok"] = vs16["nan_mismatch"] == 0 and vs16["max_abs"] <= F16_MODEL_ATOL
     if "f32" in refs:
-        row["conversion_error"] = _compare(refs["f32"], refs["f16"], "float16")["max_abs"]
-        row["vs_f32_cpu"] = _compare(refs["f32"], outs, "float16")["max_abs"]
+        row["conversion_error"] = ep_probe.compare(refs["f32"], refs["f16"], "float16")["max_abs"]
+        row["vs_f32_cpu"] = ep_probe.compare(refs["f32"], outs, "float16")["max_abs"]
     return row
 
 
@@ -316,7 +305,7 @@ def _on_cuda(
         exact = caps.run_cuda(ort, path, check, tf32=False, repeats=0, profile_prefix=prefix)
         row["outputs"] = exact.pop("outputs")
         row.update(exact)
-        row["attention_on_cpu"] = [op for op in exact.get("cpu_ops", []) if op in caps.ATTENTION_OPS]
+        row["attention_on_cpu"] = [op for op in exact.get("cpu_ops", []) if op in ep_probe.ATTENTION_OPS]
         if timing is not None:
             sess = caps.cuda_session(ort, path, tf32=True)
             row["ms"] = caps.bound_latency(ort, sess, timing, 20)
@@ -365,7 +354,7 @@ def _bisect(ort: Any, entry: dict[str, Any], check: dict[str, np.ndarray], out_d
                 try:
                     want = ort.InferenceSession(node["alone"], providers=["CPUExecutionProvider"]).run(None, f)[0]
                     got = caps.cuda_session(ort, node["alone"], tf32=False).run(None, f)[0]
-                    r = caps.error(want, got, "float32")
+                    r = ep_probe.error(want, got, "float32")
                     rows_bad = np.argwhere(np.abs(want - got) > 1e-3)
                     r["wrong_at"] = rows_bad[:3].tolist()
                     row[name] = r
@@ -376,9 +365,6 @@ def _bisect(ort: Any, entry: dict[str, Any], check: dict[str, np.ndarray], out_d
             results.append(row)
             print(json.dumps(row), flush=True)
     return results
-
-
-caps_gpu = caps.gpu
 
 
 def _first_divergence(ort: Any, model: str, every: str, check: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -399,7 +385,7 @@ def _first_divergence(ort: Any, model: str, every: str, check: dict[str, np.ndar
         if w.shape != g.shape:
             row["first_divergence"] = {"value": name, "node": producer[name], "shapes": [list(w.shape), list(g.shape)]}
             break
-        r = caps.error(w, g, "float32" if w.dtype == np.float32 else "float16")
+        r = ep_probe.error(w, g, "float32" if w.dtype == np.float32 else "float16")
         if not r["ok"] and r["max_abs"] > 1e-3:
             row["first_divergence"] = {"value": name, "node": producer[name], **r, "shape": list(w.shape)}
             break
@@ -421,7 +407,7 @@ def run(folder: str, out_dir: str, budget_s: float) -> None:
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "onnxruntime": ort.__version__,
-        "gpu": caps_gpu(),
+        "gpu": ep_probe.gpu(),
         "rows": rows,
         "defects": defects,
     }
@@ -437,7 +423,7 @@ def run(folder: str, out_dir: str, budget_s: float) -> None:
                 outs = got.pop("outputs")
                 if want is None:
                     want = outs  # the original on the CUDA EP: float16 throughout
-                row.update(_compare(want, outs, "float16"))
+                row.update(ep_probe.compare(want, outs, "float16"))
             row.update(got)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -472,7 +458,7 @@ def run(folder: str, out_dir: str, budget_s: float) -> None:
             if "error" not in got:
                 outs = got.pop("outputs")
                 if precision == "f32":
-                    row.update(_compare(refs["f32"], outs, "float32"))
+                    row.update(ep_probe.compare(refs["f32"], outs, "float32"))
                 else:
                     row.update(_judge_f16(refs, outs))
             row.update(got)
@@ -558,33 +544,20 @@ def table(json_path: str, index_path: str | None, md_path: str, device: str) -> 
             f"| {r['kind']} | {r['seq']} | {r['variant']} | {_cell(r)} | {', '.join(r.get('kernels', [])) or '-'} | "
             f"{'-' if not ms else format(ms, '.3f')} | {speed} |"
         )
-    with open(md_path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    ep_probe.write_table(md_path, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("make")
-    m.add_argument("folder")
-    m.add_argument("--only", help="zoo stems matching this glob (no long blocks)")
-    r = sub.add_parser("run")
-    r.add_argument("folder")
-    r.add_argument("--out", required=True)
-    r.add_argument("--budget-s", type=float, default=400.0)
-    t = sub.add_parser("table")
-    t.add_argument("json")
-    t.add_argument("--index")
-    t.add_argument("--md", default="benchmarks/results/cuda_zoo.md")
-    t.add_argument("--device", default="NVIDIA H200")
-    args = p.parse_args(argv)
-    if args.cmd == "make":
-        make(args.folder, only=args.only)
-    elif args.cmd == "run":
-        run(args.folder, args.out, args.budget_s)
-    else:
-        table(args.json, args.index, args.md, args.device)
-    return 0
+    steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/cuda_zoo.md")
+    steps.make.add_argument("--only", help="zoo stems matching this glob (no long blocks)")
+    steps.run.add_argument("--budget-s", type=float, default=400.0)
+    steps.table.add_argument("--index")
+    return steps.call(
+        argv,
+        make=lambda args: make(args.folder, only=args.only),
+        run=lambda args: run(args.folder, args.out, args.budget_s),
+        table=lambda args: table(args.json, args.index, args.md, args.device),
+    )
 
 
 if __name__ == "__main__":

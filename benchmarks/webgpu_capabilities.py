@@ -23,7 +23,6 @@ The run step compares each model's outputs on the WebGPU EP with the same model 
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import math
@@ -36,11 +35,13 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ep_probe  # noqa: E402 - the probe scripts' shared pieces
+
 F32_LOWEST = float(np.finfo(np.float32).min)
 SMALL = {"B": 2, "H": 4, "S": 96, "D": 64}
 PAD = 30  # padded keys of batch item 1
 LONG_LENGTHS = (1024, 4096, 8192)
-TOLERANCE = {"float32": (1e-4, 1e-5), "float16": (2e-2, 2e-3)}
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,6 @@ def make_feeds(form: str, case: Case) -> dict[str, np.ndarray]:
 
 
 def build(form: str, case: Case) -> Any:
-    import onnx
     from onnx import TensorProto, helper
 
     b, h, s, d = case.batch, case.heads, case.seq, SMALL["D"]
@@ -191,17 +191,7 @@ def build(form: str, case: Case) -> Any:
                 assert bias is not None
                 inputs.append(vi("bias", elem, list(bias)))
                 ins += ["", "", "", "bias"]
-            nodes.append(
-                helper.make_node(
-                    "GroupQueryAttention",
-                    ins,
-                    ["o", "pk", "pv"],
-                    domain="com.microsoft",
-                    num_heads=h,
-                    kv_num_heads=h,
-                    scale=scale,
-                )
-            )
+            nodes.append(ep_probe.group_query_attention(ins, h, h, scale))
     else:
         inputs += [vi(n, elem, [b, h, s, d]) for n in "qkv"]
         if form == "attn23":
@@ -211,47 +201,22 @@ def build(form: str, case: Case) -> Any:
                 ins.append("bias")
             nodes.append(helper.make_node("Attention", ins, ["o"], scale=scale))
         else:  # unfused
-            nodes += [
-                helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-                helper.make_node("MatMul", ["q", "kt"], ["qk"]),
-                helper.make_node("Mul", ["qk", "scale"], ["s0"]),
-            ]
-            last = "s0"
             if bias is not None:
                 inputs.append(vi("bias", elem, list(bias)))
-                nodes.append(helper.make_node("Add", ["s0", "bias"], ["s1"]))
-                last = "s1"
-            nodes += [
-                helper.make_node("Softmax", [last], ["p"], axis=-1),
-                helper.make_node("MatMul", ["p", "v"], ["o"]),
-            ]
+            nodes += ep_probe.unfused_nodes(bias is not None)
     out_shape = [b, s, h * d] if form in ("mha_bias", "mha_kpm", "gqa") else [b, h, s, d]
     inits = []
     if form == "unfused":
         inits.append(helper.make_tensor("scale", elem, [], [scale]))
     graph = helper.make_graph(nodes, f"{form}_{case.name}", inputs, [vi("o", elem, out_shape)], initializer=inits)
-    opsets = [helper.make_opsetid("", 23 if form == "attn23" else 21)]
-    if form in ("mha_bias", "mha_kpm", "gqa"):
-        opsets.append(helper.make_opsetid("com.microsoft", 1))
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 10
-    onnx.checker.check_model(model)
-    return model
+    return ep_probe.checked_model(graph, 23 if form == "attn23" else 21, form in ("mha_bias", "mha_kpm", "gqa"))
 
 
 def make(folder: str) -> None:
-    import onnx
-
-    os.makedirs(folder, exist_ok=True)
-    count = 0
-    for case in cases():
-        for form in FORMS:
-            if not applies(form, case):
-                continue
-            stem = os.path.join(folder, f"{form}__{case.name}")
-            onnx.save_model(build(form, case), stem + ".onnx")
-            count += 1
-    print(f"{count} models in {folder}")
+    ep_probe.save_models(
+        folder,
+        ((f"{form}__{case.name}", build(form, case)) for case in cases() for form in FORMS if applies(form, case)),
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -263,12 +228,8 @@ def webgpu_session_options(ort: Any, profile_prefix: str | None) -> Any:
     import onnxruntime_ep_webgpu as wep
 
     device = next(d for d in ort.get_ep_devices() if d.ep_name == wep.get_ep_name())
-    so = ort.SessionOptions()
+    so = ep_probe.session_options(ort, profile_prefix)
     so.add_provider_for_devices([device], {})
-    if profile_prefix:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile_prefix
-    so.log_severity_level = 3
     return so
 
 
@@ -279,22 +240,6 @@ def register_webgpu(ort: Any) -> str:
     return str(wep.get_ep_name())
 
 
-def placements(profile_path: str) -> dict[str, dict[str, str]]:
-    """{node name: {"op": op type, "provider": EP}} from an ORT profile."""
-    with open(profile_path) as f:
-        events = json.load(f)
-    out: dict[str, dict[str, str]] = {}
-    for ev in events:
-        if ev.get("cat") != "Node":
-            continue
-        args = ev.get("args", {})
-        if "provider" not in args:
-            continue
-        name = ev["name"].removesuffix("_kernel_time").removesuffix("_fence_before").removesuffix("_fence_after")
-        out[name] = {"op": args.get("op_name", "?"), "provider": args["provider"]}
-    return out
-
-
 def timed(sess: Any, feeds: dict[str, np.ndarray], repeats: int) -> tuple[list[np.ndarray], float]:
     outs = sess.run(None, feeds)
     times = []
@@ -303,17 +248,6 @@ def timed(sess: Any, feeds: dict[str, np.ndarray], repeats: int) -> tuple[list[n
         sess.run(None, feeds)
         times.append((time.perf_counter() - t0) * 1e3)
     return outs, statistics.median(times) if times else float("nan")
-
-
-def error(expected: np.ndarray, actual: np.ndarray, dtype: str) -> dict[str, Any]:
-    e, a = expected.astype(np.float64), actual.astype(np.float64)
-    nan_mismatch = int(np.sum(np.isnan(e) != np.isnan(a)))
-    both = ~(np.isnan(e) | np.isnan(a))
-    diff = np.abs(e[both] - a[both])
-    max_abs = float(diff.max()) if diff.size else 0.0
-    rtol, atol = TOLERANCE[dtype]
-    ok = nan_mismatch == 0 and bool(np.all(diff <= atol + rtol * np.abs(e[both])))
-    return {"ok": ok, "max_abs": max_abs, "nan_mismatch": nan_mismatch, "nan_expected": int(np.isnan(e).sum())}
 
 
 def run(folder: str, out_dir: str, only: str | None) -> None:
@@ -356,7 +290,7 @@ def run(folder: str, out_dir: str, only: str | None) -> None:
             sess = ort.InferenceSession(path, webgpu_session_options(ort, prefix))
             row["providers"] = sess.get_providers()
             got, row["webgpu_ms"] = timed(sess, feeds, repeats)
-            placed = placements(sess.end_profiling())
+            placed = ep_probe.placements(sess.end_profiling())
         except Exception as exc:  # noqa: BLE001 - reported per row
             row.update(ok=False, error=f"webgpu: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
             rows.append(row)
@@ -365,14 +299,14 @@ def run(folder: str, out_dir: str, only: str | None) -> None:
         finally:
             for left in glob.glob(prefix + "*"):  # a failed run leaves its profile behind
                 os.remove(left)
-        row.update(error(want[0], got[0], meta["dtype"]))
+        row.update(ep_probe.error(want[0], got[0], meta["dtype"]))
         row["nodes"] = len(placed)
         row["nodes_on_webgpu"] = sum(p["provider"] == ep_name or "WebGpu" in p["provider"] for p in placed.values())
         row["cpu_fallback_ops"] = sorted({p["op"] for p in placed.values() if "CPU" in p["provider"]})
         row["attention_on_webgpu"] = all(
             "WebGpu" in p["provider"] or p["provider"] == ep_name
             for p in placed.values()
-            if p["op"] in ("MultiHeadAttention", "GroupQueryAttention", "Attention", "MatMul", "FusedMatMul", "Softmax")
+            if p["op"] in ep_probe.ATTENTION_OPS
         )
         row["seconds"] = round(time.perf_counter() - t0, 2)
         rows.append(row)
@@ -426,31 +360,18 @@ def table(json_path: str, md_path: str, device: str) -> None:
             f"{r['max_abs']:.3g} | {r['nan_mismatch']} | {placed} | "
             f"{', '.join(r['cpu_fallback_ops']) or '-'} | {r['webgpu_ms']:.2f} | {r['cpu_ms']:.2f} |"
         )
-    with open(md_path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    ep_probe.write_table(md_path, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("make")
-    m.add_argument("folder")
-    r = sub.add_parser("run")
-    r.add_argument("folder")
-    r.add_argument("--out", required=True)
-    r.add_argument("--only")
-    t = sub.add_parser("table")
-    t.add_argument("json")
-    t.add_argument("--md", default="benchmarks/results/webgpu_capabilities.md")
-    t.add_argument("--device", default="NVIDIA H200")
-    args = p.parse_args(argv)
-    if args.cmd == "make":
-        make(args.folder)
-    elif args.cmd == "run":
-        run(args.folder, args.out, args.only)
-    else:
-        table(args.json, args.md, args.device)
-    return 0
+    steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/webgpu_capabilities.md")
+    steps.run.add_argument("--only")
+    return steps.call(
+        argv,
+        make=lambda args: make(args.folder),
+        run=lambda args: run(args.folder, args.out, args.only),
+        table=lambda args: table(args.json, args.md, args.device),
+    )
 
 
 if __name__ == "__main__":

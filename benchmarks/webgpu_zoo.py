@@ -16,7 +16,6 @@ MatMul/Softmax/MatMul models (benchmarks/webgpu_capabilities.py), fused and lowe
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import glob
 import json
@@ -28,11 +27,11 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ep_probe  # noqa: E402 - the probe scripts' shared pieces
 import webgpu_capabilities as caps  # noqa: E402 - the sibling script
 
 TARGETS = ("contrib", "onnx", "webgpu")
 VARIANTS = ("original",) + TARGETS
-ATTENTION_OPS = ("MultiHeadAttention", "GroupQueryAttention", "Attention", "MatMul", "FusedMatMul", "Softmax")
 CHECK = {"seq": 37, "batch": 2}
 LATENCY_SEQ = 128
 ZOO_FAMILIES = ("bert", "gpt2", "vit", "t5", "bart", "whisper", "llama")
@@ -222,17 +221,6 @@ def make(folder: str, manifest: str = "models/manifest.json", only: str | None =
 # run (onnxruntime + the WebGPU plugin EP; numpy)
 
 
-def _compare(want: list[np.ndarray], got: list[np.ndarray], dtype: str = "float32") -> dict[str, Any]:
-    worst, nan_mismatch, ok = 0.0, 0, True
-    for w, g in zip(want, got):
-        if not np.issubdtype(w.dtype, np.floating):
-            ok = ok and bool(np.array_equal(w, g))
-            continue
-        r = caps.error(w, g, "float16" if w.dtype == np.float16 else dtype)
-        worst, nan_mismatch, ok = max(worst, r["max_abs"]), nan_mismatch + r["nan_mismatch"], ok and r["ok"]
-    return {"ok": ok, "max_abs": worst, "nan_mismatch": nan_mismatch}
-
-
 def _webgpu(
     ort: Any, path: str, feeds: dict[str, np.ndarray], ep_name: str, prefix: str, repeats: int
 ) -> dict[str, Any]:
@@ -240,7 +228,7 @@ def _webgpu(
     try:
         sess = ort.InferenceSession(path, caps.webgpu_session_options(ort, prefix))
         outs, row["webgpu_ms"] = caps.timed(sess, feeds, repeats)
-        placed = caps.placements(sess.end_profiling())
+        placed = ep_probe.placements(sess.end_profiling())
     except Exception as exc:  # noqa: BLE001 - reported per row
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         return row
@@ -251,7 +239,7 @@ def _webgpu(
     row["nodes"] = len(placed)
     row["nodes_on_webgpu"] = sum(p["provider"] == ep_name for p in placed.values())
     row["attention_on_cpu"] = sorted(
-        {p["op"] for p in placed.values() if p["op"] in ATTENTION_OPS and p["provider"] != ep_name}
+        {p["op"] for p in placed.values() if p["op"] in ep_probe.ATTENTION_OPS and p["provider"] != ep_name}
     )
     row["cpu_ops"] = sorted({p["op"] for p in placed.values() if p["provider"] != ep_name})
     return row
@@ -285,7 +273,7 @@ def run(folder: str, out_dir: str) -> None:
             if "error" in got:
                 row["error"] = got["error"]
             else:
-                row.update(_compare(want, got.pop("outputs")))
+                row.update(ep_probe.compare(want, got.pop("outputs")))
                 row.update({k: v for k, v in got.items() if k != "webgpu_ms"})
                 timed = _webgpu(ort, path, timing, ep_name, prefix, 10)
                 row["webgpu_ms"] = timed.get("webgpu_ms")
@@ -307,7 +295,7 @@ def run(folder: str, out_dir: str) -> None:
             if "error" in got:
                 row["error"] = got["error"]
             else:
-                row.update(_compare(want, got.pop("outputs")))
+                row.update(ep_probe.compare(want, got.pop("outputs")))
                 row.update(got)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -400,32 +388,19 @@ def table(json_path: str, md_path: str, device: str) -> None:
             if ms
             else f"| {r['model']} | {r['seq']} | {r['variant']} | {_cell(r)} | - | |"
         )
-    with open(md_path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    ep_probe.write_table(md_path, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("make")
-    m.add_argument("folder")
-    m.add_argument("--only", help="zoo files matching this glob instead of the 28 original exports")
-    m.add_argument("--no-long", action="store_true", help="skip the long single-block models")
-    r = sub.add_parser("run")
-    r.add_argument("folder")
-    r.add_argument("--out", required=True)
-    t = sub.add_parser("table")
-    t.add_argument("json")
-    t.add_argument("--md", default="benchmarks/results/webgpu_zoo.md")
-    t.add_argument("--device", default="NVIDIA H200")
-    args = p.parse_args(argv)
-    if args.cmd == "make":
-        make(args.folder, only=args.only, long=not args.no_long)
-    elif args.cmd == "run":
-        run(args.folder, args.out)
-    else:
-        table(args.json, args.md, args.device)
-    return 0
+    steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/webgpu_zoo.md")
+    steps.make.add_argument("--only", help="zoo files matching this glob instead of the 28 original exports")
+    steps.make.add_argument("--no-long", action="store_true", help="skip the long single-block models")
+    return steps.call(
+        argv,
+        make=lambda args: make(args.folder, only=args.only, long=not args.no_long),
+        run=lambda args: run(args.folder, args.out),
+        table=lambda args: table(args.json, args.md, args.device),
+    )
 
 
 if __name__ == "__main__":
