@@ -17,100 +17,64 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generate as g  # noqa: E402
 
 WINDOW = 4  # keys a query sees, itself included: smaller than every checked sequence length
+# what the Mistral, Qwen2, Gemma2 and Phi-3 configs share: 2 layers of 4 query heads over 64 hidden
+# units, a window of WINDOW keys, token 0 for bos, eos and padding
+DECODER = {
+    "vocab_size": g.VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 128,
+    "sliding_window": WINDOW,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "pad_token_id": 0,
+    "initializer_range": g.INIT_STD,
+}
+
+
+def _wrapped(model_class, cfg, attn_impl, cache=False):
+    """The model of cfg with attn_impl, its constant parameters perturbed, wrapped for export."""
+    g._set_impl(cfg, attn_impl)
+    model = g._perturb_constant_params(model_class(cfg))
+    return g.CacheDecoderWrapper(model) if cache else g.EncoderWrapper(model)
 
 
 def _mistral(attn_impl, cache=False):
     from transformers import MistralConfig, MistralModel
 
-    cfg = MistralConfig(
-        vocab_size=g.VOCAB,
-        hidden_size=64,
-        intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        sliding_window=WINDOW,
-        use_cache=cache,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        initializer_range=g.INIT_STD,
-    )
-    g._set_impl(cfg, attn_impl)
-    model = g._perturb_constant_params(MistralModel(cfg))
-    return g.CacheDecoderWrapper(model) if cache else g.EncoderWrapper(model)
+    cfg = MistralConfig(**DECODER, num_key_value_heads=2, use_cache=cache)
+    return _wrapped(MistralModel, cfg, attn_impl, cache)
 
 
 def _qwen2(attn_impl):
     from transformers import Qwen2Config, Qwen2Model
 
     cfg = Qwen2Config(
-        vocab_size=g.VOCAB,
-        hidden_size=64,
-        intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        **DECODER,
         num_key_value_heads=1,
-        max_position_embeddings=128,
         use_sliding_window=True,
-        sliding_window=WINDOW,
         max_window_layers=0,
         layer_types=["sliding_attention", "sliding_attention"],
         use_cache=False,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        initializer_range=g.INIT_STD,
     )
-    g._set_impl(cfg, attn_impl)
-    return g.EncoderWrapper(g._perturb_constant_params(Qwen2Model(cfg)))
+    return _wrapped(Qwen2Model, cfg, attn_impl)
 
 
 def _gemma2(attn_impl):
     from transformers import Gemma2Config, Gemma2Model
 
     # layer 0 sliding, layer 1 global (Gemma2's alternation); soft caps on the scores
-    cfg = Gemma2Config(
-        vocab_size=g.VOCAB,
-        hidden_size=64,
-        intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=128,
-        sliding_window=WINDOW,
-        use_cache=False,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        initializer_range=g.INIT_STD,
-    )
-    g._set_impl(cfg, attn_impl)
-    return g.EncoderWrapper(g._perturb_constant_params(Gemma2Model(cfg)))
+    cfg = Gemma2Config(**DECODER, num_key_value_heads=2, head_dim=16, use_cache=False)
+    return _wrapped(Gemma2Model, cfg, attn_impl)
 
 
 def _phi3(attn_impl):
     from transformers import Phi3Config, Phi3Model
 
-    cfg = Phi3Config(
-        vocab_size=g.VOCAB,
-        hidden_size=64,
-        intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        sliding_window=WINDOW,
-        use_cache=False,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        initializer_range=g.INIT_STD,
-    )
-    g._set_impl(cfg, attn_impl)
-    return g.EncoderWrapper(g._perturb_constant_params(Phi3Model(cfg)))
+    cfg = Phi3Config(**DECODER, num_key_value_heads=2, use_cache=False)
+    return _wrapped(Phi3Model, cfg, attn_impl)
 
 
 def _gpt_neo(attn_impl):
@@ -130,8 +94,7 @@ def _gpt_neo(attn_impl):
         eos_token_id=0,
         initializer_range=g.INIT_STD,
     )
-    g._set_impl(cfg, attn_impl)
-    return g.EncoderWrapper(g._perturb_constant_params(GPTNeoModel(cfg)))
+    return _wrapped(GPTNeoModel, cfg, attn_impl)
 
 
 def _prefill(name, build, heads, kv_heads, head_dim, notes):
