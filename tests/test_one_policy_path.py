@@ -1,5 +1,6 @@
 """One place constructs SoftmaxPolicy (ortflash/op/policy.py) and one module writes FlashAttention
-nodes (ortflash/op/node.py): ARCHITECTURE.md's "one of each", checked on the source (issue 21)."""
+nodes and reads them back (ortflash/op/node.py): ARCHITECTURE.md's "one of each", checked on the
+source (issue 21)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,9 @@ def test_only_emit_writes_flash_attention_nodes():
             ):
                 writers.add(str(path.relative_to(PACKAGE)))
     assert writers == {"op/node.py"}
+
+
+def test_only_the_node_module_reads_flash_attention_nodes_back():
+    """A node's attributes are read back in one place, op/node.py (node_attributes, read_node), the
+    side channel resolved there; the ONNX Runtime bridge gets them from the runtime as a dict."""
+    assert set(_calls("resolve_exact_floats")) == {"op/node.py", "kernels/ort_bridge.py"}

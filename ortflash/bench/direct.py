@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from ..op import spec
+from ..op.node import is_flash_attention, node_attributes
 from ..op.policy import SoftmaxPolicy
 
 # attributes that say how a node runs, not what it computes: the kernels take them as policy
@@ -38,7 +39,7 @@ class NodeCall:
 
 
 def _flash_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    return [n for n in model.graph.node if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN]
+    return [n for n in model.graph.node if is_flash_attention(n)]
 
 
 def exposing_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -61,7 +62,7 @@ def capture_calls(model: onnx.ModelProto, run: Callable[[list[str]], list[np.nda
     values = dict(zip(names, run(names)))
     calls = []
     for node in nodes:
-        attrs = spec.resolve_exact_floats(spec.node_attributes(node))
+        attrs = node_attributes(node)
         for name in _RUN_ATTRIBUTES:
             attrs.pop(name, None)
         q, k, v, bias, mask = (values[i] for i in node.input)

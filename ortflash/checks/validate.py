@@ -19,7 +19,7 @@ from ..errors import OrtflashError
 from ..kernels.config import DEFAULT_BACKEND, KernelConfig
 from ..model_io import graphs_of
 from ..op import spec
-from ..op.node import REPLACES
+from ..op.node import REPLACES, is_flash_attention, node_attributes
 from ..op.policy import SoftmaxPolicy
 from .compare import compare, tolerance
 from .sessions import run_model
@@ -84,7 +84,7 @@ def _foreign_parts(original: onnx.ModelProto, optimized: onnx.ModelProto) -> str
     if foreign:
         return f"{len(foreign)} of its weights are not the original's (same name, shape and type): {', '.join(foreign[:3])}"
     values = {o for g in graphs_of(original.graph) for n in g.node for o in n.output}
-    fused = [n for n in optimized.graph.node if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN]
+    fused = [n for n in optimized.graph.node if is_flash_attention(n)]
     unknown = [n.name for n in fused if _replaced_name(n) not in values]
     if unknown:
         return f"its FlashAttention node(s) {', '.join(unknown[:3])} replace no value of the original graph"
@@ -121,7 +121,7 @@ def capture_model(
     original: onnx.ModelProto, optimized: onnx.ModelProto
 ) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
     """The original graph plus the rewrite's input preparation, exposing what validate needs."""
-    fused = [n for n in optimized.graph.node if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN]
+    fused = [n for n in optimized.graph.node if is_flash_attention(n)]
     model = onnx.ModelProto()
     model.CopyFrom(original)
     g = model.graph
@@ -162,10 +162,8 @@ def in_subgraphs(optimized: onnx.ModelProto) -> int:
     end to end)."""
     from ..model_io import graphs_of
 
-    every = sum(
-        n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN for g in graphs_of(optimized.graph) for n in g.node
-    )
-    return every - sum(n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN for n in optimized.graph.node)
+    every = sum(is_flash_attention(n) for g in graphs_of(optimized.graph) for n in g.node)
+    return every - sum(is_flash_attention(n) for n in optimized.graph.node)
 
 
 def _kernel(backend: str) -> Kernel:
@@ -202,7 +200,7 @@ def validate(
     rtol, atol = tolerance(original, rtol, atol)
     checks = []
     for node in fused:
-        attrs = spec.resolve_exact_floats(spec.node_attributes(node))
+        attrs = node_attributes(node)
         attrs.pop("exact_floats", None)
         own = SoftmaxPolicy.from_attributes(attrs)
         node_policy = policy.applied_to(own) if policy else own

@@ -27,7 +27,7 @@ import onnx
 
 from ..errors import OrtflashError
 from ..model_io import graphs_of, load
-from ..op import spec
+from ..op.node import is_flash_attention, node_attributes
 from ..op.policy import NODES_OWN, SoftmaxPolicy
 from ..session import InferenceSession
 from .compare import OutputDiff, compare_outputs, noise_text, shape_text, tolerance
@@ -150,7 +150,7 @@ def diff_dict(diff: OutputDiff) -> dict[str, Any]:
 
 def _fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The FlashAttention nodes of the main graph, the ones whose key length can be read."""
-    return [n for n in model.graph.node if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN]
+    return [n for n in model.graph.node if is_flash_attention(n)]
 
 
 def _inner_fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -158,12 +158,7 @@ def _inner_fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     cannot expose a subgraph's values, so their key length is not read, and the softmax they run is
     known only where their policy fixes it."""
     main = {id(n) for n in model.graph.node}
-    return [
-        n
-        for g in graphs_of(model.graph)
-        for n in g.node
-        if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN and id(n) not in main
-    ]
+    return [n for g in graphs_of(model.graph) for n in g.node if is_flash_attention(n) and id(n) not in main]
 
 
 def _fixed_softmax(policy: SoftmaxPolicy) -> str | None:
@@ -173,7 +168,7 @@ def _fixed_softmax(policy: SoftmaxPolicy) -> str | None:
 
 
 def _node_policy(node: onnx.NodeProto, override: SoftmaxPolicy | None) -> SoftmaxPolicy:
-    own = SoftmaxPolicy.from_attributes(spec.validate(spec.node_attributes(node)))
+    own = SoftmaxPolicy.from_attributes(node_attributes(node))
     return override.applied_to(own) if override else own
 
 

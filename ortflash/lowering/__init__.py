@@ -1,17 +1,24 @@
-"""Lower FlashAttention nodes to native ops: ONNX Runtime's contrib ops or standard ONNX.
+"""Lower FlashAttention nodes to native ops: ONNX Runtime's contrib ops, standard ONNX, or the
+forms its WebGPU and CUDA execution providers run on the GPU.
 
-read.py reads a node back into its FlashAttentionCall, contrib.py and standard.py write the
-target ops, layout.py what they need around them; this module runs the pass.
+read.py reads a node back into its FlashAttentionCall (op/node.py's read_node) with what the native
+ops refuse; contrib.py, standard.py, webgpu.py and cuda.py write the target ops (native.py the
+nodes they share, layout.py what they need around them, cache.py a KV-cache append moved into
+them); head_count.py writes a given head count where they need it; targets.py is the registry of
+targets; this module runs the pass.
 
-    model, notes = lower(model, "contrib")   # or "onnx", or "ortflash" (no change)
+    model, notes = lower(model, "contrib")   # or any of TARGETS; "ortflash": no change
 
-Targets (the README's ``--target``, under "Command line"):
+Targets (``--target``; docs/targets.md, "Targets"; the preconditions in words: docs/rules.md,
+"The lowerings"):
 
 - ``ortflash``: nothing changes; FlashAttention runs through ``ortflash.session_options()``.
 - ``contrib``: ONNX Runtime's ``com.microsoft`` MultiHeadAttention; GroupQueryAttention for
   causal grouped-query blocks (and causal soft-capped ones) and for grouped-query blocks with a KV
   cache, where it provably computes the same.
 - ``onnx``: the standard ``Attention`` op; the model's default opset is converted to 23.
+- ``webgpu`` and ``cuda``: the forms the WebGPU (CUDA) EP runs on the GPU and right, chosen per
+  block from its measured capability table (webgpu.py, cuda.py, which say what was measured).
 
 A node is lowered only where the target op computes exactly what FlashAttention computes
 (``ortflash/op/spec.py``), up to float32 rounding. Otherwise it stays a FlashAttention node, the
@@ -89,11 +96,11 @@ from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..model_shapes import graphs_of
 from ..op import spec
-from ..op.node import BLOCK_ID
+from ..op.node import BLOCK_ID, is_flash_attention
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .head_count import with_given_head_counts
 from .opset import raise_default_opset
-from .read import is_flash_attention, read_call, with_shapes
+from .read import read_call, with_shapes
 from .standard import OP_ATTENTION
 from .targets import REGISTRY, TARGETS, Target
 

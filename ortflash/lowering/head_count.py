@@ -14,8 +14,7 @@ import onnx_ir as ir
 
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
-from ..op.node import BLOCK_ID, GIVEN_HEADS
-from .read import is_flash_attention
+from ..op.node import BLOCK_ID, GIVEN_HEADS, is_flash_attention
 
 
 def encode(num_heads: int, inputs: list[int]) -> str:

@@ -1,5 +1,6 @@
-"""Read a FlashAttention node back into the FlashAttentionCall it was written from, with the dims
-the native ops need proved, and give the model the types ONNX shape inference cannot find."""
+"""Read a FlashAttention node back into its FlashAttentionCall (op/node.read_node) with what the
+native ops refuse and the dims they need proved, and give the model the types ONNX shape
+inference cannot find."""
 
 from __future__ import annotations
 
@@ -18,65 +19,29 @@ from ..graph import bounds, shapes
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..model_shapes import graphs_of, unknown_ranks
-from ..op import spec
 from ..op.call import FlashAttentionCall
+from ..op.node import NodeOutsideContract, is_flash_attention, read_node
 from ..op.spec import ABSORBING_FILL
-
-# A constant bias (mask) below this many elements that is all zeros (all true) counts as absent:
-# the bridge's placeholders are scalars; a larger constant is not worth reading.
-_MAX_CONSTANT_PLACEHOLDER = 2**20
-
-
-def is_flash_attention(node: ir.Node | onnx.NodeProto) -> bool:
-    return node.domain == spec.DOMAIN and node.op_type == spec.OP_TYPE
 
 
 def read_call(node: ir.Node) -> FlashAttentionCall:
-    """The call a FlashAttention node makes; raises NotLowered where no native op can take it."""
-    if len(node.inputs) != len(spec.INPUTS) or any(x is None for x in node.inputs):
-        raise NotLowered(f"{len(node.inputs)} inputs, the contract has {len(spec.INPUTS)} (Q, K, V, bias, mask)")
-    raw = {name: a.value for name, a in node.attributes.items()}
+    """The call a FlashAttention node makes (op/node.read_node); raises NotLowered where it is
+    outside the op's contract or no native op can take it."""
     try:
-        attrs = spec.validate(spec.resolve_exact_floats(raw))
-    except spec.SpecError as exc:
-        raise NotLowered(f"attributes outside the FlashAttention contract: {exc}") from None
-    q, k, v, bias, mask = node.inputs
-    assert q is not None and k is not None and v is not None and bias is not None and mask is not None
-    dtype = q.dtype
+        call = read_node(node)
+    except NodeOutsideContract as exc:
+        raise NotLowered(str(exc)) from None
+    dtype = call.dtype
     if dtype is not None and dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
         raise NotLowered(f"Q's element type is {dtype}, not float32 or float16")
-    for label, x in (("Q", q), ("K", k), ("V", v)):
+    for label, x in (("Q", call.q), ("K", call.k), ("V", call.v)):
         r = u.rank(x)
         if r is not None and r != 4:
             raise NotLowered(f"{label} has rank {r}, not 4")
-    arr = u.const_array(bias)
-    kept_bias: ir.Value | None = bias
-    if arr is not None and arr.size <= _MAX_CONSTANT_PLACEHOLDER and not np.any(arr):
-        kept_bias = None
-    elif (bias_rank := u.rank(bias)) is not None and bias_rank > 4:
+    if call.bias is not None and (bias_rank := u.rank(call.bias)) is not None and bias_rank > 4:
         raise NotLowered(f"bias has rank {bias_rank}, more than 4")
-    arr = u.const_array(mask)
-    kept_mask: ir.Value | None = mask
-    if arr is not None and arr.size <= _MAX_CONSTANT_PLACEHOLDER and np.all(arr):
-        kept_mask = None
-    elif mask.dtype is not None and mask.dtype != ir.DataType.BOOL:
-        raise NotLowered(f"mask's element type is {mask.dtype}, not bool")
-    call = FlashAttentionCall(
-        q=q,
-        k=k,
-        v=v,
-        dtype=dtype,
-        scale=float(attrs["scale"]),
-        bias=kept_bias,
-        mask=kept_mask,
-        is_causal=int(attrs["is_causal"]),
-        mask_fill=float(attrs["mask_fill"]),
-        masked_rows=str(attrs["masked_rows"]),
-        softcap=float(attrs["softcap"]),
-        bias_after_mask=bool(attrs["bias_after_mask"]) and kept_bias is not None,
-        window_left=int(attrs["window_left"]),
-        window_right=int(attrs["window_right"]),
-    )
+    if call.mask is not None and call.mask.dtype is not None and call.mask.dtype != ir.DataType.BOOL:
+        raise NotLowered(f"mask's element type is {call.mask.dtype}, not bool")
     if call.scale < 0:
         raise NotLowered(f"scale {call.scale:g} is negative: native attention ops take a positive scale")
     fill = call.mask_fill

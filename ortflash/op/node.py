@@ -1,11 +1,17 @@
-"""Write a FlashAttentionCall as one FlashAttention node, with what the ONNX Runtime bridge needs
-around it, and mark the node with the block it stands for."""
+"""A FlashAttention node, written and read back: a FlashAttentionCall written as one node with what
+the ONNX Runtime bridge needs around it and marked with the block it stands for; a node read back
+into its attributes (the side channel resolved) and its call. The one module that reads nodes back:
+the lowering adds what its native ops refuse (lowering/read.py), the checks take the attributes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import onnx
 import onnx_ir as ir
 
+from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from . import spec
 from .call import FlashAttentionCall
@@ -20,6 +26,10 @@ BLOCK_ID = "ortflash.block"  # the report row (index in Report.blocks) the node 
 GIVEN_HEADS = "ortflash.given_heads"
 
 _ACCUMULATOR = ir.DataType.FLOAT
+
+# A constant bias (mask) below this many elements that is all zeros (all true) counts as absent:
+# the bridge's placeholders are scalars; a larger constant is not worth reading.
+_MAX_CONSTANT_PLACEHOLDER = 2**20
 
 
 def write_call(e: Emitter, call: FlashAttentionCall, policy: SoftmaxPolicy, block_id: str, replaces: str) -> ir.Value:
@@ -41,3 +51,59 @@ def write_call(e: Emitter, call: FlashAttentionCall, policy: SoftmaxPolicy, bloc
     if exact_casts and call.dtype is not None:
         out = e.node("Cast", [out], to=call.dtype)
     return out
+
+
+class NodeOutsideContract(spec.SpecError):
+    """A FlashAttention node that no FlashAttentionCall reads back from: inputs or attributes
+    outside the op's contract (spec.py); the message says which."""
+
+
+def is_flash_attention(node: ir.Node | onnx.NodeProto) -> bool:
+    return node.domain == spec.DOMAIN and node.op_type == spec.OP_TYPE
+
+
+def node_attributes(node: ir.Node | onnx.NodeProto) -> dict[str, Any]:
+    """A FlashAttention node's attributes as the kernels take them: the side channel resolved
+    (exact floats, the undeclared attributes), defaults filled in; SpecError for a bad value."""
+    if isinstance(node, onnx.NodeProto):
+        raw = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    else:
+        raw = {name: a.value for name, a in node.attributes.items()}
+    # a NodeProto's strings come as bytes; the side channel is read as text
+    raw = {name: value.decode() if isinstance(value, bytes) else value for name, value in raw.items()}
+    return spec.validate(spec.resolve_exact_floats(raw))
+
+
+def read_node(node: ir.Node) -> FlashAttentionCall:
+    """The call a FlashAttention node makes, the bridge's neutral placeholders read as an absent
+    bias or mask; NodeOutsideContract where the node is outside the op's contract."""
+    if len(node.inputs) != len(spec.INPUTS) or any(x is None for x in node.inputs):
+        raise NodeOutsideContract(
+            f"{len(node.inputs)} inputs, the contract has {len(spec.INPUTS)} (Q, K, V, bias, mask)"
+        )
+    try:
+        attrs = node_attributes(node)
+    except spec.SpecError as exc:
+        raise NodeOutsideContract(f"attributes outside the FlashAttention contract: {exc}") from None
+    q, k, v, bias, mask = node.inputs
+    assert q is not None and k is not None and v is not None and bias is not None and mask is not None
+    arr = u.const_array(bias)
+    kept_bias = None if arr is not None and arr.size <= _MAX_CONSTANT_PLACEHOLDER and not np.any(arr) else bias
+    arr = u.const_array(mask)
+    kept_mask = None if arr is not None and arr.size <= _MAX_CONSTANT_PLACEHOLDER and np.all(arr) else mask
+    return FlashAttentionCall(
+        q=q,
+        k=k,
+        v=v,
+        dtype=q.dtype,
+        scale=float(attrs["scale"]),
+        bias=kept_bias,
+        mask=kept_mask,
+        is_causal=int(attrs["is_causal"]),
+        mask_fill=float(attrs["mask_fill"]),
+        masked_rows=str(attrs["masked_rows"]),
+        softcap=float(attrs["softcap"]),
+        bias_after_mask=bool(attrs["bias_after_mask"]) and kept_bias is not None,
+        window_left=int(attrs["window_left"]),
+        window_right=int(attrs["window_right"]),
+    )
