@@ -35,44 +35,39 @@ from ..errors import NotLowered
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
-from . import layout, measured, native
+from . import layout, native
 from .cache import find_cache_append
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA, lower_contrib
-from .measured import Capability
+from .measured import Capability, CapabilityTable
 from .read import aligned_batch, call_dims
-
-_CASTLIKE_OPSET = 15
-
 
 # (form, case) -> what the CUDA EP did, measured 2026-12-01 on an NVIDIA H200 (driver 580.159.04)
 # with onnxruntime-gpu 1.31.1 (benchmarks/results/cuda_capabilities.md). Forms and case names are
 # benchmarks/cuda_capabilities.py's; only the rows the choices below read, or that say why a form
 # is not chosen, are copied here, and tests/test_cuda_table.py checks each against the committed JSON.
-CAPABILITIES: dict[tuple[str, str], Capability] = {
-    # GroupQueryAttention: cuDNN flash in float16; on the CPU in float32 (0 of 1 nodes on CUDA)
-    ("gqa", "causal_f16_d64_s37"): Capability(on_gpu=True, right=True),
-    ("gqa", "causal_f16_d128_s16384"): Capability(on_gpu=True, right=True),
-    ("gqa", "causal_f32_d64_s37"): Capability(on_gpu=False, right=True),
-    ("gqa", "causal_f32_d64_s4096"): Capability(on_gpu=False, right=True),
-    # MultiHeadAttention with attention_bias: cuDNN flash in float16, MATH / memory-efficient in float32
-    ("mha_bias", "padding_f16_d64_s37"): Capability(on_gpu=True, right=True),
-    ("mha_bias", "causal_leftpad_f16_d64_s37"): Capability(on_gpu=True, right=True),
-    ("mha_bias", "padding_f16_d64_s16384"): Capability(on_gpu=True, right=True),
-    ("mha_bias", "padding_f32_d64_s37"): Capability(on_gpu=True, right=True),
-    ("mha_bias", "causal_leftpad_f32_d64_s37"): Capability(on_gpu=True, right=True),
-    # rows of -inf: finite on the EP, NaN on the CPU EP (the lowering writes such rows out)
-    ("mha_bias", "dead_rows_neginf_f16_d64_s37"): Capability(on_gpu=True, right=False),
-    # key_padding_mask: the unfused MATH kernel at 4096 (1.22 ms against 0.32 with attention_bias),
-    # refused at 16384
-    ("mha_kpm", "padding_f16_d64_s16384"): Capability(on_gpu=False, right=False),
-    # the decomposed graph in float16: rows of float16-lowest wrong (about 1.0); refused at 16384
-    ("unfused", "causal_leftpad_f16_d64_s37"): Capability(on_gpu=True, right=False),
-    ("unfused", "padding_f16_d64_s16384"): Capability(on_gpu=False, right=False),
-}
-
-
-def usable(form: str, case: str) -> bool:
-    return measured.usable(CAPABILITIES, form, case)
+CAPABILITIES = CapabilityTable(
+    {
+        # GroupQueryAttention: cuDNN flash in float16; on the CPU in float32 (0 of 1 nodes on CUDA)
+        ("gqa", "causal_f16_d64_s37"): Capability(on_gpu=True, right=True),
+        ("gqa", "causal_f16_d128_s16384"): Capability(on_gpu=True, right=True),
+        ("gqa", "causal_f32_d64_s37"): Capability(on_gpu=False, right=True),
+        ("gqa", "causal_f32_d64_s4096"): Capability(on_gpu=False, right=True),
+        # MultiHeadAttention with attention_bias: cuDNN flash in float16, MATH / memory-efficient in float32
+        ("mha_bias", "padding_f16_d64_s37"): Capability(on_gpu=True, right=True),
+        ("mha_bias", "causal_leftpad_f16_d64_s37"): Capability(on_gpu=True, right=True),
+        ("mha_bias", "padding_f16_d64_s16384"): Capability(on_gpu=True, right=True),
+        ("mha_bias", "padding_f32_d64_s37"): Capability(on_gpu=True, right=True),
+        ("mha_bias", "causal_leftpad_f32_d64_s37"): Capability(on_gpu=True, right=True),
+        # rows of -inf: finite on the EP, NaN on the CPU EP (the lowering writes such rows out)
+        ("mha_bias", "dead_rows_neginf_f16_d64_s37"): Capability(on_gpu=True, right=False),
+        # key_padding_mask: the unfused MATH kernel at 4096 (1.22 ms against 0.32 with attention_bias),
+        # refused at 16384
+        ("mha_kpm", "padding_f16_d64_s16384"): Capability(on_gpu=False, right=False),
+        # the decomposed graph in float16: rows of float16-lowest wrong (about 1.0); refused at 16384
+        ("unfused", "causal_leftpad_f16_d64_s37"): Capability(on_gpu=True, right=False),
+        ("unfused", "padding_f16_d64_s16384"): Capability(on_gpu=False, right=False),
+    }
+)
 
 
 def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[str, str]:
@@ -84,8 +79,7 @@ def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[
         raise NotLowered("softcap: MultiHeadAttention has none, and the CUDA capability table has no softcap row")
     dims = call_dims(call)
     hq, hkv = native.head_counts(dims)
-    if call.dtype is None and e.opset < _CASTLIKE_OPSET:
-        raise NotLowered("Q's element type is not known and the model's opset has no CastLike (15) to restore it")
+    native.require_castlike_for_unknown_dtype(e, call)
     if hq == hkv and call.dtype == ir.DataType.FLOAT and find_cache_append(call) is not None:
         # a float32 decoder step with a cache and one key/value head per query head: the contrib
         # target's MultiHeadAttention with past_key/past_value (the append inside the op) ran a
@@ -96,9 +90,9 @@ def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[
         return op, f"the contrib target's form for a cached float32 step (MultiHeadAttention on the GPU); {how}"
     halves = [_float16_source(x) for x in (call.q, call.k, call.v)]
     half = call.dtype == ir.DataType.FLOAT16 or all(h is not None for h in halves)
-    use_gqa = half and usable("gqa", "causal_f16_d64_s37") and native.gqa_own_causal_fits(call, dims)
+    use_gqa = half and CAPABILITIES.usable("gqa", "causal_f16_d64_s37") and native.gqa_own_causal_fits(call, dims)
     mha_case = "causal_leftpad_f16_d64_s37" if half else "causal_leftpad_f32_d64_s37"
-    if not use_gqa and not usable("mha_bias", mha_case):
+    if not use_gqa and not CAPABILITIES.usable("mha_bias", mha_case):
         raise NotLowered("no form in the CUDA capability table is right on the GPU for this block")
 
     call, broadcast = aligned_batch(e, call, dims)
@@ -112,7 +106,9 @@ def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[
         reuse = call.dtype == ir.DataType.FLOAT
     if use_gqa:
         op = OP_GQA
-        out = _group_query_attention(e, call, q, k, v, hq, hkv, reuse)
+        # present_key / present_value are written although nothing reads them: the CUDA EP refuses
+        # the node without them ("present_key and present_value are required", onnxruntime-gpu 1.31.1)
+        out = native.gqa_own_causal(e, call, q, k, v, hq, hkv, reuse, presents=True)
         parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask; on the GPU in float16)")
         why = "GroupQueryAttention: on the GPU in float16 and right for causal blocks"
     else:
@@ -156,13 +152,7 @@ def _multi_head_attention(
 ) -> tuple[ir.Value, str]:
     """MultiHeadAttention [B, Sq, Hq·Dv] with every mask in attention_bias, and the masked-rows guard
     (computed in float32 on the float32 bias; the output cast around it for float16)."""
-    q3 = layout.to_bsd(e, q, hq, reuse)
-    if hkv != hq:
-        k3, v3 = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
-    else:
-        k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
-    lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
-    expanded = layout.additive_bias(e, call, lengths, fold_causal=True, avoid_lowest=False)
+    q3, k3, v3, expanded = native.mha_operands(e, call, q, k, v, hq, hkv, reuse, parts)
     # the bias before its Expand to [.., Sq, Sk]: the row guard reads it there (a padding mask is
     # [B, 1, 1, Sk], not Sq·Sk values), and a float16 block casts it there, before the Expand
     expand = u.producer(expanded, "Expand")
@@ -189,16 +179,3 @@ def _multi_head_attention(
     mean_v = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v32, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
     out3, guard = layout.write_out_masked_rows(e, call, out32, (uniform, mean_v, row_max), hq)
     return (e.cast(out3, ir.DataType.FLOAT16) if half else out3), guard
-
-
-def _group_query_attention(
-    e: Emitter, call: FlashAttentionCall, q: ir.Value, k: ir.Value, v: ir.Value, hq: int, hkv: int, reuse: bool
-) -> ir.Value:
-    """GroupQueryAttention without past: causal with seqlens_k = Sk - 1 for every row is the
-    top-left mask when Sq == Sk (no row is fully masked: row i sees key 0)."""
-    q3, k3, v3 = (layout.to_bsd(e, x, h, reuse) for x, h in ((q, hq), (k, hkv), (v, hkv)))
-    seqlens = native.key_lengths(e, e.dim(k3, 1, scalar=True), q3)
-    # present_key / present_value are written although nothing reads them: the CUDA EP refuses the
-    # node without them ("present_key and present_value are required", onnxruntime-gpu 1.31.1)
-    inputs = native.gqa_inputs(q3, k3, v3, seqlens)
-    return native.group_query_attention(e, inputs, native.gqa_attributes(hq, hkv, call.scale), presents=True)

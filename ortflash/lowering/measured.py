@@ -1,9 +1,8 @@
-"""A measured capability row (does an EP run a form on the GPU, and right) and the lookup that the
-GPU targets' choices read; each target keeps its own table (lowering/webgpu.py, lowering/cuda.py)."""
+"""A measured capability table (does an EP run a form on the GPU, and right) and the lookup that
+the GPU targets' choices read; each target keeps its own rows (lowering/webgpu.py, lowering/cuda.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -15,7 +14,10 @@ class Capability:
     right: bool
 
 
-def usable(table: Mapping[tuple[str, str], Capability], form: str, case: str) -> bool:
-    """Whether the table measured form on case both on the GPU and right (a missing row: no)."""
-    cap = table.get((form, case))
-    return cap is not None and cap.on_gpu and cap.right
+class CapabilityTable(dict[tuple[str, str], Capability]):
+    """(form, case) -> what one EP did with the form on the case, as its benchmark measured it."""
+
+    def usable(self, form: str, case: str) -> bool:
+        """Whether the table measured form on case both on the GPU and right (a missing row: no)."""
+        cap = self.get((form, case))
+        return cap is not None and cap.on_gpu and cap.right

@@ -1,6 +1,7 @@
 """Writes the native attention nodes the targets share: a node with present_key/present_value
-outputs (and the cache append moved into it), GroupQueryAttention with its key lengths, and the
-head counts, head size and opset those nodes need."""
+outputs (and the cache append moved into it), GroupQueryAttention with its key lengths (and with
+its own causal mask, as the GPU targets write it), MultiHeadAttention's operands with every mask
+in attention_bias, and the head counts, head size and opsets those nodes need."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from ..errors import NotLowered
 from ..graph.emitter import Emitter
 from ..graph.shapes import same_dim
 from ..op.call import FlashAttentionCall
+from . import layout
 from .cache import CacheAppend, move_present
 from .read import CallDims
 
 CONTRIB_DOMAIN = "com.microsoft"
 MIN_CONTRIB_OPSET = 13  # the helper ops are written in their opset-13 forms (axes as inputs)
 GQA_HEAD_SIZE_MULTIPLE = 8  # GroupQueryAttention's kernels (CPU and CUDA); a WebGPU form must run there too
+CASTLIKE_OPSET = 15  # restores an element type that shape inference did not find (layout.cast_back)
 
 
 def require_contrib_opset(e: Emitter) -> None:
@@ -27,6 +30,12 @@ def require_contrib_opset(e: Emitter) -> None:
         raise NotLowered(
             f"the model's opset {e.opset} is below {MIN_CONTRIB_OPSET}, which the reshaping ops are written for"
         )
+
+
+def require_castlike_for_unknown_dtype(e: Emitter, call: FlashAttentionCall) -> None:
+    """NotLowered where Q's element type is not known and the opset has no CastLike to restore it."""
+    if call.dtype is None and e.opset < CASTLIKE_OPSET:
+        raise NotLowered("Q's element type is not known and the model's opset has no CastLike (15) to restore it")
 
 
 def head_counts(dims: CallDims) -> tuple[int, int]:
@@ -130,3 +139,47 @@ def group_query_attention(
     if presents:
         return node_with_presents(e, "GroupQueryAttention", inputs, attributes, CONTRIB_DOMAIN)[0]
     return e.node("GroupQueryAttention", inputs, domain=CONTRIB_DOMAIN, **attributes)
+
+
+def gqa_own_causal(
+    e: Emitter,
+    call: FlashAttentionCall,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    hq: int,
+    hkv: int,
+    reuse: bool,
+    presents: bool = False,
+) -> ir.Value:
+    """GroupQueryAttention without past and its own causal mask (gqa_own_causal_fits): causal with
+    seqlens_k = Sk - 1 for every row is the top-left mask when Sq == Sk (no row is fully masked:
+    row i sees key 0). presents as for group_query_attention."""
+    q3, k3, v3 = (layout.to_bsd(e, x, h, reuse) for x, h in ((q, hq), (k, hkv), (v, hkv)))
+    seqlens = key_lengths(e, e.dim(k3, 1, scalar=True), q3)
+    inputs = gqa_inputs(q3, k3, v3, seqlens)
+    return group_query_attention(e, inputs, gqa_attributes(hq, hkv, call.scale), presents=presents)
+
+
+def mha_operands(
+    e: Emitter,
+    call: FlashAttentionCall,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    hq: int,
+    hkv: int,
+    reuse: bool,
+    parts: list[str],
+) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value | None]:
+    """MultiHeadAttention's query, key and value [B, S, H·D] (key/value heads repeated for
+    grouped-query blocks) and its attention_bias with every mask and causality folded in (None
+    where there is none), as the GPU targets write them."""
+    q3 = layout.to_bsd(e, q, hq, reuse)
+    if hkv != hq:
+        k3, v3 = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
+    else:
+        k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
+    lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
+    bias = layout.additive_bias(e, call, lengths, fold_causal=True, avoid_lowest=False)
+    return q3, k3, v3, bias

@@ -34,37 +34,32 @@ import onnx_ir as ir
 from ..errors import NotLowered
 from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
-from . import layout, measured, native
+from . import layout, native
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
-from .measured import Capability
+from .measured import Capability, CapabilityTable
 from .read import ABSORBING_FILL, aligned_batch, call_dims
-
-_CASTLIKE_OPSET = 15
-
 
 # (form, case) -> what the WebGPU EP did, measured 2026-11-30 on an NVIDIA H200 with onnxruntime
 # 1.32.0 + onnxruntime-ep-webgpu 0.4.0 (benchmarks/results/webgpu_capabilities.md). Forms and cases
 # are benchmarks/webgpu_capabilities.py's; only the rows the choices below read are copied here.
-CAPABILITIES: dict[tuple[str, str], Capability] = {
-    ("mha_bias", "padding"): Capability(on_gpu=True, right=True),
-    ("mha_bias", "causal"): Capability(on_gpu=True, right=True),
-    ("mha_bias", "causal_leftpad"): Capability(on_gpu=True, right=True),
-    ("mha_bias", "dead_rows"): Capability(on_gpu=True, right=True),
-    ("mha_bias", "dead_rows_neginf"): Capability(on_gpu=True, right=False),
-    ("mha_bias", "causal_leftpad_neginf"): Capability(on_gpu=True, right=False),
-    ("mha_bias", "nomask_s8192"): Capability(on_gpu=True, right=True),
-    ("mha_bias", "causal_s8192"): Capability(on_gpu=True, right=True),
-    ("mha_kpm", "padding"): Capability(on_gpu=False, right=False),  # "not implemented for webgpu"
-    ("gqa", "causal"): Capability(on_gpu=True, right=True),
-    ("gqa", "causal_s8192"): Capability(on_gpu=True, right=True),
-    ("gqa", "causal_leftpad"): Capability(on_gpu=True, right=False),
-    ("attn23", "padding"): Capability(on_gpu=False, right=True),
-    ("unfused", "nomask_s8192"): Capability(on_gpu=True, right=False),
-}
-
-
-def usable(form: str, case: str) -> bool:
-    return measured.usable(CAPABILITIES, form, case)
+CAPABILITIES = CapabilityTable(
+    {
+        ("mha_bias", "padding"): Capability(on_gpu=True, right=True),
+        ("mha_bias", "causal"): Capability(on_gpu=True, right=True),
+        ("mha_bias", "causal_leftpad"): Capability(on_gpu=True, right=True),
+        ("mha_bias", "dead_rows"): Capability(on_gpu=True, right=True),
+        ("mha_bias", "dead_rows_neginf"): Capability(on_gpu=True, right=False),
+        ("mha_bias", "causal_leftpad_neginf"): Capability(on_gpu=True, right=False),
+        ("mha_bias", "nomask_s8192"): Capability(on_gpu=True, right=True),
+        ("mha_bias", "causal_s8192"): Capability(on_gpu=True, right=True),
+        ("mha_kpm", "padding"): Capability(on_gpu=False, right=False),  # "not implemented for webgpu"
+        ("gqa", "causal"): Capability(on_gpu=True, right=True),
+        ("gqa", "causal_s8192"): Capability(on_gpu=True, right=True),
+        ("gqa", "causal_leftpad"): Capability(on_gpu=True, right=False),
+        ("attn23", "padding"): Capability(on_gpu=False, right=True),
+        ("unfused", "nomask_s8192"): Capability(on_gpu=True, right=False),
+    }
+)
 
 
 def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[str, str]:
@@ -86,15 +81,14 @@ def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tupl
         )
     dims = call_dims(call)
     hq, hkv = native.head_counts(dims)
-    if call.dtype is None and e.opset < _CASTLIKE_OPSET:
-        raise NotLowered("Q's element type is not known and the model's opset has no CastLike (15) to restore it")
+    native.require_castlike_for_unknown_dtype(e, call)
     # GroupQueryAttention's own causal mask: top-left when Sq == Sk; no bias or mask, since
     # GroupQueryAttention with attention_bias is wrong on the EP for fully masked rows.
     use_gqa = (
-        usable("gqa", "causal")
+        CAPABILITIES.usable("gqa", "causal")
         and native.gqa_own_causal_fits(call, dims)  # a window goes into attention_bias (MultiHeadAttention below)
     )
-    if not use_gqa and not usable("mha_bias", "padding"):
+    if not use_gqa and not CAPABILITIES.usable("mha_bias", "padding"):
         raise NotLowered("no form in the WebGPU capability table is right on the GPU for this block")
 
     f16 = call.dtype != ir.DataType.FLOAT  # float16, or not known: computed in float32 between casts
@@ -104,7 +98,9 @@ def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tupl
     parts = [f"{hq} query / {hkv} key-value heads"] + ([broadcast] if broadcast else [])
     if use_gqa:
         op = OP_GQA
-        out = _group_query_attention(e, call, q, k, v, hq, hkv, reuse)
+        out = native.gqa_own_causal(e, call, q, k, v, hq, hkv, reuse)
+        if call.masked_rows == "zero":
+            out = e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out])
         parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask)")
     else:
         op = OP_MHA
@@ -137,13 +133,7 @@ def _multi_head_attention(
     parts: list[str],
 ) -> tuple[ir.Value, str]:
     """MultiHeadAttention [B, Sq, Hq·Dv] with every mask in attention_bias, and the -inf rows guard."""
-    q3 = layout.to_bsd(e, q, hq, reuse)
-    if hkv != hq:
-        k3, v3 = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
-    else:
-        k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
-    lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
-    bias = layout.additive_bias(e, call, lengths, fold_causal=True, avoid_lowest=False)
+    q3, k3, v3, bias = native.mha_operands(e, call, q, k, v, hq, hkv, reuse, parts)
     inputs = [q3, k3, v3] + ([None, None, bias] if bias is not None else [])
     out = e.node("MultiHeadAttention", inputs, domain=CONTRIB_DOMAIN, num_heads=hq, scale=call.scale)
     if bias is None:
@@ -182,18 +172,3 @@ def _multi_head_attention(
     return layout.write_out_masked_rows(
         e, call, out, (uniform, mean_v, row_max), hq, why="the EP gets either wrong in some shapes"
     )
-
-
-def _group_query_attention(
-    e: Emitter, call: FlashAttentionCall, q: ir.Value, k: ir.Value, v: ir.Value, hq: int, hkv: int, reuse: bool
-) -> ir.Value:
-    """GroupQueryAttention without past: causal with seqlens_k = Sk - 1 for every row is the
-    top-left mask when Sq == Sk."""
-    q3, k3, v3 = (layout.to_bsd(e, x, h, reuse) for x, h in ((q, hq), (k, hkv), (v, hkv)))
-    seqlens = native.key_lengths(e, e.dim(k3, 1, scalar=True), q3)
-    out = native.group_query_attention(
-        e, native.gqa_inputs(q3, k3, v3, seqlens), native.gqa_attributes(hq, hkv, call.scale)
-    )
-    if call.masked_rows == "zero":
-        out = e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out])
-    return out
