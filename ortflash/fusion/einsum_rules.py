@@ -189,7 +189,7 @@ class QKEinsum(Rule):
         found = batched_product(node)
         if found is None:
             eq = node.attributes.get("equation")
-            raise NotFused(f"Einsum {node.name} ({eq.as_string() if eq else '?'}) is not a batched Q·Kᵀ")
+            raise NotFused(f"{u.label(node)} ({eq.as_string() if eq else '?'}) is not a batched Q·Kᵀ")
         rank, perm = found
         q, scale, q_label = scaled_q(u.operand(node, 0))
         k = u.operand(node, 1)
@@ -227,7 +227,7 @@ class ProbsEinsumV(Rule):
         if self._v_perm(node) is None:
             if undo is not None:
                 undo()
-            raise NotFused(f"Einsum {node.name} ({eq.as_string() if eq else '?'}) is not a batched P·V")
+            raise NotFused(f"{u.label(node)} ({eq.as_string() if eq else '?'}) is not a batched P·V")
 
     @staticmethod
     def _v_perm(node: ir.Node) -> tuple[list[int] | None] | None:

@@ -64,14 +64,14 @@ def take_qk(node: ir.Node, m: WalkState, read: QKOperands, dry_run: bool) -> Non
     for x in (q, k, v):
         r = u.rank(x)
         if r is not None and r != rank:
-            raise NotFused(f"Q, K and V do not share one rank (Q has {rank}, {x.name} has {r})")
+            raise NotFused(f"Q, K and V do not share one rank (Q has {rank}, {u.label(x)} has {r})")
     _check_dtypes(node, q, k, v, m)
     if rank == 4:
         _check_head_counts(q, k, perm, v, m.v_perm)
     if rank == 3:
         for x in m.biases + [c for c, _ in m.masks]:
             if u.rank(x) is None:
-                raise NotFused(f"the rank of {x.name} is unknown, so its [B·H, S, T] layout cannot be proved")
+                raise NotFused(f"the rank of {u.label(x)} is unknown, so its [B·H, S, T] layout cannot be proved")
     if dry_run:
         return
     if perm is None and m.v_perm is None and rank == 4:
@@ -100,7 +100,7 @@ def _check_dtypes(qk: ir.Node, q: ir.Value, k: ir.Value, v: ir.Value, m: WalkSta
         if not types:
             raise NotFused(
                 f"the element type of {side} is not known (shape inference did not reach "
-                f"{(values[0].name if values[0] is not None else '?')} and no op on the path fixes it), "
+                f"{(u.label(values[0]) if values[0] is not None else '?')} and no op on the path fixes it), "
                 "so it cannot be proved float32 or float16"
             )
         found[side] = types.pop()

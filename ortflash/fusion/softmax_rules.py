@@ -56,7 +56,7 @@ class FloatCast(Rule):
 
     def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
         if ir.DataType(u.attr_int(node, "to", 0)) not in u.FLOAT_TYPES or not _float_type(u.operand(node, 0)):
-            raise NotFused(f"Cast {node.name} is not between float32 and float16")
+            raise NotFused(f"{u.label(node)} is not between float32 and float16")
 
     def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         m.add(node)
@@ -85,7 +85,7 @@ class InferenceIdentity(Rule):
 
     def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
         if not inference_identity(node):
-            raise NotFused(f"Dropout {node.name} may be in training mode, or its mask is read")
+            raise NotFused(f"{u.label(node)} may be in training mode, or its mask is read")
 
     def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         m.add(node)
@@ -105,18 +105,18 @@ class BooleanMask(Rule):
             return cond, a, fill_b, False
         if fill_a is not None and fill_b is None:
             return cond, b, fill_a, True
-        raise NotFused(f"Where {node.name} does not choose between the scores and one constant fill value")
+        raise NotFused(f"{u.label(node)} does not choose between the scores and one constant fill value")
 
     def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
         cond, _, fill, _ = self._split(node)
         if cond.dtype is not None and cond.dtype != ir.DataType.BOOL:
-            raise NotFused(f"Where {node.name}: its condition is not boolean")
+            raise NotFused(f"{u.label(node)}: its condition is not boolean")
         if math.isnan(fill) or fill > 0:
-            raise NotFused(f"Where {node.name} fills masked scores with {fill}, not a large negative number")
+            raise NotFused(f"{u.label(node)} fills masked scores with {fill}, not a large negative number")
         if m.mask_fill is not None and fill != m.mask_fill:
             raise NotFused(f"two masks fill with different values ({m.mask_fill} and {fill})")
         if m.scale_nearer_softmax:
-            raise NotFused(f"the scores are scaled after the mask {node.name} (the fill would be scaled too)")
+            raise NotFused(f"the scores are scaled after the mask {u.label(node)} (the fill would be scaled too)")
 
     def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         cond, scores, fill, inverted = self._split(node)
@@ -161,19 +161,21 @@ class AdditiveBias(Rule):
             return a, b
         if b_leads and not a_leads:
             return b, a
-        raise NotFused(f"Add {node.name}: cannot tell which operand is the attention scores")
+        raise NotFused(f"{u.label(node)}: cannot tell which operand is the attention scores")
 
     def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
         _, bias = self._split(node)
         if not _float_type(bias):
-            raise NotFused(f"Add {node.name}: the bias is not a float tensor")
+            raise NotFused(f"{u.label(node)}: the bias is not a float tensor")
         if m.bias_after_mask:
             raise NotFused(
-                f"biases on both sides of a mask: {bias.name} is added before it, another after it "
+                f"biases on both sides of a mask: {u.label(bias)} is added before it, another after it "
                 "(the op adds all of its biases on one side)"
             )
         if m.scale_nearer_softmax:
-            raise NotFused(f"the scores are scaled after the bias {node.name} was added (the bias would be scaled too)")
+            raise NotFused(
+                f"the scores are scaled after the bias {u.label(node)} was added (the bias would be scaled too)"
+            )
 
     def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         scores, bias = self._split(node)
@@ -204,7 +206,7 @@ class Softcap(Rule):
 
     def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
         if m.scale_nearer_softmax:
-            raise NotFused(f"the scores are scaled after the softcap {node.name}")
+            raise NotFused(f"the scores are scaled after the softcap {u.label(node)}")
         if m.softcap:
             raise NotFused("two softcaps on one block")
 
@@ -324,13 +326,13 @@ class ScoresHeadSplit(Rule):
 
     def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
         if not m.heads_merged:
-            raise NotFused(f"the scores are reshaped by {node.name}, and the probabilities are not reshaped back")
+            raise NotFused(f"the scores are reshaped by {u.label(node)}, and the probabilities are not reshaped back")
         if m.heads_split is not None:
-            raise NotFused(f"the scores are reshaped twice ({node.name})")
+            raise NotFused(f"the scores are reshaped twice ({u.label(node)})")
         if not _same_trailing_dims(value, u.operand(node, 0)):
-            raise NotFused(f"Reshape {node.name} is not proved to split [B·H, Sq, Sk] into [B, H, Sq, Sk]")
+            raise NotFused(f"{u.label(node)} is not proved to split [B·H, Sq, Sk] into [B, H, Sq, Sk]")
         if not isinstance(shapes.resolved_dim(value, 1), int):
-            raise NotFused(f"Reshape {node.name} splits the batch·head axis into a head count that is not static")
+            raise NotFused(f"{u.label(node)} splits the batch·head axis into a head count that is not static")
 
     def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         heads = shapes.resolved_dim(value, 1)
@@ -357,10 +359,10 @@ def _scale_factor(node: ir.Node, value: ir.Value) -> tuple[float, ir.Value]:
     found = try_scale(node, value)
     if found is None:
         if node.op_type == "Div" and u.scalar(node.inputs[1]) is not None:
-            raise NotFused(f"{node.name} divides the scores by zero or raises their rank")
-        raise NotFused(f"{node.op_type} {node.name} multiplies the scores by a tensor, not by one constant number")
+            raise NotFused(f"{u.label(node)} divides the scores by zero or raises their rank")
+        raise NotFused(f"{u.label(node)} multiplies the scores by a tensor, not by one constant number")
     if not math.isfinite(found[0]) or found[0] == 0:
-        raise NotFused(f"{node.name} scales the scores by {found[0]}")
+        raise NotFused(f"{u.label(node)} scales the scores by {found[0]}")
     return found
 
 
@@ -437,7 +439,7 @@ class NanGuard(Rule):
 
     def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
         if self._where(node, value) is None:
-            raise NotFused(f"IsNaN {node.name} is not a Where(IsNaN(p), 0, p) guard")
+            raise NotFused(f"{u.label(node)} is not a Where(IsNaN(p), 0, p) guard")
 
     def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         where = self._where(node, value)
@@ -458,9 +460,9 @@ class ProbsHeadMerge(Rule):
 
     def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
         if m.heads_merged:
-            raise NotFused(f"the probabilities are reshaped twice ({node.name})")
+            raise NotFused(f"the probabilities are reshaped twice ({u.label(node)})")
         if not _same_trailing_dims(value, node.outputs[0]):
-            raise NotFused(f"the probabilities feed Reshape {node.name}, not proved to merge [B, H] into B·H")
+            raise NotFused(f"the probabilities feed {u.label(node)}, not proved to merge [B, H] into B·H")
 
     def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         m.heads_merged = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import overload
 
@@ -10,6 +11,10 @@ import onnx
 import onnx_ir as ir
 
 FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
+
+# The most elements of an initializer stored as external data that const_array reads: scales,
+# shapes and fills are a few; weights, which no rule needs as numbers, are far more.
+MAX_EXTERNAL_ELEMENTS = 64
 
 # How many producers any walk up the graph may follow (constant folding, dim resolution, the
 # scores-or-bias test): real exports need a handful; the bound keeps a pathological graph cheap.
@@ -107,8 +112,23 @@ def operand(node: ir.Node, index: int) -> ir.Value:
     """Input index of node, one the op requires (onnx-ir types every input as optional)."""
     value = node.inputs[index]
     if value is None:
-        raise ValueError(f"{node.op_type} {node.name} lacks its input {index}")
+        raise ValueError(f"{label(node)} lacks its input {index}")
     return value
+
+
+def label(x: ir.Node | ir.Value) -> str:
+    """How a reason names a node or a value. A node: by op type and name ("Cast /attn/Cast"), or,
+    where it has no name (exporters and hand-built graphs often leave it empty), by op type and its
+    first output's name ("Cast (output s32)"). A value: by its name, else as the output of its node."""
+    if isinstance(x, ir.Value):
+        if x.name:
+            return x.name
+        node = x.producer()
+        return "an unnamed tensor" if node is None else f"output {x.index()} of {label(node)}"
+    if x.name:
+        return f"{x.op_type} {x.name}"
+    first = x.outputs[0].name if x.outputs else None
+    return f"{x.op_type} (output {first})" if first else f"an unnamed {x.op_type}"
 
 
 def attr_ints(node: ir.Node, name: str) -> list[int] | None:
@@ -124,9 +144,11 @@ def const_array(value: ir.Value | None, depth: int = MAX_DEPTH) -> np.ndarray | 
         return None
     try:
         tensor = ir.convenience.get_const_tensor(value)
+        if isinstance(tensor, ir.ExternalTensor) and not _external_readable(tensor):
+            return None
         if tensor is not None:
             return tensor.numpy()
-    except (OSError, ValueError):  # external data not loaded: a weight, never a scale
+    except (OSError, ValueError):  # its data file is missing, short, or outside the model's folder
         return None
     node = producer(value)
     if node is None or depth == 0 or node.op_type not in _EVALUATED:
@@ -167,6 +189,24 @@ def const_array(value: ir.Value | None, depth: int = MAX_DEPTH) -> np.ndarray | 
         if op == "Gather" and args[1].ndim == 0:
             return np.take(args[0], int(args[1]), axis=attr_int(node, "axis", 0) or 0)
     return None
+
+
+def _external_readable(tensor: ir.ExternalTensor) -> bool:
+    """Whether const_array reads this initializer's external data: only a small one (a scale, a
+    shape, a fill: MAX_EXTERNAL_ELEMENTS, so a weight is never read), and only from the model's
+    folder (its base_dir, where onnx-ir also refuses a location that leads out of it). An empty
+    base_dir (deserialize_model leaves it so) would resolve against the working directory: not read."""
+    return bool(tensor.base_dir) and tensor.size <= MAX_EXTERNAL_ELEMENTS
+
+
+def root_external_data(graph: ir.Graph, folder: str | os.PathLike[str]) -> None:
+    """Resolve the external data of graph's initializers (and its subgraphs') against folder, the
+    model's own, where nothing says where: deserialize_model leaves base_dir empty."""
+    for each in (graph, *graph.subgraphs()):
+        for value in each.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor) and not tensor.base_dir:
+                tensor.base_dir = folder
 
 
 def _is_vector(node: ir.Node) -> bool:
