@@ -1,6 +1,7 @@
 """The command line: reports, exit codes, and never touching the input file."""
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -181,3 +182,31 @@ def test_default_output_name(path, default, tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "_unrunnable", lambda *args: None)
     assert main(["optimize", path, "--target", "ortflash"]) == 0
     assert written == [default]
+
+
+def test_optimize_says_which_com_microsoft_attention_nodes_it_leaves(tmp_path, capsys):
+    """A model ORT's transformers optimizer already fused has no Softmax: 0 blocks, and one line says why."""
+    from onnx import TensorProto, helper
+
+    hidden = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", "S", 16]) for n in ("q", "k", "v")]
+    mha = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["out"], domain="com.microsoft", num_heads=2)
+    graph = helper.make_graph(
+        [mha], "fused_by_ort", hidden, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)]
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 8
+    path = str(tmp_path / "mha.onnx")
+    onnx.save(model, path)
+    json_path = str(tmp_path / "result.json")
+    assert main(["optimize", path, "-o", str(tmp_path / "out.onnx"), "--json", json_path]) == 0
+    out = capsys.readouterr().out
+    line = (
+        "note: the model already has 1 com.microsoft attention node (1 MultiHeadAttention), which ortflash leaves "
+        "unchanged (ONNX Runtime's own fused attention; ortflash reads Softmax blocks and the standard ONNX "
+        "Attention op)"
+    )
+    assert line in " ".join(out.split()), out
+    with open(json_path) as f:
+        assert json.load(f)["notes"] == [line.removeprefix("note: ")]
