@@ -21,69 +21,25 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cpu_attention  # noqa: E402 - the sibling script (numpy + onnx only)
+import crossover_gpu as xg  # noqa: E402 - the stacks, make step, timing and command line both GPU tables share
 import ep_probe  # noqa: E402
 import webgpu_capabilities as wcaps  # noqa: E402
-import webgpu_zoo as wz  # noqa: E402
 from crossover import WIN, crossover  # noqa: E402 - the CPU table's rule (ortflash imported only in its main)
 
 SEQ_LENS = (64, 128, 256, 512, 1024, 2048)
 HEAD_DIMS = (32, 64)
 STACKS = ("padding", "causal")
-HEADS = 12
-LAYERS = 2
+HEADS = xg.HEADS
+LAYERS = xg.LAYERS
 ROUNDS = 3
 REPEATS = 5
 FORM = "webgpu"
-
-
-def _stem(stack: str, d: int) -> str:
-    return f"{stack}_d{d}"
-
-
-def _weights(stack: str, d: int, folder: str) -> tuple[Any, dict[str, tuple[int, bytes]]]:
-    model = cpu_attention.build_model(layers=LAYERS, stack=stack, heads=HEADS, head_dim=d)
-    table = wz._shared_weights(model, os.path.join(folder, f"{_stem(stack, d)}.data"))
-    return model, table
-
-
-def make(folder: str) -> None:
-    import ortflash
-    from ortflash.lowering import lower
-
-    os.makedirs(folder, exist_ok=True)
-    index = []
-    for stack in STACKS:
-        for d in HEAD_DIMS:
-            stem = _stem(stack, d)
-            model, table = _weights(stack, d, folder)
-            fused, report = ortflash.optimize(model, target="ortflash")
-            lowered, notes = lower(fused, FORM)
-            data = f"{stem}.data"
-            wz._save_sharing(model, os.path.join(folder, f"{stem}.original.onnx"), data, table)
-            wz._save_sharing(lowered, os.path.join(folder, f"{stem}.{FORM}.onnx"), data, table)
-            os.remove(os.path.join(folder, data))  # rebuilt there from the seed
-            index.append({"stack": stack, "head_dim": d, "fused": report.fused, "notes": [str(n) for n in notes]})
-            print(stem, report.fused, [n.op for n in notes], flush=True)
-    json.dump(index, open(os.path.join(folder, "index.json"), "w"), indent=1)
-
-
-def _feeds(stack: str, d: int, s: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(s)
-    feeds = {"hidden_states": rng.standard_normal((1, s, HEADS * d)).astype(np.float32)}
-    if stack == "padding":
-        mask = np.ones((1, s), np.int64)
-        mask[0, s - s // 3 :] = 0
-        feeds["attention_mask"] = mask
-    return feeds
+CASES = [{"stack": stack, "head_dim": d} for stack in STACKS for d in HEAD_DIMS]
 
 
 def run(folder: str, out_dir: str, budget_s: float) -> None:
@@ -97,8 +53,8 @@ def run(folder: str, out_dir: str, budget_s: float) -> None:
     rows = []
     for entry in index:
         stack, d = entry["stack"], entry["head_dim"]
-        stem = _stem(stack, d)
-        _weights(stack, d, folder)  # the data file, bit for bit as make wrote it
+        stem = xg.stem(entry)
+        xg.weights(entry, folder)  # the data file, bit for bit as make wrote it
         sessions = {}
         for variant in ("original", FORM):
             sess = ort.InferenceSession(
@@ -107,30 +63,16 @@ def run(folder: str, out_dir: str, budget_s: float) -> None:
             if not any("WebGpu" in p or p == ep for p in sess.get_providers()):
                 raise SystemExit(f"the WebGPU EP did not take {stem}.{variant}: {sess.get_providers()}")
             sessions[variant] = sess
-        ratios: dict[int, float | None] = {}
-        for s in SEQ_LENS:
-            if time.perf_counter() - started > budget_s:
-                ratios[s] = None
-                continue
-            feeds = _feeds(stack, d, s)
-            names = {v: [i.name for i in sess.get_inputs()] for v, sess in sessions.items()}
-            times: dict[str, list[float]] = {"original": [], FORM: []}
-            outs = {}
-            for v, sess in sessions.items():
-                outs[v] = sess.run(None, {k: x for k, x in feeds.items() if k in names[v]})[0]
-            for r in range(ROUNDS):
-                order = ("original", FORM) if r % 2 == 0 else (FORM, "original")
-                for v in order:
-                    f = {k: x for k, x in feeds.items() if k in names[v]}
-                    for _ in range(REPEATS):
-                        t0 = time.perf_counter()
-                        sessions[v].run(None, f)
-                        times[v].append((time.perf_counter() - t0) * 1e3)
-            ms = {v: statistics.median(t) for v, t in times.items()}
-            ratios[s] = round(ms["original"] / ms[FORM], 3)
-            err = float(np.nanmax(np.abs(outs["original"].astype(np.float64) - outs[FORM])))
-            rows.append({"stack": stack, "head_dim": d, "seq": s, "ms": ms, "ratio": ratios[s], "max_abs_diff": err})
-            print(json.dumps(rows[-1]), flush=True)
+        ratios, measured = xg.measure_lengths(
+            entry,
+            sessions,
+            lambda by, own: {v: xg.timed_run(by[v], own[v]) for v in own},
+            SEQ_LENS,
+            started + budget_s,
+            ROUNDS,
+            REPEATS,
+        )
+        rows += measured
         forms.setdefault(stack, {})[str(d)] = {
             "ratios": {str(s): r for s, r in ratios.items()},
             "crossover": crossover(ratios),
@@ -172,9 +114,7 @@ def table(json_path: str, md_path: str) -> None:
     ]
     for stack, by_form in data["by_stack"].items():
         for d, row in by_form[FORM].items():
-            cells = [
-                ("-" if row["ratios"].get(str(s)) is None else f"{row['ratios'][str(s)]:.2f}") for s in data["seq_lens"]
-            ]
+            cells = xg.ratio_cells(row, data["seq_lens"])
             lines.append(f"| {stack} | {d} | " + " | ".join(cells) + f" | {row['crossover']} |")
     lines += ["", "| stack | D | S | original ms | webgpu ms | max abs diff |", "|---|---|---|---|---|---|"]
     for r in data["rows"]:
@@ -185,13 +125,14 @@ def table(json_path: str, md_path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/crossover_webgpu.md", device=None)
-    steps.run.add_argument("--budget-s", type=float, default=150.0)
-    return steps.call(
+    return xg.main(
+        __doc__,
+        "benchmarks/results/crossover_webgpu.md",
         argv,
-        make=lambda args: make(args.folder),
-        run=lambda args: run(args.folder, args.out, args.budget_s),
-        table=lambda args: table(args.json, args.md),
+        make=lambda folder: xg.make(folder, CASES, FORM),
+        run=run,
+        table=table,
+        budget_s=150.0,
     )
 
 

@@ -4,14 +4,16 @@ original ops.
 
 The tables come from committed benchmarks, one per execution provider (``TABLES``): the CPU EP's
 (``CPU_CROSSOVERS``, ``benchmarks/crossover.py``, a row per mask kind) and the WebGPU EP's
-(``WEBGPU_CROSSOVERS``, ``benchmarks/crossover_webgpu.py``). Each gives, per form and head dim, the
+(``WEBGPU_CROSSOVERS``, ``benchmarks/crossover_webgpu.py``), measured in float32 and taken for
+every element type; and the CUDA EP's, one per element type (``CUDA_CROSSOVERS``,
+``benchmarks/crossover_cuda.py``). Each gives, per form and head dim, the
 least key length at which the form ran faster than the original graph in one run; tests check
 them against their results files. A block is fused where its key length is known (a static
 shape, or the lengths the user says the model runs at) and at or past the crossover at every such
 length. Where the length is known only at run time, the original ops stay: an ONNX ``If`` that
 dispatches on the length costs more per block and run on ONNX Runtime's CPU EP than the short
 side saves (``if_dispatch`` in crossover_cpu.md), and the fused form loses below the crossover.
-An EP with no table (CUDA) gets its target's form. The row says which form was chosen and why.
+The row says which form was chosen and why.
 """
 
 from __future__ import annotations
@@ -93,15 +95,66 @@ WEBGPU_CROSSOVERS: Mapping[str, Mapping[str, Mapping[int, int | None]]] = Mappin
         "bias": _WEBGPU_PADDING,
     }
 )
-# execution provider (None: none named, so the CPU EP) -> its table and the results it names
-TABLES: Mapping[str | None, Mapping[str, Mapping[str, Mapping[int, int | None]]]] = MappingProxyType(
-    {None: CPU_CROSSOVERS, "cpu": CPU_CROSSOVERS, "webgpu": WEBGPU_CROSSOVERS}
+# The same for ONNX Runtime's CUDA EP (onnxruntime-gpu 1.31.1 on an NVIDIA H200, its defaults: TF32
+# on; wall time with inputs and outputs bound on the GPU; benchmarks/crossover_cuda.py ->
+# CUDA_RESULTS): the `cuda` target's output against the original graph, by element type. In float32
+# the original's TF32 products beat every form the target writes (MultiHeadAttention's float32
+# kernels do not use them) at every measured length; in float16 cuDNN's flash attention wins from
+# 2048 keys with a padding mask and 4096 with an exported causal mask, at every length without a
+# mask, and never with a full bias ([1, H, S, S], read whole).
+CUDA_RESULTS = "benchmarks/results/crossover_cuda.md"
+_NEVER = MappingProxyType({"cuda": MappingProxyType({32: None, 64: None, 128: None})})
+
+
+def _cuda_row(crossovers: Mapping[int, int | None]) -> Mapping[str, Mapping[int, int | None]]:
+    return MappingProxyType({"cuda": MappingProxyType(dict(crossovers))})
+
+
+CUDA_CROSSOVERS: Mapping[str, Mapping[str, Mapping[str, Mapping[int, int | None]]]] = MappingProxyType(
+    {
+        "float32": MappingProxyType({"padding": _NEVER, "none": _NEVER, "causal": _NEVER, "bias": _NEVER}),
+        "float16": MappingProxyType(
+            {
+                "padding": _cuda_row({32: 2048, 64: 2048, 128: 2048}),
+                "none": _cuda_row({32: 64, 64: 64, 128: 64}),
+                "causal": _cuda_row({32: 4096, 64: 4096, 128: 4096}),
+                "bias": _NEVER,
+            }
+        ),
+    }
 )
-MEASURED_UP_TO = 2048
+# A block whose element type is not known (or has no table of its own: bfloat16) takes this one's:
+# its crossovers are at least every other's (tests/test_forms.py holds them to it).
+CUDA_UNKNOWN_DTYPE = "float32"
+# execution provider (None: none named, so the CPU EP) -> element type ("*": any) -> its table
+ANY_DTYPE = "*"
+TABLES: Mapping[str | None, Mapping[str, Mapping[str, Mapping[str, Mapping[int, int | None]]]]] = MappingProxyType(
+    {
+        None: MappingProxyType({ANY_DTYPE: CPU_CROSSOVERS}),
+        "cpu": MappingProxyType({ANY_DTYPE: CPU_CROSSOVERS}),
+        "webgpu": MappingProxyType({ANY_DTYPE: WEBGPU_CROSSOVERS}),
+        "cuda": CUDA_CROSSOVERS,
+    }
+)
+_UNKNOWN_DTYPE_TAKES = {"cuda": CUDA_UNKNOWN_DTYPE}
+_RESULTS = {"webgpu": WEBGPU_RESULTS, "cuda": CUDA_RESULTS}
+
+
+def table(ep: str | None, dtype: str | None) -> Mapping[str, Mapping[str, Mapping[int, int | None]]]:
+    """The cost table of ``ep`` for blocks of element type ``dtype`` ("float32", "float16"; None or ""
+    where not known): mask kind -> form -> head dim -> crossover."""
+    by_dtype = TABLES[ep]
+    if ANY_DTYPE in by_dtype:
+        return by_dtype[ANY_DTYPE]
+    return by_dtype.get(dtype or "", by_dtype[_UNKNOWN_DTYPE_TAKES[ep or "cpu"]])
+
+
+MEASURED_UP_TO = 2048  # the CPU and WebGPU tables' longest key length; the CUDA table's below
+CUDA_MEASURED_UP_TO = 4096
 _KIND_NAMES = {"none": "no mask", "padding": "a padding mask", "causal": "causal", "bias": "a full bias"}
 # The target whose blocks the table measured for each form: FlashAttention (naive or online by
 # the policy) for ortflash, MultiHeadAttention for contrib, Attention-23 for onnx.
-_TARGET_FORMS = {"contrib": "contrib", "onnx": "onnx", "webgpu": "webgpu"}
+_TARGET_FORMS = {"contrib": "contrib", "onnx": "onnx", "webgpu": "webgpu", "cuda": "cuda"}
 
 
 @dataclass(frozen=True)
@@ -128,11 +181,13 @@ def mask_kind(is_causal: bool, bias_query_rows: tuple[int | None, ...]) -> str:
     return "padding" if bias_query_rows else "none"
 
 
-def crossover(form: str, head_dim: int | None, kind: str = "padding", ep: str | None = None) -> int | None:
-    """The form's crossover on ``ep`` for this head dim and mask kind: the measured dims around it
-    (the larger crossover of the two, None if either never wins); every dim's where the head dim
-    is unknown."""
-    by_dim = TABLES[ep][kind][form]
+def crossover(
+    form: str, head_dim: int | None, kind: str = "padding", ep: str | None = None, dtype: str | None = None
+) -> int | None:
+    """The form's crossover on ``ep`` for this head dim, mask kind and element type: the measured
+    dims around it (the larger crossover of the two, None if either never wins); every dim's where
+    the head dim is unknown."""
+    by_dim = table(ep, dtype)[kind][form]
     dims = sorted(by_dim)
     if head_dim is None:
         around = dims
@@ -153,23 +208,31 @@ def choose(
     key_lens: Sequence[int] | None,
     kind: str = "padding",
     ep: str | None = None,
+    dtype: str | None = None,
 ) -> FormChoice:
-    """Fused, or the original ops kept, for one block of ``target`` and mask ``kind`` that runs at
-    ``key_lens`` (None: the length is known only at run time) on ``ep`` (None: the CPU EP, where
-    ortflash's own op runs)."""
+    """Fused, or the original ops kept, for one block of ``target``, mask ``kind`` and element type
+    ``dtype`` (None: not known) that runs at ``key_lens`` (None: the length is known only at run
+    time) on ``ep`` (None: the CPU EP, where ortflash's own op runs)."""
     if ep not in TABLES:
         return FormChoice(True, f"no measured cost table for the {ep} EP: fused as the target writes it")
-    probe = form_at(target, policy, MEASURED_UP_TO)
-    if probe is None or probe not in TABLES[ep][kind]:
+    longest = CUDA_MEASURED_UP_TO if ep == "cuda" else MEASURED_UP_TO
+    probe = form_at(target, policy, longest)
+    if probe is None or probe not in table(ep, dtype)[kind]:
         return FormChoice(True, f"no measured cost table for {target} on the {ep or 'cpu'} EP: fused as asked")
     dim = ("an unproved head dim" if head_dim is None else f"head dim {head_dim}") + f", {_KIND_NAMES[kind]}"
-    results = WEBGPU_RESULTS if ep == "webgpu" else results_path(kind)
+    if ANY_DTYPE not in TABLES[ep]:
+        dim += (
+            f", {dtype}"
+            if dtype in TABLES[ep]
+            else f", an element type without a table of its own (as {_UNKNOWN_DTYPE_TAKES[ep or 'cpu']})"
+        )
+    results = _RESULTS.get(ep or "", results_path(kind))
     if key_lens is None:
-        lowest = crossover(probe, head_dim, kind, ep)
+        lowest = crossover(probe, head_dim, kind, ep, dtype)
         where = (
             f"{probe} beats the original ops only from key length {lowest}"
             if lowest is not None
-            else f"{probe} beat the original ops at no measured key length up to {MEASURED_UP_TO}"
+            else f"{probe} beat the original ops at no measured key length up to {longest}"
         )
         return FormChoice(
             False,
@@ -179,9 +242,9 @@ def choose(
     for key_len in key_lens:
         form = form_at(target, policy, key_len)
         assert form is not None
-        at = crossover(form, head_dim, kind, ep)
+        at = crossover(form, head_dim, kind, ep, dtype)
         if at is None or key_len < at:
-            beats = f"from {at}" if at is not None else f"at no measured length up to {MEASURED_UP_TO}"
+            beats = f"from {at}" if at is not None else f"at no measured length up to {longest}"
             return FormChoice(
                 False,
                 f"kept the original ops, the faster form here: at key length {key_len}, {form} beats them only {beats} "

@@ -139,7 +139,9 @@ def _fastest_forms(
         # a block the chosen target did not lower is a FlashAttention node: its form is ortflash's
         form = target if block.lowered_to else DEFAULT_TARGET
         lengths = list(seq_lens) if seq_lens else ([block.key_len] if block.key_len else None)
-        choice = forms.choose(form, policy, block.head_dim, lengths, block.mask_kind or "padding", ep)
+        choice = forms.choose(
+            form, policy, block.head_dim, lengths, block.mask_kind or "padding", ep, block.dtype or None
+        )
         if choice.fused:
             block.reason = "; ".join(filter(None, [block.reason, choice.why]))
         else:

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 
 JSON_SCHEMA = "ortflash.result"
 # Raise on any change to the keys or meaning of the document below; additions included.
-# 4: a block's `target` became `lowered_to` (null: FlashAttention); 5: a block's `mask_kind`
-JSON_SCHEMA_VERSION = 5
+# 4: a block's `target` became `lowered_to` (null: FlashAttention); 5: a block's `mask_kind`; 6: its `dtype`
+JSON_SCHEMA_VERSION = 6
 
 
 @dataclass
@@ -33,6 +33,8 @@ class Block:
     softmax: str = ""  # naive | online | auto, as written on the fused node
     # the cost table's row for a fused block (forms.MASK_KINDS: none | padding | causal | bias), "" where not fused
     mask_kind: str = ""
+    # the element type of Q, K, V and the output ("float32", "float16"), "" where not known
+    dtype: str = ""
     # the native op a fused block was lowered to ("com.microsoft.MultiHeadAttention"); None where the
     # block is a FlashAttention node (or was not fused)
     lowered_to: str | None = None

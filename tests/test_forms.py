@@ -159,13 +159,64 @@ def test_where_the_model_with_blocks_kept_does_not_load_the_whole_fused_one_is_w
     assert kept.fused == 1 and kept.target is not None and "1 of 2 fused blocks then kept" in kept.target.why
 
 
+def _static_f16(length: int, head_dim: int = 32) -> onnx.ModelProto:
+    model = _static(length, head_dim)
+    f16 = build(Variant(head_dim=head_dim, dtype=onnx.TensorProto.FLOAT16))
+    for value, typed in zip(model.graph.input, f16.graph.input):
+        value.type.tensor_type.elem_type = typed.type.tensor_type.elem_type
+    del model.graph.node[:], model.graph.initializer[:]
+    model.graph.node.extend(f16.graph.node)
+    model.graph.initializer.extend(f16.graph.initializer)
+    model.graph.output[0].type.tensor_type.elem_type = f16.graph.output[0].type.tensor_type.elem_type
+    return model
+
+
 def test_the_cpu_table_does_not_decide_for_another_ep():
-    """A short static block the CPU table keeps is lowered for --ep cuda: the table measured the CPU EP."""
-    _, cpu = optimize(_static(16), ep="cpu", **NO_CHECK)
+    """A short static block the CPU table keeps is lowered for --ep cuda where the CUDA table, by
+    element type, says the lowered form is faster (float16, no mask: from 64 keys)."""
+    _, cpu = optimize(_static_f16(64), ep="cpu", **NO_CHECK)
     assert cpu.fused == 0
-    _, cuda = optimize(_static(16), ep="cuda", **NO_CHECK)
-    assert cuda.fused == 1 and cuda.blocks[0].lowered_to is not None
-    assert "no measured cost table for the cuda EP" in cuda.blocks[0].reason
+    _, cuda = optimize(_static_f16(64), ep="cuda", **NO_CHECK)
+    assert cuda.fused == 1 and cuda.blocks[0].lowered_to is not None and cuda.blocks[0].dtype == "float16"
+    assert "crossover_cuda" in cuda.blocks[0].reason and "float16" in cuda.blocks[0].reason
+
+
+def test_ep_cuda_keeps_float32_blocks_and_short_float16_ones_and_says_why():
+    """float32: the original's TF32 products beat the cuda target at every measured length."""
+    _, f32 = optimize(_static(64), ep="cuda", **NO_CHECK)
+    assert f32.fused == 0 and f32.blocks[0].dtype == "float32"
+    assert "crossover_cuda" in f32.blocks[0].reason and "float32" in f32.blocks[0].reason, f32.blocks[0].reason
+    _, short = optimize(_static_f16(16), ep="cuda", **NO_CHECK)
+    assert short.fused == 0 and "at key length 16, cuda beats them only from 64" in short.blocks[0].reason
+    policy = SoftmaxPolicy.for_new_nodes()
+    assert not forms.choose("cuda", policy, 64, [1024], "padding", "cuda", "float16").fused
+    assert forms.choose("cuda", policy, 64, [2048], "padding", "cuda", "float16").fused
+    assert not forms.choose("cuda", policy, 64, [2048], "causal", "cuda", "float16").fused
+    assert forms.choose("cuda", policy, 128, [4096], "causal", "cuda", "float16").fused
+    # an element type without a table of its own is decided as float32, the table that keeps most
+    unknown = forms.choose("cuda", policy, 64, [4096], "padding", "cuda", None)
+    assert not unknown.fused and "as float32" in unknown.why
+
+
+def test_the_cuda_table_is_its_committed_benchmark_results():
+    doc = json.loads((RESULTS_DIR / "crossover_cuda.json").read_text())
+    kinds = {"padding": "padding", "causal_mask": "causal", "nomask": "none", "bias": "bias"}
+    assert set(doc["by_dtype"]) == set(forms.CUDA_CROSSOVERS)
+    for dtype, by_stack in doc["by_dtype"].items():
+        assert set(by_stack) == set(kinds)
+        for stack, kind in kinds.items():
+            rows = by_stack[stack]["cuda"]
+            assert {int(d) for d in rows} == set(forms.CUDA_CROSSOVERS[dtype][kind]["cuda"]), (dtype, stack)
+            for dim, row in rows.items():
+                assert forms.CUDA_CROSSOVERS[dtype][kind]["cuda"][int(dim)] == row["crossover"], (dtype, stack, dim)
+    assert max(doc["seq_lens"]) == forms.CUDA_MEASURED_UP_TO
+    # the table an unknown element type takes keeps every block any other table keeps
+    taken = forms.CUDA_CROSSOVERS[forms.CUDA_UNKNOWN_DTYPE]
+    for table in forms.CUDA_CROSSOVERS.values():
+        for kind, by_form in table.items():
+            for dim, at in by_form["cuda"].items():
+                mine = taken[kind]["cuda"][dim]
+                assert mine is None or (at is not None and mine >= at), (kind, dim)
 
 
 def test_the_webgpu_table_is_its_committed_benchmark_results():

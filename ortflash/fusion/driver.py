@@ -123,5 +123,15 @@ def fuse(
     return fused
 
 
+def dtype_name(dtype: ir.DataType | None) -> str:
+    """A block's element type as its report row names it ("float32", "float16"); "" where not known."""
+    if dtype is None or dtype == ir.DataType.UNDEFINED:
+        return ""
+    try:
+        return str(dtype.numpy().name)
+    except (TypeError, ValueError):
+        return dtype.name.lower()
+
+
 def _prefix_taken(prefix: str, names: Iterable[str]) -> bool:
     return any(name.startswith(prefix + "/") for name in names)

@@ -59,7 +59,7 @@ from ..graph.emitter import Emitter, replace_output
 from ..op.call import FlashAttentionCall
 from ..op.node import write_call
 from ..op.policy import SoftmaxPolicy
-from .driver import Written
+from .driver import Written, dtype_name
 
 FIRST_OPSET = 23  # Attention entered the default domain here
 # Attention-25's window attributes (ONNX Runtime 1.31 does not run them): written as a mask
@@ -465,7 +465,7 @@ class AttentionOpFrontEnd:
         return {"pattern": "Attention"}
 
     def columns(self, reading: AttentionOpReading) -> Mapping[str, object]:
-        return {"pattern": "Attention", "head_dim": reading.head_dim}
+        return {"pattern": "Attention", "head_dim": reading.head_dim, "dtype": dtype_name(reading.dtype)}
 
     def anchor(self, reading: AttentionOpReading, node: ir.Node) -> ir.Node:
         return node
@@ -482,5 +482,6 @@ class AttentionOpFrontEnd:
             "head_dim": reading.head_dim,
             "scale": reading.scale,
             "mask": reading.summary(causal),
+            "dtype": dtype_name(reading.dtype),
         }
         return Written(reading.notes, columns)

@@ -25,7 +25,7 @@ from ..op.node import write_call
 from ..op.policy import SoftmaxPolicy
 from .causal.proof import CausalProof, NoFrontier, NotProved, prove
 from .causal.write import write_padding
-from .driver import Written
+from .driver import Written, dtype_name
 from .einsum_rules import ProbsEinsumV, QKEinsum
 from .softmax_rules import (
     NOT_SPLIT,
@@ -220,6 +220,7 @@ def describe(block: SoftmaxBlock) -> dict[str, object]:
             "head_dim": q_shape[-1] if q_shape else None,
             "scale": block.scale,
             "mask": ", ".join(parts) or "none",
+            "dtype": dtype_name(u.dtype(block.q)),
         }
     return {
         "pattern": block.pattern,
@@ -229,6 +230,7 @@ def describe(block: SoftmaxBlock) -> dict[str, object]:
         "head_dim": q_shape[-1] if q_shape else None,
         "scale": block.scale,
         "mask": ", ".join(parts) or "none",
+        "dtype": dtype_name(u.dtype(block.q)),
     }
 
 
