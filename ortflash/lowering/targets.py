@@ -101,7 +101,7 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
 TARGETS = tuple(REGISTRY)
 
 # Per execution provider, the targets whose ops run there natively, in order of preference
-# (README, "Choosing a target"). contrib first on the CPU and CUDA: ONNX Runtime's own
+# (docs/targets.md, "Targets"). contrib first on the CPU and CUDA: ONNX Runtime's own
 # MultiHeadAttention / GroupQueryAttention kernels need nothing but onnxruntime at run time, were
 # bit-identical to the original graph on the CPU EP for most zoo models and 1.16-1.27x faster than it
 # (benchmarks/results/cpu_attention_*.md). onnx next: Attention-23 is the standard form, but on the
