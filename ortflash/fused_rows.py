@@ -14,8 +14,7 @@ from .errors import OrtflashError
 from .graph import ir_utils as u
 from .graph import shapes
 from .lowering import head_count as given_heads
-from .op import spec
-from .op.node import BLOCK_ID, GIVEN_HEADS
+from .op.node import BLOCK_ID, GIVEN_HEADS, is_flash_attention
 from .report import Report
 
 
@@ -31,7 +30,7 @@ def prove_heads(graph: ir.Graph, report: Report, num_heads: int | None, per_batc
     the rows whose scores are per batch·head (fusion/driver.Fused), whose heads stay None.
     """
     for node in list(graph):
-        if node.domain != spec.DOMAIN or node.op_type != spec.OP_TYPE or BLOCK_ID not in node.metadata_props:
+        if not is_flash_attention(node) or BLOCK_ID not in node.metadata_props:
             continue
         row = int(node.metadata_props[BLOCK_ID])
         block = report.blocks[row]

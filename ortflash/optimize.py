@@ -26,7 +26,7 @@ from .lowering.targets import DEFAULT_TARGET, EP_ORDER, EXECUTION_PROVIDERS, REG
 from .model_io import ModelLike, check_opsets, load, save
 from .model_shapes import graphs_of, with_shapes
 from .op import spec
-from .op.node import BLOCK_ID, GIVEN_HEADS
+from .op.node import BLOCK_ID, GIVEN_HEADS, is_flash_attention
 from .op.policy import SoftmaxPolicy
 from .report import Report, TargetChoice
 from .target_choice import AUTO, LoadCheck, choose_default, choose_for_ep
@@ -316,7 +316,7 @@ def _forget_earlier_blocks(graph: ir.Graph) -> None:
     """FlashAttention nodes of an earlier run keep their ops but not their report rows: the row
     ids this run writes would otherwise collide with theirs."""
     for node in graph:
-        if node.domain == spec.DOMAIN and node.op_type == spec.OP_TYPE:
+        if is_flash_attention(node):
             node.metadata_props.pop(BLOCK_ID, None)
 
 

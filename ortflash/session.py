@@ -13,6 +13,7 @@ import onnxruntime as ort
 from .kernels.config import DEFAULT_BACKEND, KernelConfig, join_side_channel
 from .model_io import ModelLike, external_locations, graphs_of, load
 from .op import spec
+from .op.node import is_flash_attention
 from .op.policy import SoftmaxPolicy
 
 # ONNX Runtime's session option for its intra-op threads' busy-waiting (see session_options).
@@ -54,7 +55,7 @@ def _config_entry(so: ort.SessionOptions, key: str) -> str | None:
 
 def _flash_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     for sub in graphs_of(graph):
-        yield from (n for n in sub.node if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN)
+        yield from (n for n in sub.node if is_flash_attention(n))
 
 
 def _set_attribute(node: onnx.NodeProto, name: str, value: Any) -> None:

@@ -22,6 +22,7 @@ import onnx
 from ..errors import OrtflashError
 from ..model_io import graphs_of, load
 from ..op import spec
+from ..op.node import is_flash_attention
 from . import web_files
 from .browser import BROWSER_RUNTIMES
 from .compare import OutputDiff, compare_outputs, tolerance
@@ -53,7 +54,7 @@ def check_web_compatible(model: onnx.ModelProto) -> None:
     everywhere = [n for body in bodies for g in graphs_of(body) for n in g.node]
     flash = custom = None
     for n in everywhere:
-        if n.op_type == spec.OP_TYPE and n.domain == spec.DOMAIN:
+        if is_flash_attention(n):
             flash = flash or n
         elif n.domain not in WEB_DOMAINS and (n.domain, n.op_type) not in functions and custom is None:
             custom = n
