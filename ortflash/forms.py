@@ -102,12 +102,18 @@ WEBGPU_CROSSOVERS: Mapping[str, Mapping[str, Mapping[int, int | None]]] = Mappin
 # kernels do not use them) at every measured length; in float16 cuDNN's flash attention wins from
 # 2048 keys with a padding mask and 4096 with an exported causal mask, at every length without a
 # mask, and never with a full bias ([1, H, S, S], read whole).
+# The contrib target's blocks take the cuda row there: it writes the same MultiHeadAttention and
+# GroupQueryAttention ops the cuda target chooses among (--ep cuda falls back to it where cuda
+# cannot lower a block, GPT-Neo's), and was not measured apart.
 CUDA_RESULTS = "benchmarks/results/crossover_cuda.md"
-_NEVER = MappingProxyType({"cuda": MappingProxyType({32: None, 64: None, 128: None})})
 
 
 def _cuda_row(crossovers: Mapping[int, int | None]) -> Mapping[str, Mapping[int, int | None]]:
-    return MappingProxyType({"cuda": MappingProxyType(dict(crossovers))})
+    row = MappingProxyType(dict(crossovers))
+    return MappingProxyType({"cuda": row, "contrib": row})
+
+
+_NEVER = _cuda_row({32: None, 64: None, 128: None})
 
 
 CUDA_CROSSOVERS: Mapping[str, Mapping[str, Mapping[str, Mapping[int, int | None]]]] = MappingProxyType(

@@ -196,6 +196,8 @@ def test_ep_cuda_keeps_float32_blocks_and_short_float16_ones_and_says_why():
     # an element type without a table of its own is decided as float32, the table that keeps most
     unknown = forms.choose("cuda", policy, 64, [4096], "padding", "cuda", None)
     assert not unknown.fused and "as float32" in unknown.why
+    # where --ep cuda falls back to contrib (a block cuda cannot lower), the same row decides
+    assert not forms.choose("contrib", policy, 64, None, "causal", "cuda", "float32").fused
 
 
 def test_the_cuda_table_is_its_committed_benchmark_results():
@@ -209,6 +211,8 @@ def test_the_cuda_table_is_its_committed_benchmark_results():
             assert {int(d) for d in rows} == set(forms.CUDA_CROSSOVERS[dtype][kind]["cuda"]), (dtype, stack)
             for dim, row in rows.items():
                 assert forms.CUDA_CROSSOVERS[dtype][kind]["cuda"][int(dim)] == row["crossover"], (dtype, stack, dim)
+            # contrib writes the ops the cuda target chooses among: it takes the measured row
+            assert forms.CUDA_CROSSOVERS[dtype][kind]["contrib"] == forms.CUDA_CROSSOVERS[dtype][kind]["cuda"]
     assert max(doc["seq_lens"]) == forms.CUDA_MEASURED_UP_TO
     # the table an unknown element type takes keeps every block any other table keeps
     taken = forms.CUDA_CROSSOVERS[forms.CUDA_UNKNOWN_DTYPE]
