@@ -94,7 +94,8 @@ def optimize(
     check_opsets(proto)
 
     shaped = with_shapes(proto)  # once: the second fusion, with blocks kept, reads the same shapes
-    fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal)
+    folder = _model_folder(model_or_path)
+    fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, folder=folder)
     if isinstance(model_or_path, (str, os.PathLike)):
         fusion_report.model = os.fspath(model_or_path)  # the report is titled with the file the user named
 
@@ -113,7 +114,7 @@ def optimize(
         model, report = choose_default(run, check)
     if seq_lens is not None and (not seq_lens or min(seq_lens) < 1):
         raise OrtflashError(f"seq_lens must be positive key lengths, got {list(seq_lens)}")
-    return _fastest_forms(proto, shaped, policy, num_heads, prove_causal, (model, report), seq_lens, check, ep)
+    return _fastest_forms(proto, shaped, policy, num_heads, prove_causal, (model, report), seq_lens, check, ep, folder)
 
 
 def _fastest_forms(
@@ -126,6 +127,7 @@ def _fastest_forms(
     seq_lens: Sequence[int] | None,
     check: LoadCheck,
     ep: str | None,
+    folder: str | None,
 ) -> tuple[onnx.ModelProto, Report]:
     """The chosen target's model with every block the cost table says is slower fused than as it
     was left as it was (fused again without them); each row says why it took its form."""
@@ -148,7 +150,7 @@ def _fastest_forms(
             keep[block.name] = choice.why
     if not keep:
         return model, report
-    fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep)
+    fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
     fusion_report.model = report.model
     faster, faster_report = _lower_for(proto, fused, fusion_report, target)
     for block, before in zip(faster_report.blocks, report.blocks):
@@ -182,13 +184,16 @@ def _check_target(target: str | None, ep: str | None) -> None:
         )
 
 
+def _model_folder(model_or_path: ModelLike) -> str | None:
+    """The folder of a model given as a path (where its external data is), else None."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        return os.path.dirname(os.path.abspath(os.fspath(model_or_path)))
+    return None
+
+
 def _default_load_check(model_or_path: ModelLike, original: onnx.ModelProto) -> LoadCheck:
     """Opened in ONNX Runtime at its default optimization level; lowered models run once on random inputs."""
-    weights_dir = (
-        os.path.dirname(os.path.abspath(os.fspath(model_or_path)))
-        if isinstance(model_or_path, (str, os.PathLike))
-        else None
-    )
+    weights_dir = _model_folder(model_or_path)
 
     def check(model: onnx.ModelProto, report: Report) -> str | None:
         from .checks.feeds import make_feeds
@@ -206,11 +211,14 @@ def _fuse(
     num_heads: int | None,
     prove_causal: bool = True,
     keep: Mapping[str, str] = MappingProxyType({}),
+    folder: str | None = None,
 ) -> tuple[onnx.ModelProto, Report]:
     """Every block fused, once, whatever the target: the fused model (its inferred value_info kept,
     for the lowerings to prove from) and the report; the input itself when nothing is fused.
     ``shaped``: ``with_shapes(proto)``, the model with inferred shapes and how they were inferred.
-    ``keep``: report names of blocks left as they are, each with the reason for its row."""
+    ``keep``: report names of blocks left as they are, each with the reason for its row.
+    ``folder``: the model file's folder, where its external data is (small external constants, a
+    scale or a shape, are read from there; None for a model given in memory)."""
     from .pipeline.rounding import mark_rounding_sensitive
 
     # Opset conversions a target needs (to 13 for contrib/webgpu, 23 for onnx) happen in lower(),
@@ -219,6 +227,8 @@ def _fuse(
     opset = u.default_opset(proto)
     with_inferred, inference = shaped
     model = ir.serde.deserialize_model(with_inferred)
+    if folder is not None:
+        u.root_external_data(model.graph, folder)
     report = Report(proto.graph.name or "model", shape_inference=inference)
     # ONNX Attention ops (opset 23+) first: their Softmax is inside the op, not in the graph.
     front_ends = (AttentionOpFrontEnd(), SoftmaxFrontEnd(prove_causal=prove_causal))

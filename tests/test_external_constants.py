@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
-import pytest
 from attention_graphs import Variant, build
 
 import ortflash
@@ -67,11 +66,6 @@ def test_an_external_weight_is_never_read(tmp_path):
     assert u.const_array(irg.initializers["s"]).tolist() == small.tolist()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="optimize() deserializes the model without its folder (ortflash/optimize.py _fuse: needs "
-    "u.root_external_data(model.graph, <the model's folder>)); remove this mark once it does",
-)
 def test_a_block_whose_scale_is_external_fuses(tmp_path, monkeypatch):
     path = _save_external(build(Variant(scale=0.125)), tmp_path / "model")
     monkeypatch.chdir(tmp_path)
