@@ -210,3 +210,19 @@ def test_optimize_says_which_com_microsoft_attention_nodes_it_leaves(tmp_path, c
     assert line in " ".join(out.split()), out
     with open(json_path) as f:
         assert json.load(f)["notes"] == [line.removeprefix("note: ")]
+
+
+def test_optimize_reads_an_external_scale_from_the_models_folder(tmp_path, monkeypatch, capsys):
+    """The command handed optimize the loaded ModelProto, which names no folder: a scale saved as
+    external data was not read from another working directory, and the block was kept."""
+    folder, elsewhere = tmp_path / "model", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    path = str(folder / "a.onnx")
+    onnx.save(build(Variant()), path, save_as_external_data=True, location="a.data", size_threshold=0)
+    monkeypatch.chdir(elsewhere)
+    out = str(folder / "a.flash.onnx")
+    assert main(["optimize", path, "-o", out, "--target", "ortflash", "--json", "-"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["fused"] == 1, document["blocks"]
+    assert [n.op_type for n in onnx.load(out).graph.node].count("FlashAttention") == 1

@@ -210,8 +210,10 @@ def run(args: argparse.Namespace) -> int:
         return checked[id(candidate)]
 
     tune = _tune_settings(args)
+    # The path, not `original`: optimize reads a model file's small external constants (a scale) from
+    # its folder, and --tune times models whose external weights are there; a ModelProto names no folder.
     model, report = (optimize if tune is None else partial(optimize_tuned, settings=tune))(
-        original,
+        args.model,
         policy=policy,
         target=args.target,
         ep=args.ep,
