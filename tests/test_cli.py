@@ -13,6 +13,7 @@ from attention_graphs import Variant, build, tamper_scale
 
 import ortflash
 from ortflash.cli import main
+from ortflash.op.node import node_attributes
 
 
 @pytest.fixture()
@@ -34,7 +35,7 @@ def test_optimize_writes_default_output_and_verifies(model_path, capsys):
     flash = model_path[: -len(".onnx")] + ".flash.onnx"
     assert os.path.exists(flash) and _digest(model_path) == before
     node = next(n for n in onnx.load(flash).graph.node if n.op_type == "FlashAttention")
-    assert ortflash.op.spec.node_attributes(node)["softmax"] == "auto"
+    assert node_attributes(node)["softmax"] == "auto"
 
 
 def test_verify_fails_with_exit_1_on_a_tampered_model(model_path, tmp_path):
@@ -104,7 +105,7 @@ def _fused_attributes_run(monkeypatch) -> list[dict]:
     def recording(model, *args, **kwargs):
         if isinstance(model, bytes):
             nodes = onnx.load_from_string(model).graph.node
-            seen.extend(ortflash.op.spec.node_attributes(n) for n in nodes if n.op_type == "FlashAttention")
+            seen.extend(node_attributes(n) for n in nodes if n.op_type == "FlashAttention")
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(ort, "InferenceSession", recording)

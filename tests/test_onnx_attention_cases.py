@@ -83,11 +83,11 @@ def test_a_window_without_a_past_is_the_ops_own(name: str, is_causal: int, windo
     """Without a past ONNX's query position is the op's: the window is FlashAttention's own
     (tiles outside the band skipped), not a mask tensor."""
     import ortflash
-    from ortflash.op import spec
+    from ortflash.op.node import node_attributes
 
     fused, _ = ortflash.optimize(ALL[name].model, target="ortflash")
     (node,) = [n for n in fused.graph.node if n.op_type == "FlashAttention"]
-    attrs = spec.node_attributes(node)
+    attrs = node_attributes(node)
     assert (attrs["is_causal"], attrs["window_left"], attrs["window_right"]) == (is_causal, *window)
     producers = {o: n.op_type for n in fused.graph.node for o in n.output}
     assert producers.get(node.input[4]) in (None, "Constant")  # no mask computed from the window

@@ -51,12 +51,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    import onnx
 
 # onnxruntime-extensions registers Python custom ops in this domain only.
 DOMAIN = "ai.onnx.contrib"
@@ -251,11 +248,3 @@ def key_bounds(attrs: dict[str, Any], sq: int, sk: int) -> tuple[np.ndarray, np.
     if attrs["is_causal"]:
         last = np.minimum(last, p)
     return first, last
-
-
-def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
-    """Read a FlashAttention onnx.NodeProto's attributes, defaults filled in."""
-    import onnx
-
-    raw = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    return validate(raw)
