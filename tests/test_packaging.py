@@ -7,7 +7,7 @@
 - The sdist carries what a build from it needs, and its metadata names the license file, the
   classifiers and the Python versions.
 
-.ci/run builds both artifacts, installs each in its own clean venv and runs the kernel tests and
+.ci/run builds both artifacts (the wheel from the sdist), installs the wheel in a clean venv and runs the kernel tests and
 ``ortflash optimize --verify`` there; this file checks what can be checked without a second venv.
 """
 
