@@ -35,3 +35,15 @@ def test_label_of_nodes_and_values():
     assert u.label(cast.outputs[0]) == "output 0 of Cast /attn/Cast"
     cast.name = None
     assert u.label(cast) == "an unnamed Cast"
+
+
+def test_the_walker_names_an_unnamed_node_after_the_softmax():
+    """The Softmax's output feeds an unnamed Relu: "feeds Relu , not a MatMul" named nothing."""
+    model = build(Variant())
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    reader = next(n for n in model.graph.node if softmax.output[0] in n.input)
+    relu = onnx.helper.make_node("Relu", [softmax.output[0]], ["p_relu"])
+    reader.input[list(reader.input).index(softmax.output[0])] = "p_relu"
+    model.graph.node.insert(list(model.graph.node).index(reader), relu)
+    _, report = ortflash.optimize(model, target="ortflash")
+    assert [b.reason for b in report.blocks] == ["the Softmax output feeds Relu (output p_relu), not a MatMul with V"]

@@ -143,7 +143,7 @@ def _read(node: ir.Node, opset: int) -> AttentionOpReading:
         raise NotFused(f"the model's opset {opset} has no standard Attention op (it came in opset 23)")
     inputs = list(node.inputs) + [None] * (len(_INPUT_NAMES) - len(node.inputs))
     if len(node.inputs) > len(_INPUT_NAMES):
-        raise NotFused(f"Attention {node.name} has {len(node.inputs)} inputs, more than opset 24 defines")
+        raise NotFused(f"{u.label(node)} has {len(node.inputs)} inputs, more than opset 24 defines")
     q, k, v, mask, past_key, past_value, nonpad = inputs
     if q is None or k is None or v is None:
         raise NotFused("Q, K or V is missing")
@@ -225,7 +225,7 @@ def _read(node: ir.Node, opset: int) -> AttentionOpReading:
         for x in (past_key, past_value):
             r = u.rank(x)
             if r is not None and r != 4:
-                raise NotFused(f"{x.name} has rank {r}, not 4")
+                raise NotFused(f"{u.label(x)} has rank {r}, not 4")
 
     if nonpad is not None:
         if opset < 24:

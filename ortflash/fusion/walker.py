@@ -80,13 +80,13 @@ def _next_probs_node(value: ir.Value) -> ir.Node:
     # CastLike(x, p) reads only p's type, not its values.
     consumers = [c for c in value.consumers() if not (c.op_type == "CastLike" and c.inputs[0] is not value)]
     if value.is_graph_output():
-        raise NotFused(f"the Softmax output {value.name} is a graph output, not only read by a MatMul with V")
+        raise NotFused(f"the Softmax output {u.label(value)} is a graph output, not only read by a MatMul with V")
     isnan = [c for c in consumers if c.op_type == "IsNaN"]
     if isnan and len(consumers) == 2:
         return isnan[0]  # the guard reads p twice: IsNaN(p) and Where(.., .., p)
     if len(consumers) != 1:
         names = ", ".join(c.name or c.op_type for c in consumers) or "nothing"
-        raise NotFused(f"the Softmax output {value.name} is read by {names}, not by one MatMul with V")
+        raise NotFused(f"the Softmax output {u.label(value)} is read by {names}, not by one MatMul with V")
     return consumers[0]
 
 
@@ -101,7 +101,7 @@ def read_block(softmax: ir.Node, opset: int) -> SoftmaxBlock:
         node = _next_probs_node(value)
         rule = next((r for r in _PROBS_SIDE if r.matches(node, value)), None)
         if rule is None:
-            raise NotFused(f"the Softmax output feeds {node.op_type} {node.name}, not a MatMul with V")
+            raise NotFused(f"the Softmax output feeds {u.label(node)}, not a MatMul with V")
         rule.check(node, value, state)
         value = rule.apply(node, value, state)
 
@@ -110,10 +110,10 @@ def read_block(softmax: ir.Node, opset: int) -> SoftmaxBlock:
     while value is not None:
         producer = u.producer(value)
         if producer is None:
-            raise NotFused(f"the scores {value.name} are not computed from Q and K in this graph")
+            raise NotFused(f"the scores {u.label(value)} are not computed from Q and K in this graph")
         rule = next((r for r in _SCORE_SIDE if r.matches(producer, value)), None)
         if rule is None:
-            raise NotFused(f"the scores come from {producer.op_type} {producer.name}, which no rule reads")
+            raise NotFused(f"the scores come from {u.label(producer)}, which no rule reads")
         rule.check(producer, value, state)
         value = rule.apply(producer, value, state)
     if state.guard_bias is not None and (
@@ -151,16 +151,16 @@ def _check_head_split(state: WalkState) -> None:
     for x in list(state.biases[state.split_biases :]) + [c for c, _ in state.masks[state.split_masks :]]:
         r = u.rank(x)
         if r is None or r > 3:
-            raise NotFused(f"{x.name} is added to [B·H, Sq, Sk] scores with rank {r}")
+            raise NotFused(f"{u.label(x)} is added to [B·H, Sq, Sk] scores with rank {r}")
         if r == 3 and dim(x, 0) != 1 and not dims_equal(rows, dim(x, 0)):
-            raise NotFused(f"{x.name} is not proved to have Q's batch·head rows or one")
+            raise NotFused(f"{u.label(x)} is not proved to have Q's batch·head rows or one")
     batch = dim(u.operand(state.softmax, 0), 0)
     for x in list(state.biases[: state.split_biases]) + [c for c, _ in state.masks[: state.split_masks]]:
         r = u.rank(x)
         if r is None:
-            raise NotFused(f"the rank of {x.name} is unknown")
+            raise NotFused(f"the rank of {u.label(x)} is unknown")
         if r == 4 and dim(x, 0) != 1 and not dims_equal(batch, dim(x, 0)):
-            raise NotFused(f"{x.name} is not proved to have the scores' batch items or one")
+            raise NotFused(f"{u.label(x)} is not proved to have the scores' batch items or one")
 
 
 def _finished(state: WalkState) -> SoftmaxBlock:

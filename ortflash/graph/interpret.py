@@ -311,7 +311,7 @@ class Reader:
             return Abstract((), Num(v, t) if not isinstance(v, int) or t == ir.DataType.BOOL else Lin((), v), t)
         dims = self.dims_of(value)
         if dims is None or any(d is None for d in dims):
-            raise NotProved(f"the dims of {value.name} are unknown")
+            raise NotProved(f"the dims of {u.label(value)} are unknown")
         if arr is not None and arr.size <= _MAX_CONSTANT and arr.ndim >= 2 and arr.dtype == np.bool_:
             frontier = _constant_frontier(arr)
             if frontier is not None:  # a causal buffer: arr[..., i, j] == (j <= i + c), or a band

@@ -41,7 +41,7 @@ def input_at(node: ir.Node, index: int) -> ir.Value:
     """Input index of node; a missing one is a step this reading cannot take."""
     value = node.inputs[index] if index < len(node.inputs) else None
     if value is None:
-        raise NotProved(f"{node.op_type} {node.name} lacks its input {index}")
+        raise NotProved(f"{u.label(node)} lacks its input {index}")
     return value
 
 
