@@ -100,7 +100,7 @@ def optimize(
         fusion_report.model = os.fspath(model_or_path)  # the report is titled with the file the user named
 
     def run(candidate: str) -> tuple[onnx.ModelProto, Report]:
-        return _lower_for(proto, fused, fusion_report, candidate)
+        return _lower_for(proto, fused, fusion_report, candidate, folder)
 
     if target is not None and target != AUTO:
         model, report = run(target)
@@ -152,7 +152,7 @@ def _fastest_forms(
         return model, report
     fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
     fusion_report.model = report.model
-    faster, faster_report = _lower_for(proto, fused, fusion_report, target)
+    faster, faster_report = _lower_for(proto, fused, fusion_report, target, folder)
     for block, before in zip(faster_report.blocks, report.blocks):
         block.key_len = before.key_len
         if block.fused:
@@ -258,9 +258,10 @@ def _fuse(
 
 
 def _lower_for(
-    original: onnx.ModelProto, fused: onnx.ModelProto, fusion_report: Report, target: str
+    original: onnx.ModelProto, fused: onnx.ModelProto, fusion_report: Report, target: str, folder: str | None
 ) -> tuple[onnx.ModelProto, Report]:
-    """The fused model written for one target, with its own copy of the report."""
+    """The fused model written for one target, with its own copy of the report; ``folder``: the
+    model file's, where its external data is."""
     report = copy.deepcopy(fusion_report)
     if not report.fused:
         return original, report
@@ -268,7 +269,7 @@ def _lower_for(
     if not REGISTRY[target].needs_ortflash:
         # the lowering proves from the shapes the rules proved from (subgraphs' included)
         before = u.default_opset(fused)
-        out, notes = lower(fused, target)
+        out, notes = lower(fused, target, folder)
         _note_lowering(report, notes, target)
         after = u.default_opset(out)
         if after != before:

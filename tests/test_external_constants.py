@@ -4,6 +4,8 @@ and a weight is never read."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -71,3 +73,16 @@ def test_a_block_whose_scale_is_external_fuses(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _, report = ortflash.optimize(path, target="ortflash")
     assert report.fused == 1, [b.reason for b in report.blocks]
+
+
+def test_blocks_of_a_model_whose_every_constant_is_external_lower(tmp_path, monkeypatch):
+    """The lowering proves head counts from constants (the dynamo export's Reshape shapes): read
+    from the model's folder, the blocks of a model saved with size_threshold=0 lower as they do
+    inline (2 of 2 for the bundled BERT; 0 when the lowering read no external constant)."""
+    source = str(Path(__file__).resolve().parents[1] / "models" / "bert_sdpa_dynamo.onnx")
+    _, inline = ortflash.optimize(source, target="contrib")
+    path = _save_external(onnx.load(source), tmp_path / "model")  # onnx.save makes the proto's tensors external
+    monkeypatch.chdir(tmp_path)
+    _, external = ortflash.optimize(path, target="contrib")
+    assert [b.lowered_to for b in external.blocks] == [b.lowered_to for b in inline.blocks]
+    assert sum(b.lowered_to is not None for b in external.blocks) == 2

@@ -85,6 +85,7 @@ head h // (Hq/Hkv)); a negative scale stays (both native ops take positive scale
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import onnx
@@ -137,10 +138,14 @@ class LoweringNote:
         return f"{self.node_name}: {state}" + (f" ({self.reason})" if self.reason else "")
 
 
-def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[LoweringNote]]:
+def lower(
+    model: onnx.ModelProto, target: str, folder: str | os.PathLike[str] | None = None
+) -> tuple[onnx.ModelProto, list[LoweringNote]]:
     """Replace every FlashAttention node the target op computes exactly; notes for all of them.
 
     The input model is not modified. When nothing is lowered the input model itself comes back.
+    ``folder``: where the model's external data is (its file's folder), for the small external
+    constants (a Reshape's shape) the head counts are proved from; None reads none of them.
     """
     record = REGISTRY.get(target)
     if record is None:
@@ -170,6 +175,8 @@ def lower(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Lo
     opset = u.default_opset(work)
     irm = ir.serde.deserialize_model(with_shapes(work))
     graph = irm.graph
+    if folder is not None:
+        u.root_external_data(graph, folder)
 
     notes: list[LoweringNote] = []
     stem = _fresh_stem(irm)
