@@ -7,6 +7,7 @@
 #   bash benchmarks/cuda_gpu_run.sh install caps   # call 2, machine warm (carry .whl/ortp2 .whl/bundle)
 #   bash benchmarks/cuda_gpu_run.sh zoo webgpu     # call 3, machine warm (nothing carried)
 #   bash benchmarks/cuda_gpu_run.sh install crossover  # or call 2 for the cost table alone (crossover_cuda.py)
+#   bash benchmarks/cuda_gpu_run.sh install webgpu-zoo  # or call 2 for webgpu_zoo.py's models in build/cuda_run/wzoo
 # .whl/bundle holds build/cuda_run (the `make` outputs of cuda_capabilities.py, cuda_zoo.py and
 # crossover_webgpu.py) as tar.xz: unpacked to /tmp/cuda_run, which build/cuda_run points at there.
 set -uo pipefail
@@ -53,6 +54,11 @@ PY
         timeout "${WEBGPU_S:-200}" python3 benchmarks/crossover_webgpu.py run build/cuda_run/xwebgpu --out "$OUT" \
         --budget-s "$(( ${WEBGPU_S:-200} - 30 ))" > "$OUT/webgpu.log" 2>&1; echo "webgpu rc=$?" ;;
     crossover) timeout "${CROSS_S:-300}" python3 benchmarks/crossover_cuda.py run build/cuda_run/xcuda --out "$OUT" --budget-s "$(( ${CROSS_S:-300} - 40 ))" > "$OUT/crossover.log" 2>&1; echo "crossover rc=$?" ;;
+    webgpu-zoo)  # the lowered zoo (webgpu_zoo.py make ... build/cuda_run/wzoo) on the WebGPU plugin EP, as the webgpu step runs it
+      for f in /tmp/stash/.gl/*.deb /tmp/stash/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done; ldconfig
+      python3 -m pip install -q --no-index --no-deps --target /tmp/epw /tmp/stash/ep/onnxruntime_ep_webgpu-*.whl
+      VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json PYTHONPATH=/tmp/epw:/tmp/ortgpu:$PWD \
+        timeout "${WZOO_S:-300}" python3 benchmarks/webgpu_zoo.py run build/cuda_run/wzoo --out "$OUT/wzoo" > "$OUT/wzoo.log" 2>&1; echo "webgpu-zoo rc=$?" ;;
     defects) for s in tests/data/cuda_defects/[a-z]*.py; do [ -e "$s" ] || continue; echo "=== $s"; timeout 60 python3 "$s" 2>&1 | tail -15; done > "$OUT/defects.log" 2>&1 ;;
   esac
 done
