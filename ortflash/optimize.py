@@ -23,8 +23,8 @@ from .graph import ir_utils as u
 from .ir_versions import stamp_loadable_ir_version
 from .lowering import LoweringNote, lower
 from .lowering.targets import DEFAULT_TARGET, EP_ORDER, EXECUTION_PROVIDERS, REGISTRY, TARGETS
-from .model_io import ModelLike, check_opsets, load, save
-from .model_shapes import graphs_of, with_shapes
+from .model_io import ModelLike, check_opsets, graphs_of, load, save
+from .model_shapes import with_shapes
 from .op import spec
 from .op.node import BLOCK_ID, GIVEN_HEADS, is_flash_attention
 from .op.policy import SoftmaxPolicy

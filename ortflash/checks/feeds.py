@@ -11,7 +11,7 @@ import onnx
 
 from ..errors import OrtflashError
 from ..graph.terms import Lin
-from ..model_shapes import graphs_of
+from ..model_io import graphs_of
 from .input_dims import evaluated, tied_dims
 
 _BATCH_NAMES = ("batch", "batch_size", "b", "n", "s0")

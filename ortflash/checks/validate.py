@@ -160,7 +160,6 @@ def in_subgraphs(optimized: onnx.ModelProto) -> int:
     """FlashAttention nodes inside If/Loop/Scan bodies: validate cannot check them node by node,
     because ONNX Runtime gives no way to read a subgraph's intermediate values (verify checks them
     end to end)."""
-    from ..model_io import graphs_of
 
     every = sum(is_flash_attention(n) for g in graphs_of(optimized.graph) for n in g.node)
     return every - sum(is_flash_attention(n) for n in optimized.graph.node)

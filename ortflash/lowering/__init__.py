@@ -95,7 +95,7 @@ import onnx_ir.passes.common as common_passes
 from ..errors import NotLowered, OrtflashError
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
-from ..model_shapes import graphs_of
+from ..model_io import graphs_of
 from ..op import spec
 from ..op.node import BLOCK_ID, is_flash_attention
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA

@@ -18,7 +18,8 @@ from ..errors import NotLowered
 from ..graph import bounds, shapes
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
-from ..model_shapes import graphs_of, unknown_ranks
+from ..model_io import graphs_of
+from ..model_shapes import unknown_ranks
 from ..op.call import FlashAttentionCall
 from ..op.node import NodeOutsideContract, is_flash_attention, read_node
 from ..op.spec import ABSORBING_FILL
