@@ -28,6 +28,7 @@ from .model_shapes import with_shapes
 from .op import spec
 from .op.node import BLOCK_ID, GIVEN_HEADS, is_flash_attention
 from .op.policy import SoftmaxPolicy
+from .pipeline.native_attention import native_attention_note
 from .report import Report, TargetChoice
 from .target_choice import AUTO, LoadCheck, choose_default, choose_for_ep
 
@@ -98,6 +99,9 @@ def optimize(
     fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, folder=folder)
     if isinstance(model_or_path, (str, os.PathLike)):
         fusion_report.model = os.fspath(model_or_path)  # the report is titled with the file the user named
+    already_fused = native_attention_note(proto)
+    if already_fused is not None:
+        fusion_report.notes.append(already_fused)
 
     def run(candidate: str) -> tuple[onnx.ModelProto, Report]:
         return _lower_for(proto, fused, fusion_report, candidate, folder)

@@ -22,7 +22,6 @@ run of a PassManager does not overwrite the first run's report with an empty one
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 from collections.abc import Iterator, Sequence
@@ -30,7 +29,7 @@ from collections.abc import Iterator, Sequence
 import onnx
 import onnx_ir as ir
 
-from .lowering import CONTRIB_DOMAIN, LoweringNote, lower
+from .lowering import LoweringNote, lower
 from .op.policy import SoftmaxPolicy
 from .optimize import optimize
 from .report import Report
@@ -39,8 +38,6 @@ __all__ = ["LOWERING_KEY", "REPORT_KEY", "FuseAttention", "FusionResult", "Lower
 
 REPORT_KEY = "ortflash.report"  # Report.to_dict() as JSON, one row per Softmax or Attention node
 LOWERING_KEY = "ortflash.lowering"  # Lower's notes as JSON, one per FlashAttention node
-# ONNX Runtime's com.microsoft ops that already compute a whole attention block ("Attention": packed QKV)
-NATIVE_ATTENTION = ("MultiHeadAttention", "GroupQueryAttention", "Attention")
 
 
 @dataclasses.dataclass
@@ -97,7 +94,6 @@ class FuseAttention(ir.passes.FunctionalPass):
         )
         # optimize hands back its input itself when no block is fused (or every fused one was kept)
         modified = out is not proto and report.fused > 0
-        report.notes += _native_attention_left(model)
         new = _to_ir(out, model)
         if modified and self.metadata_key is not None:
             new.metadata_props[self.metadata_key] = json.dumps(report.to_dict())
@@ -131,22 +127,6 @@ class Lower(ir.passes.FunctionalPass):
                     report["blocks"][int(note.block)]["lowered_to"] = note.op
             new.metadata_props[self.report_key] = json.dumps(report)
         return LoweringResult(new, modified, notes)
-
-
-def _native_attention_left(model: ir.Model) -> list[str]:
-    """A note for the attention ONNX Runtime's own ops already compute (onnxscript's optimize_for_ort
-    and ORT's transformers optimizer write them): no rule reads them (the Attention front end reads
-    the standard ONNX op only), so they stay as written, and without this they would have no row."""
-    found = collections.Counter(
-        n.op_type for n in model.graph.all_nodes() if n.domain == CONTRIB_DOMAIN and n.op_type in NATIVE_ATTENTION
-    )
-    if not found:
-        return []
-    ops = ", ".join(f"{count} {CONTRIB_DOMAIN}.{op}" for op, count in sorted(found.items()))
-    return [
-        f"left as they are: {ops} (ONNX Runtime's own attention ops, already fused; ortflash reads Softmax "
-        "blocks and the standard ONNX Attention op only)"
-    ]
 
 
 def _to_ir(proto: onnx.ModelProto, source: ir.Model) -> ir.Model:

@@ -211,6 +211,10 @@ def test_optimize_says_which_com_microsoft_attention_nodes_it_leaves(tmp_path, c
     assert line in " ".join(out.split()), out
     with open(json_path) as f:
         assert json.load(f)["notes"] == [line.removeprefix("note: ")]
+    # the pipeline's note: inspect and the API say it too
+    assert main(["inspect", path]) == 0
+    assert line in " ".join(capsys.readouterr().out.split())
+    assert ortflash.optimize(path)[1].notes == [line.removeprefix("note: ")]
 
 
 def test_optimize_reads_an_external_scale_from_the_models_folder(tmp_path, monkeypatch, capsys):

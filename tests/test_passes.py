@@ -143,6 +143,6 @@ def test_attention_onnxscript_already_fused_is_left_with_a_note():
     # onnxscript wrote both blocks as packed com.microsoft Attention: no Softmax or ONNX Attention is left
     assert not result.modified and result.report.blocks == []
     assert result.report.notes == [
-        "left as they are: 2 com.microsoft.Attention (ONNX Runtime's own attention ops, already fused; "
-        "ortflash reads Softmax blocks and the standard ONNX Attention op only)"
+        "the model already has 2 com.microsoft attention nodes (2 Attention), which ortflash leaves unchanged "
+        "(ONNX Runtime's own fused attention; ortflash reads Softmax blocks and the standard ONNX Attention op)"
     ]

@@ -4,7 +4,6 @@ the result, optionally verify it, and write it; nothing ONNX Runtime cannot load
 from __future__ import annotations
 
 import argparse
-import collections
 import datetime
 import os
 import sys
@@ -15,10 +14,9 @@ import onnx
 
 from ..arg_types import console_for
 from ..errors import OrtflashError
-from ..lowering import CONTRIB_DOMAIN, TARGETS
-from ..model_io import graphs_of, load
+from ..lowering import TARGETS
+from ..model_io import load
 from ..optimize import AUTO, EP_TARGETS, EXECUTION_PROVIDERS, optimize, save
-from ..passes import NATIVE_ATTENTION
 from ..report import Report, result_document
 from ..tune import TuneSettings, default_cache_dir, optimize_tuned
 from .args import (
@@ -162,27 +160,6 @@ def _older_file(path: str) -> str:
     return f", which still holds an older file (modified {modified:%Y-%m-%d %H:%M:%S %Z}), not this run's"
 
 
-def _native_attention_note(model: onnx.ModelProto) -> str | None:
-    """One line on the attention ONNX Runtime's own ops already compute in ``model`` (its
-    transformers optimizer and onnxscript's optimize_for_ort write them): no rule reads them, so a
-    model fused by those finds 0 blocks, and without this line the user would not see why."""
-    found = collections.Counter(
-        node.op_type
-        for graph in graphs_of(model.graph)
-        for node in graph.node
-        if node.domain == CONTRIB_DOMAIN and node.op_type in NATIVE_ATTENTION
-    )
-    if not found:
-        return None
-    total = sum(found.values())
-    ops = ", ".join(f"{count} {op}" for op, count in sorted(found.items()))
-    return (
-        f"the model already has {total} {CONTRIB_DOMAIN} attention node{'s' if total > 1 else ''} ({ops}), "
-        "which ortflash leaves unchanged (ONNX Runtime's own fused attention; ortflash reads Softmax blocks "
-        "and the standard ONNX Attention op)"
-    )
-
-
 def _refuse_unloadable_input(path: str) -> None:
     """Where a new model does not load, an input ONNX Runtime cannot load either is bad input (exit 2)."""
     from ..pipeline.first_run import input_problem
@@ -221,9 +198,6 @@ def run(args: argparse.Namespace) -> int:
         **pipeline_options(args),
     )
     report.model = args.model
-    already_fused = _native_attention_note(original)
-    if already_fused is not None and already_fused not in report.notes:
-        report.notes.append(already_fused)  # printed with the report, and in --json
     print_report(report, console)
     if report.target is not None and report.target.chosen != "ortflash":
         kept = [b for b in report.blocks if b.needs_ortflash]
