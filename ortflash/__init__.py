@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .lowering import LoweringNote, lower
     from .model_io import save
     from .op.policy import SoftmaxPolicy
-    from .optimize import optimize
+    from .pipeline.optimize import optimize
     from .report import Block, Report
     from .session import InferenceSession, session_options
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # pulls in torch where torch is installed (several seconds), loads only when it is used.
 _PUBLIC: Mapping[str, str] = types.MappingProxyType(
     {
-        "optimize": "optimize",
+        "optimize": "pipeline.optimize",
         "save": "model_io",
         "session_options": "session",
         "InferenceSession": "session",
@@ -53,18 +53,6 @@ def __getattr__(name: str) -> Any:
             raise
     raise AttributeError(f"module 'ortflash' has no attribute {name!r}")
 
-
-class _Package(types.ModuleType):
-    """This package's module object: ``ortflash.optimize`` stays the function when the submodule
-    of the same name is imported (the import system sets the parent's attribute to the module)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _PUBLIC.get(name) == name:
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "optimize",

@@ -211,7 +211,7 @@ def validate(
     replaced subgraph computed; the node's kernel (``backend``: cpu | reference | wgpu) runs on
     those inputs and is compared with it. ``optimized`` None: ``ortflash.optimize(original, target="ortflash")`` (FlashAttention nodes to validate).
     """
-    from .optimize import optimize
+    from .pipeline.optimize import optimize
 
     original_proto = _with_weights(original)
     optimized_proto = optimize(original_proto, target="ortflash")[0] if optimized is None else _with_weights(optimized)

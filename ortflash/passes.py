@@ -31,7 +31,7 @@ import onnx_ir as ir
 
 from .lowering import LoweringNote, lower
 from .op.policy import SoftmaxPolicy
-from .optimize import optimize
+from .pipeline.optimize import optimize
 from .report import Report
 
 __all__ = ["LOWERING_KEY", "REPORT_KEY", "FuseAttention", "FusionResult", "Lower", "LoweringResult"]

@@ -20,7 +20,7 @@ import onnx
 from .api import VerifyResult, verify
 from .checks.compare import OutputDiff
 from .model_io import ModelLike
-from .optimize import optimize
+from .pipeline.optimize import optimize
 from .report import Block, Report
 
 __all__ = ["assert_fuses", "assert_equivalent", "counted_blocks"]

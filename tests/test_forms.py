@@ -10,9 +10,9 @@ import onnx
 import pytest
 from attention_graphs import Variant, build
 
-from ortflash import forms
 from ortflash.op.policy import SoftmaxPolicy
-from ortflash.optimize import optimize
+from ortflash.pipeline import forms
+from ortflash.pipeline.optimize import optimize
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 NO_CHECK = {"load_check": lambda m, r: None}

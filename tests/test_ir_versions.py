@@ -1,4 +1,4 @@
-"""IR versions (ortflash/ir_versions.py, issue 22 item 5): onnx 1.23's make_model stamps IR 14,
+"""IR versions (ortflash/pipeline/ir_versions.py, issue 22 item 5): onnx 1.23's make_model stamps IR 14,
 which ONNX Runtime 1.31 does not open; such a model is stamped with the IR version ONNX Runtime
 loads where nothing in it needs a newer one, and refused, naming what needs it, where something does."""
 
@@ -12,8 +12,8 @@ from onnx import TensorProto, helper
 
 import ortflash
 from ortflash.errors import OrtflashError
-from ortflash.ir_versions import ir_version_onnxruntime_loads, least_ir_version, stamp_loadable_ir_version
-from ortflash.optimize import optimize
+from ortflash.pipeline.ir_versions import ir_version_onnxruntime_loads, least_ir_version, stamp_loadable_ir_version
+from ortflash.pipeline.optimize import optimize
 
 
 def model_with(nodes: list | None = None, inits: list | None = None, value_info: list | None = None) -> onnx.ModelProto:

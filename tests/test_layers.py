@@ -27,7 +27,7 @@ AROUND_THE_OP = ABOVE_GRAPH + (
     "ortflash.bench",
     "ortflash.regress",
     "ortflash.pipeline",
-    "ortflash.optimize",
+    "ortflash.pipeline.optimize",
 )
 # No module over MAX_LINES; none over EXPLAINED_FROM without REASON in its docstring, which goes
 # on to say why (issue 21: "Over 400 lines because ...").

@@ -43,7 +43,7 @@ TARGET_OPS = {"contrib": {"MultiHeadAttention", "GroupQueryAttention"}, "onnx": 
 LOWEST = float(np.finfo(np.float32).min)
 
 # Zoo models whose blocks cannot all be lowered exactly: (file, target) -> what the notes say.
-# (None since the opset is raised op by op, lowering/opset.py: the model without shapes kept its
+# (None since the opset is raised op by op, pipeline/opset.py: the model without shapes kept its
 # blocks while onnx.version_converter's conversion to opset 23 lost the bias's rank.)
 ZOO_KEPT: dict[tuple[str, str], str] = {}
 

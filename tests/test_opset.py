@@ -1,4 +1,4 @@
-"""Raising the default-domain opset op by op (ortflash/lowering/opset.py, issue 22 item 4): blocks
+"""Raising the default-domain opset op by op (ortflash/pipeline/opset.py, issue 22 item 4): blocks
 of models onnx.version_converter cannot convert (ONNX Runtime's LayerNormalization below opset
 17, com.microsoft nodes without their domain imported, ops without an ONNX schema) lower to
 Attention-23 under --target onnx and verify; each changed op is carried over to what ONNX Runtime
@@ -14,8 +14,8 @@ from attention_graphs import F32, initializer, projected_block, tensor
 from onnx import TensorProto, helper
 
 import ortflash
-from ortflash.lowering.opset import OpsetNotRaised, raise_default_opset
 from ortflash.op import spec
+from ortflash.pipeline.opset import OpsetNotRaised, raise_default_opset
 
 WIDTH = 32  # projected_block's heads · head_dim
 

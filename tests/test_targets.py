@@ -13,10 +13,10 @@ from attention_graphs import Variant, build
 from ortflash import lowering
 from ortflash.lowering.targets import EP_ORDER, ORT_KERNEL_TARGETS, REGISTRY, TARGETS
 from ortflash.op.node import GIVEN_HEADS
-from ortflash.optimize import optimize
+from ortflash.pipeline.optimize import optimize
 
 # the module (the package exports its function under the same name)
-pipeline = importlib.import_module("ortflash.optimize")
+pipeline = importlib.import_module("ortflash.pipeline.optimize")
 
 
 def test_every_target_has_one_record_and_every_ep_order_names_registered_targets():

@@ -576,7 +576,7 @@ def test_the_conversion_to_opset_23_is_reported(model_path, capsys):
     assert main(["inspect", model_path]) == 0
     assert "converted" not in capsys.readouterr().out
     _, report = ortflash.optimize(model_path, target="onnx")
-    assert report.notes == ["raised the default opset from 17 to 23 for --target onnx, op by op (lowering/opset.py)"]
+    assert report.notes == ["raised the default opset from 17 to 23 for --target onnx, op by op (pipeline/opset.py)"]
 
 
 def test_symbolic_shape_inference_writes_nothing_into_the_current_folder(tmp_path, monkeypatch):

@@ -12,8 +12,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from ortflash import tune
-from ortflash.tune import TuneSettings, optimize_tuned
+from ortflash.pipeline import tune
+from ortflash.pipeline.tune import TuneSettings, optimize_tuned
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 

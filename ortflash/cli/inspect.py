@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..arg_types import console_for
-from ..optimize import optimize
+from ..pipeline.optimize import optimize
 from ..report import result_document
 from .args import EXIT_OK, add_num_heads, add_seq_lens, pipeline_options
 from .output import print_report, write_json

@@ -16,9 +16,9 @@ from ..arg_types import console_for
 from ..errors import OrtflashError
 from ..lowering import TARGETS
 from ..model_io import load
-from ..optimize import AUTO, EP_TARGETS, EXECUTION_PROVIDERS, optimize, save
+from ..pipeline.optimize import AUTO, EP_TARGETS, EXECUTION_PROVIDERS, optimize, save
+from ..pipeline.tune import TuneSettings, default_cache_dir, optimize_tuned
 from ..report import Report, result_document
-from ..tune import TuneSettings, default_cache_dir, optimize_tuned
 from .args import (
     EXIT_MISMATCH,
     EXIT_OK,
@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="where --target is left open: time the original, every block fused and the cost table's choice on "
         "this machine at --seq-lens (or the model's fixed size), each in its own process, and keep the fastest "
-        "that is never slower than the original (ortflash/tune.py); the choice is cached",
+        "that is never slower than the original (ortflash/pipeline/tune.py); the choice is cached",
     )
     p.add_argument(
         "--tune-cache",

@@ -11,7 +11,7 @@ from ..arg_types import console_for, positive_int
 from ..checks.compare import tolerance, tolerance_text
 from ..errors import OrtflashError
 from ..kernels.config import BACKENDS, DEFAULT_BACKEND
-from ..optimize import optimize
+from ..pipeline.optimize import optimize
 from ..report import result_document
 from .args import EXIT_MISMATCH, EXIT_OK, add_feeds, policy_from_args
 from .inputs import load_feeds, load_with_weights

@@ -98,9 +98,9 @@ from ..graph.emitter import Emitter
 from ..model_io import graphs_of
 from ..op import spec
 from ..op.node import BLOCK_ID, is_flash_attention
+from ..pipeline.opset import raise_default_opset
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .head_count import with_given_head_counts
-from .opset import raise_default_opset
 from .read import read_call, with_shapes
 from .standard import OP_ATTENTION
 from .targets import REGISTRY, TARGETS, Target

@@ -24,8 +24,8 @@ from ..checks.feeds import make_feeds, read_feeds
 from ..checks.verify import prove
 from ..errors import OrtflashError
 from ..model_io import load
-from ..optimize import optimize
 from ..pipeline.first_run import first_run
+from ..pipeline.optimize import optimize
 from ..report import Report
 from ..testing import counted_blocks
 from .manifest import Baseline, InputCase, ModelCheck

@@ -33,10 +33,10 @@ from typing import Any
 
 import onnx
 
-from .errors import OrtflashError
-from .model_io import ModelLike, load
-from .op.policy import SoftmaxPolicy
-from .report import Report
+from ..errors import OrtflashError
+from ..model_io import ModelLike, load
+from ..op.policy import SoftmaxPolicy
+from ..report import Report
 
 ORIGINAL = "original"
 CACHE_SCHEMA = 1
@@ -78,7 +78,7 @@ def machine() -> dict[str, Any]:
     """What a measurement is valid for: the CPU and the versions that run the model."""
     import onnxruntime
 
-    from ._version import __version__
+    from .._version import __version__
 
     model, flags = "", []
     try:
@@ -141,8 +141,8 @@ def measure(
         return Measured(cached["chosen"], ratios, cached=True, key=key)
     from rich.console import Console
 
-    from .bench.report import ratios as bench_ratios
-    from .bench.sweep import bench
+    from ..bench.report import ratios as bench_ratios
+    from ..bench.sweep import bench
 
     with tempfile.TemporaryDirectory(prefix="ortflash-tune-", dir=weights_dir) as work:
         # beside the input's external weights (weights_dir), so their relative paths resolve

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import onnx
 
-from .lowering.targets import DEFAULT_TARGET, EP_ORDER, ORT_KERNEL_TARGETS, REGISTRY, TARGETS
-from .report import Report, TargetChoice
+from ..lowering.targets import DEFAULT_TARGET, EP_ORDER, ORT_KERNEL_TARGETS, REGISTRY, TARGETS
+from ..report import Report, TargetChoice
 
 AUTO = "auto"  # target: the first of EP_ORDER[ep] that loads and lowers every fused block
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from .op.policy import SoftmaxPolicy
+from ..op.policy import SoftmaxPolicy
 
 # The kinds of block the table has a row for, by what the fused node reads besides Q, K and V:
 # nothing; a padding bias or mask broadcast over the queries ([B, 1, 1, Sk]); is_causal (with at

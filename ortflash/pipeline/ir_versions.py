@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 import onnx
 from onnx import TensorProto, helper
 
-from .errors import OrtflashError
+from ..errors import OrtflashError
 
 __all__ = ["IrVersionNeed", "ir_version_onnxruntime_loads", "least_ir_version", "stamp_loadable_ir_version"]
 

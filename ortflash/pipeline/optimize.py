@@ -13,23 +13,23 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
+from ..errors import OrtflashError
+from ..fusion.driver import fuse
+from ..fusion.onnx_attention import AttentionOpFrontEnd
+from ..fusion.walker import SoftmaxFrontEnd
+from ..graph import ir_utils as u
+from ..lowering import LoweringNote, lower
+from ..lowering.targets import DEFAULT_TARGET, EP_ORDER, EXECUTION_PROVIDERS, REGISTRY, TARGETS
+from ..model_io import ModelLike, check_opsets, graphs_of, load, save
+from ..model_shapes import with_shapes
+from ..op import spec
+from ..op.node import BLOCK_ID, GIVEN_HEADS, is_flash_attention
+from ..op.policy import SoftmaxPolicy
+from ..report import Report, TargetChoice
 from . import forms
-from .errors import OrtflashError
 from .fused_rows import prove_heads
-from .fusion.driver import fuse
-from .fusion.onnx_attention import AttentionOpFrontEnd
-from .fusion.walker import SoftmaxFrontEnd
-from .graph import ir_utils as u
 from .ir_versions import stamp_loadable_ir_version
-from .lowering import LoweringNote, lower
-from .lowering.targets import DEFAULT_TARGET, EP_ORDER, EXECUTION_PROVIDERS, REGISTRY, TARGETS
-from .model_io import ModelLike, check_opsets, graphs_of, load, save
-from .model_shapes import with_shapes
-from .op import spec
-from .op.node import BLOCK_ID, GIVEN_HEADS, is_flash_attention
-from .op.policy import SoftmaxPolicy
-from .pipeline.native_attention import native_attention_note
-from .report import Report, TargetChoice
+from .native_attention import native_attention_note
 from .target_choice import AUTO, LoadCheck, choose_default, choose_for_ep
 
 __all__ = ["AUTO", "EP_TARGETS", "EXECUTION_PROVIDERS", "LoadCheck", "OrtflashError", "load", "optimize", "save"]
@@ -75,10 +75,10 @@ def optimize(
     tensor as the graph computes it (for comparisons, and as an escape hatch).
 
     Where ``target`` is left open (None, or auto), each fused block takes the form that runs
-    fastest where it runs (ortflash/forms.py): the chosen target's op where the measured cost
+    fastest where it runs (ortflash/pipeline/forms.py): the chosen target's op where the measured cost
     table says it beats the original ops at the block's key length (its static length, else
     every one of ``seq_lens``), else the original ops, with the reason on its row. A target
-    asked for by name is written as asked. ``ortflash.tune.optimize_tuned`` (``--tune``) times
+    asked for by name is written as asked. ``ortflash.pipeline.tune.optimize_tuned`` (``--tune``) times
     the candidates on this machine instead, and keeps the fastest.
     """
     if policy is None:
@@ -170,7 +170,7 @@ def _fastest_forms(
     kept_all = "every fused block" if len(keep) == report.fused else f"{len(keep)} of {report.fused} fused blocks"
     faster_report.target = dataclasses.replace(
         report.target,
-        why=f"{report.target.why}; {kept_all} then kept the original ops, faster there (ortflash/forms.py)",
+        why=f"{report.target.why}; {kept_all} then kept the original ops, faster there (ortflash/pipeline/forms.py)",
     )
     return faster, faster_report
 
@@ -200,8 +200,8 @@ def _default_load_check(model_or_path: ModelLike, original: onnx.ModelProto) -> 
     weights_dir = _model_folder(model_or_path)
 
     def check(model: onnx.ModelProto, report: Report) -> str | None:
-        from .checks.feeds import make_feeds
-        from .pipeline.first_run import load_check
+        from ..checks.feeds import make_feeds
+        from .first_run import load_check
 
         return load_check(original, lambda: make_feeds(original), weights_dir=weights_dir)(model, report)
 
@@ -223,7 +223,7 @@ def _fuse(
     ``keep``: report names of blocks left as they are, each with the reason for its row.
     ``folder``: the model file's folder, where its external data is (small external constants, a
     scale or a shape, are read from there; None for a model given in memory)."""
-    from .pipeline.rounding import mark_rounding_sensitive
+    from .rounding import mark_rounding_sensitive
 
     # Opset conversions a target needs (to 13 for contrib/webgpu, 23 for onnx) happen in lower(),
     # after fusion: converting first lets the 12 -> 13 adapter wrap Softmax in Reshapes where
@@ -278,7 +278,7 @@ def _lower_for(
         after = u.default_opset(out)
         if after != before:
             report.notes.append(
-                f"raised the default opset from {before} to {after} for --target {target}, op by op (lowering/opset.py)"
+                f"raised the default opset from {before} to {after} for --target {target}, op by op (pipeline/opset.py)"
             )
     if out is fused:  # the fused model is shared by every candidate: write on a copy
         out = onnx.ModelProto()

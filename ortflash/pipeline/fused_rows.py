@@ -9,13 +9,13 @@ from collections.abc import Collection
 
 import onnx_ir as ir
 
+from ..errors import OrtflashError
+from ..graph import ir_utils as u
+from ..graph import shapes
+from ..lowering import head_count as given_heads
+from ..op.node import BLOCK_ID, GIVEN_HEADS, is_flash_attention
+from ..report import Report
 from . import forms
-from .errors import OrtflashError
-from .graph import ir_utils as u
-from .graph import shapes
-from .lowering import head_count as given_heads
-from .op.node import BLOCK_ID, GIVEN_HEADS, is_flash_attention
-from .report import Report
 
 
 def prove_heads(graph: ir.Graph, report: Report, num_heads: int | None, per_batch_head: Collection[int] = ()) -> None:
