@@ -205,6 +205,37 @@ def test_the_op_imports_no_stage_around_it(package_graph: dict[str, set[str]]) -
     assert {"ortflash.op.spec", "ortflash.op.policy", "ortflash.op.call", "ortflash.op.node"} <= set(package_graph)
 
 
+# The pipeline's room (issue 32 item 5): its steps are run by the pipeline and called from the
+# front doors (the API, the session, the passes, the CLI, regress, bench), never from the stages
+# below it. The one exception: ``ortflash.lower`` (lowering/__init__), itself a public entry, raises
+# the default opset for --target onnx with the pipeline's general upgrader.
+FRONT_DOORS = (
+    "ortflash.pipeline",
+    "ortflash.api",
+    "ortflash.testing",
+    "ortflash.passes",
+    "ortflash.pytest_plugin",
+    "ortflash.cli",
+    "ortflash.regress",
+    "ortflash.bench",
+)
+PIPELINE_STEPS_CALLED_BELOW = frozenset({("ortflash.lowering", "ortflash.pipeline.opset")})
+
+
+def test_nothing_below_the_pipeline_imports_its_steps(package_graph: dict[str, set[str]]) -> None:
+    below = sorted(
+        (module, target)
+        for module, targets in package_graph.items()
+        if module != "ortflash" and not _in(module, FRONT_DOORS)
+        for target in targets
+        if _in(target, ("ortflash.pipeline",)) and (module, target) not in PIPELINE_STEPS_CALLED_BELOW
+    )
+    assert below == [], f"a stage below the pipeline imports one of its steps: {below}"
+    moved = ("optimize", "forms", "fused_rows", "target_choice", "tune", "ir_versions")
+    assert not any(f"ortflash.{name}" in package_graph for name in moved), "a pipeline step at the package root"
+    assert {f"ortflash.pipeline.{name}" for name in (*moved, "opset")} <= set(package_graph)
+
+
 def module_sizes(package_dir: Path) -> dict[str, tuple[int, str]]:
     """Dotted module name -> (its lines, its docstring with whitespace runs made one space)."""
     sizes = {}
