@@ -156,9 +156,14 @@ def _fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 def _inner_fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The FlashAttention nodes inside If/Loop/Scan bodies (a merged decoder's branches): ONNX Runtime
     cannot expose a subgraph's values, so their key length is not read, and the softmax they run is
-    known only where their policy fixes it."""
-    main = {id(n) for n in model.graph.node}
-    return [n for g in graphs_of(model.graph) for n in g.node if is_flash_attention(n) and id(n) not in main]
+    known only where their policy fixes it.
+
+    The bodies are every graph below the main one (graphs_of yields the main graph first); the
+    main graph's nodes are never told apart by id(): protobuf's node wrappers are made on each
+    access and freed, so their ids repeat (a BERT of 259 nodes showed one FlashAttention node
+    inside a body it does not have)."""
+    bodies = list(graphs_of(model.graph))[1:]
+    return [n for g in bodies for n in g.node if is_flash_attention(n)]
 
 
 def _fixed_softmax(policy: SoftmaxPolicy) -> str | None:
