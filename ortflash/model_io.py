@@ -17,15 +17,51 @@ from .errors import OrtflashError
 _MAX_INLINE_BYTES = 2**31 - 2**20
 
 
+def _external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of the model stored as external data: the initializers of the main graph and of
+    every If/Loop/Scan body, and Constant nodes' values (onnx saves those externally too)."""
+    for graph in graphs_of(model.graph):
+        tensors = list(getattr(graph, "initializer", ()))
+        tensors += [a.t for n in graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+        for tensor in tensors:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                yield tensor
+
+
+def _location(tensor: onnx.TensorProto) -> str | None:
+    return next((e.value for e in tensor.external_data if e.key == "location"), None)
+
+
 def external_locations(model: onnx.ModelProto) -> list[str]:
-    """The files a model's external initializers live in (relative to the model's folder)."""
+    """The files a model's external tensors live in, as the model names them (relative to its
+    folder: ``model.onnx.data``, Hugging Face's ``model.onnx_data``, ``weights/w.bin``), at any depth."""
     found: list[str] = []
-    for init in model.graph.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL:
-            loc = next((e.value for e in init.external_data if e.key == "location"), None)
-            if loc and loc not in found:
-                found.append(loc)
+    for tensor in _external_tensors(model):
+        loc = _location(tensor)
+        if loc and loc not in found:
+            found.append(loc)
     return found
+
+
+def copy_external_data(model: onnx.ModelProto, source_dir: str, target_dir: str) -> list[str]:
+    """Copy the files ``model``'s external tensors name, from ``source_dir``, to the same relative
+    paths under ``target_dir``, so a copy of the model file there loads (a copy, not a link: onnx
+    refuses a data file with several hard links, or a symbolic link). Returns the locations. A
+    location outside the model's folder (absolute, or up through ``..``) is refused: ONNX Runtime
+    does not read it either."""
+    done = []
+    for loc in external_locations(model):
+        rel = os.path.normpath(loc)
+        if os.path.isabs(rel) or rel.split(os.sep)[0] == os.pardir:
+            raise OrtflashError(f"the external data location {loc!r} is outside the model's folder")
+        src, dst = os.path.join(source_dir, rel), os.path.join(target_dir, rel)
+        if not os.path.isfile(src):
+            raise OrtflashError(f"its external data file {loc} is missing from {source_dir}")
+        if not os.path.exists(dst):  # the models of one folder share their files
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(src, dst)
+        done.append(loc)
+    return done
 
 
 ModelLike = Union[onnx.ModelProto, ir.Model, str, "os.PathLike[str]"]
@@ -120,8 +156,8 @@ def save(model: onnx.ModelProto, path: str | os.PathLike[str], source_dir: str |
                     shutil.copyfile(os.path.join(source_dir, loc), dst + ".tmp")
                     copied.append(dst)
                     renamed[loc] = new_loc
-                for init in model.graph.initializer:
-                    for entry in init.external_data:
+                for tensor in _external_tensors(model):
+                    for entry in tensor.external_data:
                         if entry.key == "location" and entry.value in renamed:
                             entry.value = renamed[entry.value]
             onnx.save(model, tmp)

@@ -367,3 +367,21 @@ def test_the_guard_reads_cpu_time_at_one_thread_and_catches_a_1_3x_regression_th
     assert compare(quiet, baseline, max_slowdown=1.3).ok
     # runs at the libraries' own threads are compared on wall time, as before
     assert compare(_bench_doc(None, wall=(200.0, 110.0), cpu=(100.0, 108.0)), baseline, max_slowdown=1.3).ok
+
+
+@pytest.mark.parametrize("location", ["model.onnx_data", "model.onnx.data", "weights/w.bin"])
+def test_bench_reads_the_weights_where_the_models_tensors_say(tmp_path, location):
+    """Issue 33 item 7: every cell failed, the original's too, where the weights were not in MODEL.data."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from cpu_attention import build_model
+
+    path = tmp_path / "khmersm.onnx"  # a model named otherwise than its weights file, as exports ship
+    (tmp_path / "weights").mkdir()
+    model = build_model(layers=1, stack="padding", heads=2, head_dim=32)
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=location)
+    res = B.bench(
+        path, seq_lens=(16,), variants=("original", "online"), repeats=1, profile=False, progress=False, sgemm_size=0
+    )
+    assert [(r["variant"], r["status"]) for r in res["runs"]] == [("original", "ok"), ("online", "ok")], [
+        r.get("error") for r in res["runs"]
+    ]

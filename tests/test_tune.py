@@ -12,6 +12,8 @@ from pathlib import Path
 import onnx
 import pytest
 
+from ortflash.errors import OrtflashError
+from ortflash.model_io import load
 from ortflash.pipeline import tune
 from ortflash.pipeline.tune import TuneSettings, optimize_tuned
 
@@ -59,7 +61,7 @@ def _cached(cache: Path, path: Path, seq_lens: tuple[int, ...], chosen: str, rat
     from ortflash.op.policy import SoftmaxPolicy
 
     policy = json.dumps(SoftmaxPolicy.for_new_nodes().attributes(), sort_keys=True)  # the default policy
-    key = tune.cache_key(onnx.load(path), ep="cpu", seq_lens=seq_lens, policy=policy, target=None)
+    key = tune.cache_key(load(path), ep="cpu", seq_lens=seq_lens, policy=policy, target=None)
     cache.mkdir(parents=True, exist_ok=True)
     doc = {"schema": tune.CACHE_SCHEMA, "chosen": chosen, "ratios": ratios}
     (cache / f"{key}.json").write_text(json.dumps(doc))
@@ -130,3 +132,63 @@ def test_the_cli_refuses_a_tune_it_cannot_measure_in_one_line(tmp_path, options,
     )
     assert run.returncode == 2 and says in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert path.read_bytes() == before and not (tmp_path / "out.onnx").exists()
+
+
+def _stack_with_weights_in(tmp_path: Path, location: str) -> Path:
+    """The stack saved with its weights in ``location`` (not MODEL.data), as Hugging Face and
+    torch exports name them."""
+    from cpu_attention import build_model
+
+    path = tmp_path / "model.onnx"
+    model = build_model(layers=1, stack="padding", heads=2, head_dim=32)
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=location)
+    assert (tmp_path / location).stat().st_size > 10_000
+    return path
+
+
+@pytest.mark.parametrize("location", ["model.onnx_data", "model.onnx.data"])
+def test_tune_times_a_model_whose_weights_are_where_its_tensors_say(tmp_path, location):
+    path, cache = _stack_with_weights_in(tmp_path, location), tmp_path / "cache"
+    settings = TuneSettings(seq_lens=(32,), cache_dir=str(cache), repeats=1, rounds=1)
+    out, report = optimize_tuned(path, settings, seq_lens=[32])
+    (entry,) = cache.glob("*.json")
+    ratios = json.loads(entry.read_text())["ratios"]
+    assert set(ratios) == {"fused"} and ratios["fused"]["32"] is not None and ratios["fused"]["32"] > 0
+    assert "-/-" not in report.target.why and "fused -;" not in report.target.why
+
+
+def test_a_timing_that_failed_is_an_error_and_is_not_cached(tmp_path):
+    path, cache = _stack_with_weights_in(tmp_path, "model.onnx_data"), tmp_path / "cache"
+    data = tmp_path / "model.onnx_data"
+    data.write_bytes(data.read_bytes()[:1000])  # ONNX Runtime cannot read the weights: every cell fails
+    settings = TuneSettings(seq_lens=(32,), cache_dir=str(cache), repeats=1, rounds=1)
+    with pytest.raises(OrtflashError, match=r"--tune could not time original at S=32 \(error: .*nothing cached"):
+        optimize_tuned(path, settings, seq_lens=[32])
+    assert list(cache.glob("*.json")) == []
+
+
+def test_a_cached_failed_timing_is_measured_again(tmp_path):
+    path, cache = _stack_with_weights_in(tmp_path, "model.onnx_data"), tmp_path / "cache"
+    _cached(cache, path, (32,), "original", {"fused": {"32": None}})  # what an earlier version cached
+    settings = TuneSettings(seq_lens=(32,), cache_dir=str(cache), repeats=1, rounds=1)
+    optimize_tuned(path, settings, seq_lens=[32])
+    (entry,) = cache.glob("*.json")
+    assert json.loads(entry.read_text())["ratios"]["fused"]["32"] is not None
+
+
+def test_the_cli_says_a_failed_tune_in_one_line_exit_2(tmp_path):
+    import subprocess
+
+    path = _stack_with_weights_in(tmp_path, "model.onnx_data")
+    data = tmp_path / "model.onnx_data"
+    data.write_bytes(data.read_bytes()[:1000])
+    cache = tmp_path / "cache"
+    run = subprocess.run(
+        [sys.executable, "-m", "ortflash", "optimize", str(path), "-o", str(tmp_path / "out.onnx")]
+        + ["--tune", "--seq-lens", "32", "--tune-cache", str(cache)],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "--tune could not time" in run.stderr and not (tmp_path / "out.onnx").exists()
+    assert not cache.exists() or list(cache.glob("*.json")) == []

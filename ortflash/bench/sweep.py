@@ -18,9 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from ..errors import OrtflashError
+from ..model_io import copy_external_data, load
 from . import inputs, report, sgemm
 from .probes import loadavg, machine_info, versions
 from .variants import (
@@ -89,7 +88,7 @@ def plan_lengths(
     model_path: str, seq_lens: Sequence[int] | None, dims: dict[str, int] | None
 ) -> tuple[list[int], list[str]]:
     """(the sequence lengths to run, notes on the ones left out) from what the model declares."""
-    model = onnx.load(model_path, load_external_data=False)
+    model = load(model_path)  # a folder, a file that is not ONNX, missing weights: one line, exit 2
     if not inputs.has_sequence_dim(model, dims):
         shapes = ", ".join(
             f"{vi.name} {[d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]}"
@@ -218,8 +217,9 @@ def bench(
     snapshot = tempfile.TemporaryDirectory(prefix="ortflash-bench-model-")
     model_copy = os.path.join(snapshot.name, os.path.basename(model_path))
     shutil.copyfile(model_path, model_copy)
-    for extra in Path(model_path).parent.glob(Path(model_path).name + ".data"):
-        shutil.copyfile(extra, os.path.join(snapshot.name, extra.name))
+    # the external data files the model's tensors name (model.onnx.data, model.onnx_data, ...), at
+    # their relative paths: the copy reads the same weights as the model
+    copy_external_data(load(model_path), os.path.dirname(os.path.abspath(model_path)), snapshot.name)
     with (
         snapshot,
         Progress(

@@ -34,7 +34,7 @@ from typing import Any
 import onnx
 
 from ..errors import OrtflashError
-from ..model_io import ModelLike, load
+from ..model_io import ModelLike, copy_external_data, load
 from ..op.policy import SoftmaxPolicy
 from ..report import Report
 
@@ -144,8 +144,10 @@ def measure(
     from ..bench.report import ratios as bench_ratios
     from ..bench.sweep import bench
 
-    with tempfile.TemporaryDirectory(prefix="ortflash-tune-", dir=weights_dir) as work:
-        # beside the input's external weights (weights_dir), so their relative paths resolve
+    with tempfile.TemporaryDirectory(prefix="ortflash-tune-") as work:
+        # the external weights the models name (model.onnx_data, ...) are copied beside them, at the
+        # relative paths the models give: the user's folder may be read-only, and a path up out of
+        # a model's folder is one ONNX Runtime does not read
         original_path = Path(work) / "original.onnx"
         onnx.save(original, original_path)
         variants = [ORIGINAL]
@@ -153,6 +155,9 @@ def measure(
             path = Path(work) / f"{label}.onnx"
             onnx.save(model, path)
             variants.append(f"{label}={path}")
+        if weights_dir is not None:
+            for model in (original, *candidates.values()):
+                copy_external_data(model, weights_dir, work)
         try:
             results = bench(
                 original_path,
@@ -171,12 +176,27 @@ def measure(
             )
         except (OSError, RuntimeError, ValueError) as exc:
             raise OrtflashError(f"--tune could not measure the candidates: {exc}") from None
+    failed = _failed_timing(results)
+    if failed is not None:  # an error the user sees, and nothing cached: the next run measures again
+        raise OrtflashError(f"--tune could not time {failed}; nothing cached")
     by_len = bench_ratios(results)
     lengths = [int(s) for s in results["config"]["seq_lens"]]
     ratios = {label: {s: by_len.get(str(s), {}).get(label, {}).get("speedup") for s in lengths} for label in candidates}
     chosen = choose_fastest(ratios)
     _write_cache(settings.cache_dir, key, chosen, ratios)
     return Measured(chosen, ratios, cached=False, key=key)
+
+
+def _failed_timing(results: Mapping[str, Any]) -> str | None:
+    """The first timing of a bench run that has no result (the worker's error, a timeout), in
+    words; None when every candidate was timed at every length. A variant bench stopped after a
+    failure is named by that failure, not by the lengths it then skipped."""
+    runs = [r for r in results["runs"] if r.get("status") != "ok"]
+    first = next((r for r in runs if r.get("status") != "skipped"), runs[0] if runs else None)
+    if first is None:
+        return None
+    why = " ".join(str(first.get("error") or first.get("status")).split())  # one line
+    return f"{first['variant']} at S={first['seq_len']} ({first.get('status')}: {why})"
 
 
 def default_cache_dir() -> str:
@@ -194,6 +214,11 @@ def _read_cache(cache_dir: str | None, key: str) -> dict[str, Any] | None:
         return None  # absent or unreadable: measure again
     if not isinstance(doc, dict) or doc.get("schema") != CACHE_SCHEMA or "chosen" not in doc:
         return None
+    ratios = doc.get("ratios")
+    if not isinstance(ratios, dict) or any(
+        not isinstance(by_len, dict) or not by_len or None in by_len.values() for by_len in ratios.values()
+    ):
+        return None  # a failed timing an earlier version cached ("fused -/-"): measure again
     return doc
 
 
