@@ -385,3 +385,54 @@ def test_bench_reads_the_weights_where_the_models_tensors_say(tmp_path, location
     assert [(r["variant"], r["status"]) for r in res["runs"]] == [("original", "ok"), ("online", "ok")], [
         r.get("error") for r in res["runs"]
     ]
+
+
+def _bad_inputs(tmp_path):
+    """(model, extra options) of each bad input of issue 33 item 8."""
+    good = _tiny_zoo_model()
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(open(good, "rb").read()[:300])
+    text = tmp_path / "notes.onnx"
+    text.write_text("not a model\n")
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    return {
+        "truncated": (truncated, []),
+        "not onnx": (text, []),
+        "empty": (empty, []),
+        "a folder": (folder, []),
+        "--out is a file": (good, ["--out", str(a_file)]),
+        "--out under a file": (good, ["--out", str(a_file / "sub")]),
+        "a variant's file is not onnx": (good, ["--variants", f"original,mine={text}"]),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "truncated",
+        "not onnx",
+        "empty",
+        "a folder",
+        "--out is a file",
+        "--out under a file",
+        "a variant's file is not onnx",
+    ],
+)
+def test_bad_input_is_one_line_exit_2_before_anything_runs(tmp_path, case):
+    model, options = _bad_inputs(tmp_path)[case]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ortflash", "bench", str(model), "--seq-lens", "16", "--sgemm-size", "0", *options],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("ortflash: error: "), proc.stderr
+    assert "sequence dimension" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == "" and not (tmp_path / "bench-results").exists()

@@ -10,7 +10,7 @@ from ..arg_types import positive_int
 from ..errors import OrtflashError
 from . import baseline as baseline_check
 from . import sgemm
-from .report import make_console, write_results
+from .report import check_out_dir, make_console, write_results
 from .sweep import DEFAULT_SEQ_LENS, bench
 from .variants import DEFAULT_BLOCK_SIZE, DEFAULT_VARIANTS, VARIANTS, parse_variant
 
@@ -129,6 +129,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Exit code: 0 when every measurement succeeded (and no regression), 1 otherwise."""
     console = make_console()
+    check_out_dir(args.out, args.name)  # before the run, not after it
     old = baseline_check.load_baseline(args.baseline) if args.baseline else None
     res = bench(
         args.model,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
 
+from ..errors import OrtflashError
 from .inputs import FIXED_SIZE
 
 Results = dict[str, Any]
@@ -335,17 +337,35 @@ def plot_results(results: Results, path: Path) -> str | None:
     return str(path)
 
 
+def check_out_dir(out_dir: str, name: str) -> None:
+    """Bad usage, said before anything is measured (OrtflashError, one line): an --out that is a
+    file, or that cannot be made or written, and a --name that is not a plain file name."""
+    if not name or os.sep in name or name in (os.curdir, os.pardir):
+        raise OrtflashError(f"--name {name!r}: give a file stem, not a path")
+    existing = os.path.abspath(out_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise OrtflashError(f"--out {out_dir}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK):
+        raise OrtflashError(f"--out {out_dir}: the folder {existing} is not writable")
+
+
 def write_results(
     results: Results, out_dir: str | Path, name: str = "bench", *, plot: bool = True, console: Any = None
 ) -> dict[str, str]:
-    """NAME.json (also a valid --baseline), NAME.md and, with matplotlib, NAME.png in out_dir."""
+    """NAME.json (also a valid --baseline), NAME.md and, with matplotlib, NAME.png in out_dir;
+    a folder or file that cannot be written is an OrtflashError (one line)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": str(out_dir / f"{name}.json"), "md": str(out_dir / f"{name}.md")}
-    with open(paths["json"], "w") as f:
-        json.dump({k: x for k, x in results.items() if k != "files"}, f, indent=1)
-        f.write("\n")
-    Path(paths["md"]).write_text(markdown(results))
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(paths["json"], "w") as f:
+            json.dump({k: x for k, x in results.items() if k != "files"}, f, indent=1)
+            f.write("\n")
+        Path(paths["md"]).write_text(markdown(results))
+    except OSError as exc:
+        raise OrtflashError(f"--out {out_dir}: could not write the results ({exc.strerror or exc})") from None
     if plot:
         png = plot_results(results, out_dir / f"{name}.png")
         if png:

@@ -88,7 +88,7 @@ def plan_lengths(
     model_path: str, seq_lens: Sequence[int] | None, dims: dict[str, int] | None
 ) -> tuple[list[int], list[str]]:
     """(the sequence lengths to run, notes on the ones left out) from what the model declares."""
-    model = load(model_path)  # a folder, a file that is not ONNX, missing weights: one line, exit 2
+    model = load(model_path)
     if not inputs.has_sequence_dim(model, dims):
         shapes = ", ".join(
             f"{vi.name} {[d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]}"
@@ -165,9 +165,17 @@ def bench(
     model_path = os.fspath(model_path)
     if not os.path.exists(model_path):
         raise OrtflashError(f"{model_path}: no such file")
+    load(model_path)  # a folder, a file that is not ONNX, an empty one, missing weights: one line, exit 2
     variants = list(variants)
     for v in variants:
-        parse_variant(v)  # a bad name fails here, before any worker starts
+        try:
+            file = parse_variant(v).path  # a bad name fails here, before any worker starts
+        except ValueError as exc:
+            raise OrtflashError(str(exc)) from None
+        if file is not None:
+            load(file)  # a LABEL=PATH variant's file too, not one error cell per length
+    if out_dir is not None:
+        report.check_out_dir(os.fspath(out_dir), name)
     seq_lens, length_notes = plan_lengths(model_path, seq_lens, dims)
     for note in length_notes:
         console.print(f"[yellow]{note}[/]")
