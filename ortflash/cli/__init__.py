@@ -22,7 +22,7 @@ from .._version import __version__
 from ..errors import OrtflashError
 from . import bench, inspect, optimize, regress, validate, verify, web_check
 from .args import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, Parser, output_options
-from .output import check_json_target
+from .output import check_json_target, write_error_json
 
 __all__ = ["COMMANDS", "EXIT_INTERRUPTED", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -61,18 +61,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The positional argument that names each command's model (regress: its manifest).
+_MODEL_ARGUMENTS = ("model", "original", "manifest")
+
+
+def _json_of_unparsed(argv: Sequence[str]) -> tuple[str | None, str | None]:
+    """(command, --json PATH) of a command line that did not parse, read as far as it can be."""
+    command = next((a for a in argv if a in COMMANDS), None)
+    if command is None or not COMMANDS[command].output_options:
+        return command, None
+    known, _ = output_options().parse_known_args(list(argv[list(argv).index(command) + 1 :]))
+    return command, known.json
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        check_json_target(getattr(args, "json", None))
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:
+        if stop.code == EXIT_USAGE:  # argparse said the one line; --json still gets its document
+            command, json_path = _json_of_unparsed(argv)
+            if command is not None:
+                write_error_json(command, json_path, None, EXIT_USAGE, "the command line did not parse")
+        raise
+    json_path = getattr(args, "json", None)
+    model = next((str(getattr(args, k)) for k in _MODEL_ARGUMENTS if getattr(args, k, None) is not None), None)
+    try:
+        check_json_target(json_path)
         code: int = COMMANDS[args.command].module.run(args)
         return code
     except OrtflashError as exc:
         print(f"ortflash: error: {exc}", file=sys.stderr)
+        write_error_json(args.command, json_path, model, EXIT_USAGE, str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("ortflash: interrupted", file=sys.stderr)
+        write_error_json(args.command, json_path, model, EXIT_INTERRUPTED, "interrupted")
         return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug in ortflash: its traceback follows, and the file is not an old run's
+        write_error_json(args.command, json_path, model, EXIT_MISMATCH, f"internal error: {type(exc).__name__}: {exc}")
+        raise
 
 
 def entry() -> None:

@@ -99,3 +99,22 @@ def print_report(report: Report, console: Console) -> None:
             "become a different integer: verify with real inputs (--verify --feeds F.npz)",
             markup=False,
         )
+
+
+def write_error_json(command: str, json_path: str | None, model: str | None, code: int, message: str) -> None:
+    """A run that ended in an error (exit 2: bad input or usage; 130: interrupted; 1: a bug in
+    ortflash) still writes its --json document, of the same shape, so a script reading the file
+    never picks up an earlier run's: ``exit_code``, ``ok`` false, ``model`` (null where the command
+    line did not parse), the other results null, and the error line as the last of ``notes``.
+    Nothing is raised: the error itself is what the user is told."""
+    from ..report import result_document
+
+    if json_path is None:
+        return
+    document = result_document(command, code, model=model or "", notes=[f"error: {message}"])
+    document["model"] = model
+    try:
+        check_json_target(json_path)
+        write_json(argparse.Namespace(json=json_path), document)
+    except OrtflashError:
+        pass  # a --json target that cannot be written was the error, or is said by it
