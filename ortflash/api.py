@@ -88,6 +88,7 @@ class ValidateResult:
     rtol: float
     atol: float
     nodes: tuple[NodeCheck, ...]
+    notes: tuple[str, ...] = ()  # e.g. random inputs run at batch 1, the model not running at ``batch``
 
 
 def _badness(diff: OutputDiff) -> tuple[bool, float, int]:
@@ -210,14 +211,24 @@ def validate(
     The original runs in ONNX Runtime exposing each fused node's inputs and the value the
     replaced subgraph computed; the node's kernel (``backend``: cpu | reference | wgpu) runs on
     those inputs and is compared with it. ``optimized`` None: ``ortflash.optimize(original, target="ortflash")`` (FlashAttention nodes to validate).
+    Random inputs the original does not take at ``batch`` > 1 are retried at batch 1 (``notes`` says so), as :func:`verify`.
     """
     from .pipeline.optimize import optimize
 
     original_proto = _with_weights(original)
     optimized_proto = optimize(original_proto, target="ortflash")[0] if optimized is None else _with_weights(optimized)
-    inputs = dict(feeds) if feeds is not None else make_feeds(original_proto, dims=dims, seq_len=seq_len, batch=batch)
     rtol, atol = tolerance(original_proto, rtol, atol)
-    nodes = _validate.validate(
-        original_proto, optimized_proto, inputs, backend=backend, policy=_override(softmax), rtol=rtol, atol=atol
-    )
-    return ValidateResult(all(n.ok for n in nodes), backend, rtol, atol, tuple(nodes))
+    options: dict[str, Any] = {"backend": backend, "policy": _override(softmax), "rtol": rtol, "atol": atol}
+    notes: tuple[str, ...] = ()
+    if feeds is not None:
+        nodes = _validate.validate(original_proto, optimized_proto, dict(feeds), **options)
+    else:
+        nodes, note = _validate.validate_random(
+            original_proto,
+            optimized_proto,
+            lambda at: make_feeds(original_proto, dims=dims, seq_len=seq_len, batch=at),
+            batch,
+            **options,
+        )
+        notes = (note,) if note else ()
+    return ValidateResult(all(n.ok for n in nodes), backend, rtol, atol, tuple(nodes), notes)

@@ -9,8 +9,9 @@ two are compared with the one comparison every check uses.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -229,3 +230,31 @@ def validate(
             )
         )
     return checks
+
+
+def validate_random(
+    original: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    inputs_at: Callable[[int], dict[str, np.ndarray]],
+    batch: int,
+    **options: Any,
+) -> tuple[list[NodeCheck], str | None]:
+    """:func:`validate` on random inputs at ``batch`` (``inputs_at(batch)``), and where those fail
+    at batch > 1, at batch 1, as verify does (many exports fix the batch at 1 inside the graph, a
+    Reshape to a constant shape): (the checks, the note that says so, or None). Where batch 1 fails
+    too, the first error is raised, with the hint."""
+    from .feeds import with_batch_hint
+    from .verify import _batch_one_note  # verify's words for it, so both checks say the same
+
+    at_batch = inputs_at(batch)
+    try:
+        return validate(original, optimized, at_batch, **options), None
+    except OrtflashError as exc:
+        if batch == 1:
+            raise
+        at_one = inputs_at(1)
+        try:
+            checks = validate(original, optimized, at_one, **options)
+        except OrtflashError:
+            raise with_batch_hint(exc, batch) from None
+        return checks, _batch_one_note(at_batch, at_one, batch, exc)

@@ -9,12 +9,11 @@ from types import MappingProxyType
 
 from ..arg_types import console_for, positive_int
 from ..checks.compare import tolerance, tolerance_text
-from ..errors import OrtflashError
 from ..kernels.config import BACKENDS, DEFAULT_BACKEND
 from ..pipeline.optimize import optimize
 from ..report import result_document
 from .args import EXIT_MISMATCH, EXIT_OK, add_feeds, policy_from_args
-from .inputs import load_feeds, load_with_weights
+from .inputs import check_dims, load_feeds, load_with_weights
 from .output import ERROR_COLUMNS, error_cells, finite, print_results, write_json
 
 HELP = "check each fused node's kernel against the naive ORT subgraph"
@@ -48,7 +47,8 @@ def _backend_label(backend: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checks.validate import check_derived, in_subgraphs, validate
+    from ..checks.feeds import make_feeds
+    from ..checks.validate import check_derived, in_subgraphs, validate, validate_random
 
     console = console_for(args)
     backend = BACKEND_ALIASES.get(args.backend, args.backend)
@@ -56,16 +56,23 @@ def run(args: argparse.Namespace) -> int:
     optimized = load_with_weights(args.optimized) if args.optimized else optimize(original, target="ortflash")[0]
     if args.optimized:
         check_derived(original, optimized, args.original, args.optimized)
-    feeds = load_feeds(args, original)
     rtol, atol = tolerance(original, args.rtol, args.atol)
-    try:
-        checks = validate(
-            original, optimized, feeds, backend=backend, policy=policy_from_args(args), rtol=rtol, atol=atol
+    options = {"backend": backend, "policy": policy_from_args(args), "rtol": rtol, "atol": atol}
+    notes = []
+    if args.feeds:  # the user's inputs: never resized
+        checks = validate(original, optimized, load_feeds(args, original), **options)
+    else:  # random ones: at batch 1 where the model does not run at --batch (a note says so), as verify
+        check_dims(args, original)
+        checks, batch_note = validate_random(
+            original,
+            optimized,
+            lambda batch: make_feeds(original, seq_len=args.seq_len, batch=batch, dims=dict(args.dim)),
+            args.batch,
+            **options,
         )
-    except OrtflashError as exc:
-        from ..checks.feeds import with_batch_hint
-
-        raise (exc if args.feeds else with_batch_hint(exc, args.batch)) from None
+        notes += [batch_note] if batch_note else []
+    for note in notes:
+        console.print(f"note: {note}", markup=False)
     ok = True
     unchecked = in_subgraphs(optimized)
     if unchecked:
@@ -106,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.original,
             output=args.optimized,
             validation={"backend": backend, "rtol": rtol, "atol": atol, "ok": ok, "nodes": nodes},
+            notes=notes,
         ),
     )
     return code
