@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 
 from ..arg_types import console_for
+from ..model_io import load
 from ..pipeline.optimize import optimize
 from ..report import result_document
 from .args import EXIT_OK, add_num_heads, add_seq_lens, pipeline_options
+from .inputs import check_seq_lens
 from .output import print_report, write_json
 
 HELP = "list every Softmax: fused or why not; writes nothing"
@@ -23,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     console = console_for(args)
     _, report = optimize(args.model, **pipeline_options(args))  # a path: external weights are found for the load check
     report.model = args.model
+    report.notes.extend(check_seq_lens(args, load(args.model), report))  # a length a static model cannot take: exit 2
     print_report(report, console)
     write_json(args, result_document("inspect", EXIT_OK, model=args.model, report=report))
     return EXIT_OK

@@ -30,7 +30,7 @@ from .args import (
     new_nodes_policy,
     pipeline_options,
 )
-from .inputs import check_dims
+from .inputs import check_dims, check_seq_lens
 from .output import print_report, write_json
 from .verify import prove
 
@@ -198,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         **pipeline_options(args),
     )
     report.model = args.model
+    report.notes.extend(check_seq_lens(args, original, report))  # a length a static model cannot take: exit 2
     print_report(report, console)
     if report.target is not None and report.target.chosen != "ortflash":
         kept = [b for b in report.blocks if b.needs_ortflash]
