@@ -13,15 +13,16 @@ if TYPE_CHECKING:
 
 JSON_SCHEMA = "ortflash.result"
 # Raise on any change to the keys or meaning of the document below; additions included.
-# 4: a block's `target` became `lowered_to` (null: FlashAttention); 5: a block's `mask_kind`; 6: its `dtype`
-JSON_SCHEMA_VERSION = 6
+# 4: a block's `target` became `lowered_to` (null: FlashAttention); 5: a block's `mask_kind`; 6: its `dtype`;
+# 7: its `detail` (the whole explanation of a one-sentence `reason`) and `fused_from` (a length dispatch)
+JSON_SCHEMA_VERSION = 7
 
 
 @dataclass
 class Block:
     name: str  # the Softmax node
     fused: bool
-    reason: str = ""  # why not fused (the first failed precondition), or a note
+    reason: str = ""  # why not fused (the first failed precondition), or a note: one short sentence where ours
     pattern: str = ""
     # numbers where shapes or initializers prove them (or --num-heads gives them, said in reason), else None
     heads: int | None = None
@@ -31,7 +32,8 @@ class Block:
     scale: float | None = None
     mask: str = ""  # bias / mask / causal summary
     softmax: str = ""  # naive | online | auto, as written on the fused node
-    # the cost table's row for a fused block (forms.MASK_KINDS: none | padding | causal | bias), "" where not fused
+    # the cost table's row for a block read (forms.MASK_KINDS: none | padding | causal | bias), fused or
+    # kept for speed; "" where the rules did not read a block
     mask_kind: str = ""
     # the element type of Q, K, V and the output ("float32", "float16"), "" where not known
     dtype: str = ""
@@ -41,6 +43,11 @@ class Block:
     # the quantizer the block's output reaches a few nodes on ("DynamicQuantizeLinear 4 nodes on"), where
     # float32 rounding can flip an integer: check such blocks with real inputs (see pipeline/rounding.py)
     rounding: str = ""
+    # the whole explanation behind the reason's sentence (the measurement, what changes it), said once under the table
+    detail: str = ""
+    # a length known only at run time: the key length from which the model runs the fused form, the
+    # original ops below (an If on the length, pipeline/length_dispatch.py); None: at every length it runs
+    fused_from: int | None = None
 
     @property
     def needs_ortflash(self) -> bool:
@@ -99,7 +106,11 @@ class Report:
         table = Table()
         for col in ("softmax node", "pattern", "heads", "head dim", "scale", "mask / bias", "result"):
             table.add_column(col, overflow="fold")
+        details: dict[str, int] = {}  # each explanation once, numbered in the order rows cite it
         for b in self.blocks:
+            cite = ""
+            if b.detail:
+                cite = f" [{details.setdefault(b.detail, len(details) + 1)}]"
             heads = "?" if b.heads is None else str(b.heads)
             if b.kv_heads not in (None, b.heads):
                 heads += f" (kv {b.kv_heads})"
@@ -111,6 +122,7 @@ class Report:
                 result += f"; {escape(b.reason)}"
             if b.fused and b.rounding:
                 result += f"; [yellow]feeds a quantizer[/] ({escape(b.rounding)})"
+            result += escape(cite)
             table.add_row(
                 escape(b.name),
                 escape(b.pattern),
@@ -121,6 +133,8 @@ class Report:
                 result,
             )
         console.print(table)
+        for text, number in details.items():
+            console.print(f"[{number}] {text}", markup=False, soft_wrap=True)
         if self.shape_inference not in ("", "onnx"):
             console.print(f"shapes: {self.shape_inference} shape inference (ONNX's left ranks unknown)", markup=False)
         for note in self.notes:

@@ -82,8 +82,9 @@ def test_a_block_at_a_short_static_length_keeps_the_original_ops():
     model = _static(16)
     out, report = optimize(model, **NO_CHECK)
     assert report.fused == 0 and out is model  # written unchanged
-    assert "kept the original ops" in report.blocks[0].reason and "key length 16" in report.blocks[0].reason
-    assert report.blocks[0].head_dim == 32
+    assert "the original ops are faster at 16 keys" in report.blocks[0].reason
+    assert "kept the original ops" in report.blocks[0].detail and "key length 16" in report.blocks[0].detail
+    assert report.blocks[0].head_dim == 32 and report.blocks[0].mask_kind == "none"  # a kept row says its kind
 
 
 def test_a_named_target_is_written_as_asked_at_any_length():
@@ -93,22 +94,38 @@ def test_a_named_target_is_written_as_asked_at_any_length():
     assert report.blocks[0].lowered_to == "com.microsoft.MultiHeadAttention"
 
 
-def test_a_dynamic_length_block_keeps_the_original_ops_unless_the_lengths_are_given():
-    model = build(Variant())
-    out, report = optimize(model, online_softmax=True, **NO_CHECK)
-    assert report.fused == 0 and "known only at run time" in report.blocks[0].reason
+def test_a_dynamic_length_block_dispatches_on_the_length_unless_the_lengths_are_given():
+    """A length known only at run time: the fused form from the table's crossover, the original ops
+    below (an If on the length), where a form wins at some length; with --seq-lens, no If."""
     form, dim, at = _a_measured_crossover()
     policy = {"softmax": form}
+    out, report = optimize(build(Variant(head_dim=dim)), **policy, **NO_CHECK)
+    assert report.fused == 1 and report.blocks[0].fused_from == at
+    assert report.blocks[0].reason == f"{form} from {at} keys, original ops below"
+    assert "known only at run time" in report.blocks[0].detail
+    assert [n.op_type for n in out.graph.node].count("If") == 1
     _, long_report = optimize(build(Variant(head_dim=dim)), seq_lens=[at, 4 * at], **policy, **NO_CHECK)
-    assert long_report.fused == 1 and f"faster than the original ops at key length {at}" in long_report.blocks[0].reason
+    assert long_report.fused == 1 and long_report.blocks[0].fused_from is None
+    assert f"faster than the original ops at key length {at}" in long_report.blocks[0].detail
     _, mixed = optimize(build(Variant(head_dim=dim)), seq_lens=[at // 2, at], **policy, **NO_CHECK)
-    assert mixed.fused == 0 and f"at key length {at // 2}" in mixed.blocks[0].reason
+    assert mixed.fused == 0 and f"at key length {at // 2}" in mixed.blocks[0].detail
+
+
+def test_a_dynamic_length_block_no_form_beats_keeps_the_original_ops_and_says_why():
+    never = [d for d, at in forms.CPU_CROSSOVERS["none"]["online"].items() if at is None]
+    if not never:
+        pytest.skip("online beats the original ops at some length at every measured head dim")
+    model = build(Variant(head_dim=never[0]))
+    out, report = optimize(model, online_softmax=True, **NO_CHECK)
+    assert report.fused == 0 and out is model and report.blocks[0].mask_kind == "none"
+    assert "wins at no measured length" in report.blocks[0].reason
+    assert "known only at run time" in report.blocks[0].detail
 
 
 def test_a_block_at_or_past_its_crossover_is_fused_and_says_why():
     form, dim, at = _a_measured_crossover()
     out, report = optimize(_static(at, dim), softmax=form, **NO_CHECK)
-    assert report.fused == 1 and "faster than the original ops" in report.blocks[0].reason
+    assert report.fused == 1 and "faster than the original ops" in report.blocks[0].detail
     _, short = optimize(_static(at // 2, dim), softmax=form, **NO_CHECK)
     assert short.fused == 0
 
@@ -178,16 +195,16 @@ def test_the_cpu_table_does_not_decide_for_another_ep():
     assert cpu.fused == 0
     _, cuda = optimize(_static_f16(64), ep="cuda", **NO_CHECK)
     assert cuda.fused == 1 and cuda.blocks[0].lowered_to is not None and cuda.blocks[0].dtype == "float16"
-    assert "crossover_cuda" in cuda.blocks[0].reason and "float16" in cuda.blocks[0].reason
+    assert "crossover_cuda" in cuda.blocks[0].detail and "float16" in cuda.blocks[0].detail
 
 
 def test_ep_cuda_keeps_float32_blocks_and_short_float16_ones_and_says_why():
     """float32: the original's TF32 products beat the cuda target at every measured length."""
     _, f32 = optimize(_static(64), ep="cuda", **NO_CHECK)
     assert f32.fused == 0 and f32.blocks[0].dtype == "float32"
-    assert "crossover_cuda" in f32.blocks[0].reason and "float32" in f32.blocks[0].reason, f32.blocks[0].reason
+    assert "crossover_cuda" in f32.blocks[0].detail and "float32" in f32.blocks[0].detail, f32.blocks[0].detail
     _, short = optimize(_static_f16(16), ep="cuda", **NO_CHECK)
-    assert short.fused == 0 and "at key length 16, cuda beats them only from 64" in short.blocks[0].reason
+    assert short.fused == 0 and "at key length 16, cuda beats them only from 64" in short.blocks[0].detail
     policy = SoftmaxPolicy.for_new_nodes()
     assert not forms.choose("cuda", policy, 64, [1024], "padding", "cuda", "float16").fused
     assert forms.choose("cuda", policy, 64, [2048], "padding", "cuda", "float16").fused
@@ -195,7 +212,7 @@ def test_ep_cuda_keeps_float32_blocks_and_short_float16_ones_and_says_why():
     assert forms.choose("cuda", policy, 128, [4096], "causal", "cuda", "float16").fused
     # an element type without a table of its own is decided as float32, the table that keeps most
     unknown = forms.choose("cuda", policy, 64, [4096], "padding", "cuda", None)
-    assert not unknown.fused and "as float32" in unknown.why
+    assert not unknown.fused and "as float32" in unknown.detail
     # where --ep cuda falls back to contrib (a block cuda cannot lower), the same row decides
     assert not forms.choose("contrib", policy, 64, None, "causal", "cuda", "float32").fused
 
@@ -235,7 +252,7 @@ def test_the_webgpu_table_is_its_committed_benchmark_results():
 
 def test_ep_webgpu_keeps_a_short_block_that_the_webgpu_table_says_is_slower_and_says_so():
     _, short = optimize(_static(128), ep="webgpu", **NO_CHECK)
-    assert short.fused == 0 and "crossover_webgpu" in short.blocks[0].reason, short.blocks[0].reason
+    assert short.fused == 0 and "crossover_webgpu" in short.blocks[0].detail, short.blocks[0].detail
     assert forms.choose("webgpu", SoftmaxPolicy.for_new_nodes(), 32, [64], "causal", "webgpu").fused
     assert not forms.choose("webgpu", SoftmaxPolicy.for_new_nodes(), 32, [1024], "padding", "webgpu").fused
     assert forms.choose("webgpu", SoftmaxPolicy.for_new_nodes(), 64, [2048], "padding", "webgpu").fused

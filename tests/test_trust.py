@@ -353,7 +353,7 @@ def test_every_command_writes_one_versioned_json_schema(every_form_fuses, model_
     for command, doc in docs.items():
         assert (doc["schema"], doc["schema_version"], doc["command"], doc["exit_code"], doc["ok"]) == (
             "ortflash.result",
-            6,
+            7,
             command,
             0,
             True,

@@ -150,7 +150,8 @@ def session_options(threads: int | None) -> ort.SessionOptions:
 
 
 def _uses_flash_attention(model: onnx.ModelProto) -> bool:
-    return any(n.domain == spec.DOMAIN for n in model.graph.node)
+    # subgraphs included: a model that picks its form by the length holds its nodes in If branches
+    return any(n.domain == spec.DOMAIN for g in graphs_of(model.graph) for n in g.node)
 
 
 def open_session(

@@ -17,6 +17,7 @@ the API and the JSON read.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from ..errors import OrtflashError
 from ..model_io import graphs_of, load
 from ..op.node import is_flash_attention, node_attributes
 from ..op.policy import NODES_OWN, SoftmaxPolicy
+from ..pipeline.length_dispatch import DISPATCH_KEY
 from ..session import InferenceSession
 from .compare import OutputDiff, compare_outputs, noise_text, shape_text, tolerance
 from .feeds import decoder_cases, make_feeds, with_batch_hint
@@ -77,6 +79,8 @@ class VerifyRun:
     diffs: list[OutputDiff]
     # output -> the model's own noise on these inputs, where beyond the tolerance (checks/noise)
     noise: dict[str, float] = field(default_factory=dict)
+    # If on the length -> the side it ran ("fused" or "original ops"), read from its condition
+    dispatch: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -123,6 +127,7 @@ class Verification:
                     "softmax": r.modes,
                     "key_lengths": r.key_lengths,
                     "noise": r.noise,
+                    "length_dispatch": r.dispatch,
                     "ok": r.ok,
                     "outputs": [diff_dict(d) for d in r.diffs],
                 }
@@ -225,6 +230,7 @@ class _Prover:
             weights_dir = os.path.dirname(os.path.abspath(optimized))
         self.weights_dir = weights_dir
         self.optimized, self.keys = _exposing_keys(load(optimized), self.nodes)
+        self.dispatch = _exposing_dispatch(self.optimized)
         self.sessions: dict[SoftmaxPolicy | None, InferenceSession] = {}
 
     def run(
@@ -255,10 +261,116 @@ class _Prover:
             fixed = _fixed_softmax(_node_policy(node, override))
             if fixed is not None:
                 modes[node.name] = fixed
+        sides = _dispatch_sides(self.dispatch, actual, override, modes, key_lengths)
         inputs = {name: list(value.shape) for name, value in feeds.items()}
         noise = self.noise.noise(feeds, expected, self.rtol, self.atol) if self.noise is not None else {}
         diffs = compare_outputs(expected, actual, self.rtol, self.atol, noise=noise)
-        return VerifyRun(why, inputs, modes, key_lengths, diffs, noise)
+        return VerifyRun(why, inputs, modes, key_lengths, diffs, noise, sides)
+
+
+@dataclass(frozen=True)
+class _Dispatch:
+    """One If on the length (pipeline/length_dispatch.py), as verify runs it."""
+
+    condition: str  # the main-graph value that picks the side, exposed as an output
+    keys: str  # the main-graph value holding the run's key length, exposed as an output
+    key_len: int  # the key length from which it runs the fused form
+    nodes: tuple[onnx.NodeProto, ...]  # the FlashAttention nodes of its fused branch
+
+
+def _exposing_dispatch(model: onnx.ModelProto) -> dict[str, _Dispatch]:
+    """The Ifs on the length of ``model`` by name, their condition and key length added to its outputs
+    (in place: the prover's own copy), so each run says which side it took."""
+    found: dict[str, _Dispatch] = {}
+    present = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        if node.op_type != "If" or DISPATCH_KEY not in meta:
+            continue
+        info = json.loads(meta[DISPATCH_KEY])
+        branch = next(a.g for a in node.attribute if a.name == "then_branch")
+        nodes = tuple(n for g in graphs_of(branch) for n in g.node if is_flash_attention(n))
+        found[node.name] = _Dispatch(info["condition"], info["keys"], int(info["key_len"]), nodes)
+        for name in (info["condition"], info["keys"]):
+            if name not in present:
+                model.graph.output.append(onnx.ValueInfoProto(name=name))
+                present.add(name)
+    return found
+
+
+def _dispatch_sides(
+    dispatch: Mapping[str, _Dispatch],
+    actual: dict[str, np.ndarray],
+    override: SoftmaxPolicy | None,
+    modes: dict[str, str],
+    key_lengths: dict[str, int],
+) -> dict[str, str]:
+    """If on the length -> the side this run took; the fused side's nodes get the softmax they ran
+    (``modes``) and the keys they saw (``key_lengths``), read from the If's own exposed values."""
+    sides: dict[str, str] = {}
+    for name, d in dispatch.items():
+        if d.condition not in actual:
+            continue
+        fused = bool(np.asarray(actual[d.condition]).reshape(-1)[0])
+        sides[name] = "fused" if fused else "original ops"
+        keys = int(np.asarray(actual[d.keys]).reshape(-1)[0]) if d.keys in actual else None
+        for node in d.nodes:
+            if fused and keys is not None:
+                modes[node.name] = _node_policy(node, override).choose(keys)
+                key_lengths[node.name] = keys
+            elif not fused:
+                modes.pop(node.name, None)  # it did not run
+    return sides
+
+
+def _run_both_sides(
+    prover: _Prover,
+    original: ModelSource,
+    original_proto: onnx.ModelProto,
+    batch: int,
+    dims: dict[str, int],
+    result: Verification,
+    given: bool,
+) -> None:
+    """Each If on the length run on both sides: where the first inputs took only one, again at a
+    length on the other side of its crossover (random inputs only; given ones are never resized).
+    A dispatched node's deployed softmaxes are those it runs from the crossover on."""
+    if not prover.dispatch:
+        return
+    for d in prover.dispatch.values():
+        for node in d.nodes:
+            policy = _node_policy(node, prover.policy)
+            result.deployed[node.name] = sorted({policy.choose(d.key_len), policy.choose(max(d.key_len, 1 << 20))})
+    for side in ("original ops", "fused"):
+        ran = {name for run in result.runs for name, s in run.dispatch.items() if s == side}
+        waiting = [name for name in prover.dispatch if name not in ran]
+        if not waiting:
+            continue
+        if given:
+            result.notes.append(
+                f"{len(waiting)} If(s) on the length did not run their {side} side on the inputs given (--feeds)"
+            )
+            continue
+        crossovers = [prover.dispatch[name].key_len for name in waiting]
+        length = max(crossovers) if side == "fused" else max(1, min(crossovers) // 2)
+        run, why = _run_at_length(prover, original, original_proto, length, batch, dims, result)
+        if run is None:
+            result.notes.append(f"{len(waiting)} If(s) on the length did not run their {side} side: {why}")
+            continue
+        took = [name for name in waiting if run.dispatch.get(name) == side]
+        run.why += f", where {len(took)} of {len(waiting)} If(s) on the length run the {side}"
+        result.runs.append(run)
+    # auto nodes of the fused side run online only from their min_seq_len, past the crossover
+    dispatched = {n.name: n for d in prover.dispatch.values() for n in d.nodes}
+    short = [dispatched[n] for n, modes in _missing(result.deployed, result.runs).items() if n in dispatched]
+    lengths = [int(_node_policy(n, prover.policy).min_seq_len or 0) for n in short]
+    if short and not given and max(lengths) > 0:
+        run, why = _run_at_length(prover, original, original_proto, max(lengths), batch, dims, result)
+        if run is None:
+            result.notes.append(f"{_nodes_text([n.name for n in short])} of If(s) on the length not run online: {why}")
+        else:
+            run.why += ", where auto runs online in the If(s) on the length"
+            result.runs.append(run)
 
 
 def _missing(deployed: Mapping[str, list[str]], runs: list[VerifyRun]) -> dict[str, list[str]]:
@@ -358,6 +470,7 @@ def prove(
         for (words, case_feeds), outputs in zip(first_inputs, expected):
             result.runs.append(prover.run(f"as configured{words}", case_feeds, policy, outputs))
         first = first_inputs[0][1]
+    _run_both_sides(prover, original, original_proto, batch, dict(dims or {}), result, given)
     missing = _missing(result.deployed, result.runs)
     if not missing:
         return _noted_noise(result)
@@ -445,4 +558,10 @@ def run_summary(run: VerifyRun) -> str:
     lengths = sorted(set(run.key_lengths.values()))
     modes = ", ".join(f"{mode} in {_nodes_text(nodes)}" for mode, nodes in sorted(by_mode.items())) or "no fused node"
     keys = f" (key lengths {', '.join(map(str, lengths))})" if lengths else ""
-    return f"inputs {inputs}; softmax: {modes}{keys}"
+    sides: dict[str, int] = {}
+    for side in run.dispatch.values():
+        sides[side] = sides.get(side, 0) + 1
+    dispatch = (
+        "; If on the length: " + ", ".join(f"{side} in {n}" for side, n in sorted(sides.items())) if sides else ""
+    )
+    return f"inputs {inputs}; softmax: {modes}{keys}{dispatch}"

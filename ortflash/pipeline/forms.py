@@ -10,10 +10,12 @@ every element type; and the CUDA EP's, one per element type (``CUDA_CROSSOVERS``
 least key length at which the form ran faster than the original graph in one run; tests check
 them against their results files. A block is fused where its key length is known (a static
 shape, or the lengths the user says the model runs at) and at or past the crossover at every such
-length. Where the length is known only at run time, the original ops stay: an ONNX ``If`` that
-dispatches on the length costs more per block and run on ONNX Runtime's CPU EP than the short
-side saves (``if_dispatch`` in crossover_cpu.md), and the fused form loses below the crossover.
-The row says which form was chosen and why.
+length. Where the length is known only at run time, a block whose fused form wins at some measured
+length is written as an ONNX ``If`` on the run's length (pipeline/length_dispatch.py: the fused form
+from the crossover, the original ops below, one condition per distinct length shared by the blocks;
+its cost in benchmarks/results/length_dispatch.md), on the CPU EP where ortflash's op runs; a block
+whose form wins at no measured length keeps the original ops. The row says which form was chosen
+and why in one sentence; ``FormChoice.detail`` says it whole.
 """
 
 from __future__ import annotations
@@ -166,7 +168,25 @@ _TARGET_FORMS = {"contrib": "contrib", "onnx": "onnx", "webgpu": "webgpu", "cuda
 @dataclass(frozen=True)
 class FormChoice:
     fused: bool
-    why: str
+    why: str  # one short sentence, for the report row
+    detail: str = ""  # the whole explanation (the measurement, the flags that change it), said once under the table
+    # where the length is known only at run time: the key length from which the fused form runs,
+    # the original ops below it (pipeline/length_dispatch.py writes the If); None: no dispatch
+    dispatch_from: int | None = None
+    # with dispatch_from: the key length from which a one-query step (a decode step against a KV
+    # cache) takes the fused form (None: never)
+    decode_from: int | None = None
+
+
+# The decode step (one query row against a KV cache) on the CPU EP: ortflash's FlashAttention at
+# parity with the original ops at 2048 cached keys (0.84-1.41x over four runs) and 1.94-2.68x at
+# 8192, the least measured length where it won in every run (benchmarks/results/decode_step.md,
+# a Llama decoder, head dim 64, 2026-11-30). A one-query step takes the fused form from here.
+CPU_DECODE_CROSSOVER: int | None = 8192
+DECODE_RESULTS = "benchmarks/results/decode_step.md"
+# The execution providers whose blocks may dispatch on the length at run time: ortflash's own op
+# runs on the CPU EP (pipeline/length_dispatch.py; its cost in benchmarks/results/length_dispatch.md).
+DISPATCH_EPS = (None, "cpu")
 
 
 def form_at(target: str, policy: SoftmaxPolicy, key_len: int) -> str | None:
@@ -215,16 +235,20 @@ def choose(
     kind: str = "padding",
     ep: str | None = None,
     dtype: str | None = None,
+    can_dispatch: bool = False,
 ) -> FormChoice:
     """Fused, or the original ops kept, for one block of ``target``, mask ``kind`` and element type
     ``dtype`` (None: not known) that runs at ``key_lens`` (None: the length is known only at run
-    time) on ``ep`` (None: the CPU EP, where ortflash's own op runs)."""
+    time) on ``ep`` (None: the CPU EP, where ortflash's own op runs). ``can_dispatch``: the block
+    can be written as an If on its run's length (it stays a FlashAttention node in the main graph):
+    then a length known only at run time takes the fused form from the crossover
+    (``FormChoice.dispatch_from``) wherever the table has one."""
     if ep not in TABLES:
-        return FormChoice(True, f"no measured cost table for the {ep} EP: fused as the target writes it")
+        return FormChoice(True, f"fused as the target writes it: no measured cost table for the {ep} EP")
     longest = CUDA_MEASURED_UP_TO if ep == "cuda" else MEASURED_UP_TO
     probe = form_at(target, policy, longest)
     if probe is None or probe not in table(ep, dtype)[kind]:
-        return FormChoice(True, f"no measured cost table for {target} on the {ep or 'cpu'} EP: fused as asked")
+        return FormChoice(True, f"fused as asked: no measured cost table for {target} on the {ep or 'cpu'} EP")
     dim = ("an unproved head dim" if head_dim is None else f"head dim {head_dim}") + f", {_KIND_NAMES[kind]}"
     if ANY_DTYPE not in TABLES[ep]:
         dim += (
@@ -235,13 +259,23 @@ def choose(
     results = _RESULTS.get(ep or "", results_path(kind))
     if key_lens is None:
         lowest = crossover(probe, head_dim, kind, ep, dtype)
+        start = _fused_from(target, policy, head_dim, kind, ep, dtype, lowest)
+        if start is not None and can_dispatch and ep in DISPATCH_EPS:
+            return _dispatched(target, policy, start, dim, results)
         where = (
             f"{probe} beats the original ops only from key length {lowest}"
             if lowest is not None
             else f"{probe} beat the original ops at no measured key length up to {longest}"
         )
+        short = (
+            f"the original ops are faster: {probe} wins only from {lowest} keys ({_KIND_NAMES[kind]}), and the "
+            "length is known only at run time"
+            if lowest is not None
+            else f"the original ops are faster: {probe} wins at no measured length ({_KIND_NAMES[kind]})"
+        )
         return FormChoice(
             False,
+            short,
             f"kept the original ops, the faster form here: the key length is known only at run time, and {where} "
             f"({dim}, {results}); --seq-lens says which lengths the model runs at, --target {target} fuses anyway",
         )
@@ -251,10 +285,57 @@ def choose(
         at = crossover(form, head_dim, kind, ep, dtype)
         if at is None or key_len < at:
             beats = f"from {at}" if at is not None else f"at no measured length up to {longest}"
+            wins = f"wins only from {at} keys" if at is not None else "wins at no measured length"
             return FormChoice(
                 False,
+                f"the original ops are faster at {key_len} keys: {form} {wins} ({_KIND_NAMES[kind]})",
                 f"kept the original ops, the faster form here: at key length {key_len}, {form} beats them only {beats} "
                 f"({dim}, {results}); --target {target} fuses anyway",
             )
     lengths = ", ".join(map(str, key_lens))
-    return FormChoice(True, f"{probe} is faster than the original ops at key length {lengths} ({dim}, {results})")
+    return FormChoice(
+        True,
+        f"{probe} is faster at key length {lengths}",
+        f"{probe} is faster than the original ops at key length {lengths} ({dim}, {results})",
+    )
+
+
+def _fused_from(
+    target: str,
+    policy: SoftmaxPolicy,
+    head_dim: int | None,
+    kind: str,
+    ep: str | None,
+    dtype: str | None,
+    lowest: int | None,
+) -> int | None:
+    """The least key length from which every form the block runs (auto: naive below min_seq_len,
+    online from it) beats the original ops: ``lowest``, the longest form's crossover, raised to the
+    other form's where the block runs that one there, or to where it stops running it."""
+    if lowest is None:
+        return None
+    start = lowest
+    form = form_at(target, policy, start)
+    if form is not None and form != form_at(target, policy, MEASURED_UP_TO):
+        at = crossover(form, head_dim, kind, ep, dtype)
+        switch = policy.min_seq_len if policy.mode == "auto" and policy.min_seq_len is not None else MEASURED_UP_TO
+        start = max(start, at) if at is not None else max(start, switch)
+    return start
+
+
+def _dispatched(target: str, policy: SoftmaxPolicy, lowest: int, dim: str, results: str) -> FormChoice:
+    """The choice for a block whose length is known only at run time and whose fused form wins from
+    ``lowest`` keys: the fused form from there, the original ops below, decided per run."""
+    form = form_at(target, policy, lowest)
+    decode = CPU_DECODE_CROSSOVER
+    step = f"from {decode} keys" if decode is not None else "never"
+    return FormChoice(
+        True,
+        f"{form} from {lowest} keys, original ops below",
+        f"the key length is known only at run time: the model runs {form} from key length {lowest}, where it "
+        f"beats the original ops ({dim}, {results}), and the original ops below, decided per run by an If on "
+        f"the length (pipeline/length_dispatch.py); a one-query step against a KV cache takes it {step} "
+        f"({DECODE_RESULTS}); --seq-lens fixes the form for the lengths given, with no If",
+        dispatch_from=lowest,
+        decode_from=decode,
+    )

@@ -29,6 +29,7 @@ from ..report import Report, TargetChoice
 from . import forms
 from .fused_rows import prove_heads
 from .ir_versions import stamp_loadable_ir_version
+from .length_dispatch import Threshold, dispatch
 from .native_attention import native_attention_note
 from .target_choice import AUTO, LoadCheck, choose_default, choose_for_ep
 
@@ -134,45 +135,110 @@ def _fastest_forms(
     folder: str | None,
 ) -> tuple[onnx.ModelProto, Report]:
     """The chosen target's model with every block the cost table says is slower fused than as it
-    was left as it was (fused again without them); each row says why it took its form."""
+    was left as it was (fused again without them), and every block whose length is known only at
+    run time and whose fused form wins from some length written as an If on the length
+    (pipeline/length_dispatch.py); each row says why it took its form."""
     model, report = chosen
     assert report.target is not None
     target = report.target.chosen
     keep: dict[str, str] = {}
-    for block in report.blocks:
+    details: dict[str, str] = {}
+    thresholds: dict[int, Threshold] = {}
+    for row, block in enumerate(report.blocks):
         if not block.fused:
             continue
         # a block the chosen target did not lower is a FlashAttention node: its form is ortflash's
         form = target if block.lowered_to else DEFAULT_TARGET
         lengths = list(seq_lens) if seq_lens else ([block.key_len] if block.key_len else None)
+        # an If on the length is written around a FlashAttention node of the main graph
+        can_dispatch = block.lowered_to is None and "/" not in _scope_of(block.name)
         choice = forms.choose(
-            form, policy, block.head_dim, lengths, block.mask_kind or "padding", ep, block.dtype or None
+            form, policy, block.head_dim, lengths, block.mask_kind or "padding", ep, block.dtype or None, can_dispatch
         )
+        details[block.name] = choice.detail
+        if choice.dispatch_from is not None:
+            thresholds[row] = Threshold(choice.dispatch_from, choice.decode_from)
         if choice.fused:
             block.reason = "; ".join(filter(None, [block.reason, choice.why]))
+            block.detail = choice.detail
+            block.fused_from = choice.dispatch_from
         else:
             keep[block.name] = choice.why
-    if not keep:
+    while True:
+        if keep:
+            faster, faster_report = _kept_where_faster(
+                proto, shaped, policy, num_heads, prove_causal, report, keep, details, target, folder
+            )
+        else:
+            faster, faster_report = model, copy.deepcopy(report)
+        if not thresholds:
+            break
+        dispatched = dispatch(proto, faster, thresholds, shaped[0])
+        if not dispatched.left:
+            faster = dispatched.model
+            faster_report.notes.append(
+                f"{len(dispatched.rows)} block(s) choose their form by the run's key length: an If on the length "
+                "around each, one condition per distinct length (pipeline/length_dispatch.py)"
+            )
+            break
+        for row, why in dispatched.left.items():  # these keep the original ops, and the rest are asked again
+            name = report.blocks[row].name
+            keep[name] = "the original ops are faster below its crossover, and no If on the length could be written"
+            details[name] = f"{report.blocks[row].detail}; no If could be written: {why}"
+            thresholds.pop(row)
+    if faster is model:
         return model, report
+    if faster_report.fused and faster is not proto:
+        problem = check(faster, faster_report)
+        if problem is not None:  # the subset fails where the whole loaded: say so, keep the whole
+            report.notes.append(f"the original ops were not kept where faster: {problem}")
+            return model, report
+    if keep:
+        kept_all = "every fused block" if len(keep) == report.fused else f"{len(keep)} of {report.fused} fused blocks"
+        faster_report.target = dataclasses.replace(
+            report.target,
+            why=f"{report.target.why}; {kept_all} then kept the original ops, faster there (ortflash/pipeline/forms.py)",
+        )
+    else:
+        faster_report.target = report.target
+    return faster, faster_report
+
+
+def _kept_where_faster(
+    proto: onnx.ModelProto,
+    shaped: tuple[onnx.ModelProto, str],
+    policy: SoftmaxPolicy,
+    num_heads: int | None,
+    prove_causal: bool,
+    report: Report,
+    keep: Mapping[str, str],
+    details: Mapping[str, str],
+    target: str,
+    folder: str | None,
+) -> tuple[onnx.ModelProto, Report]:
+    """The model fused again with the blocks of ``keep`` left as they were, each row with its reason;
+    a kept row keeps what the fused one proved (mask kind, head dim, key length)."""
     fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
     fusion_report.model = report.model
     faster, faster_report = _lower_for(proto, fused, fusion_report, target, folder)
     for block, before in zip(faster_report.blocks, report.blocks):
         block.key_len = before.key_len
         if block.fused:
-            block.reason = before.reason
+            block.reason, block.detail, block.fused_from = before.reason, before.detail, before.fused_from
+        elif block.name in keep:
+            block.mask_kind, block.dtype = before.mask_kind, before.dtype
+            block.heads, block.kv_heads, block.head_dim = before.heads, before.kv_heads, before.head_dim
+            block.detail = details.get(block.name, "")
     faster_report.notes += [n for n in report.notes if n not in faster_report.notes]
-    if faster_report.fused and faster is not proto:
-        problem = check(faster, faster_report)
-        if problem is not None:  # the subset fails where the whole loaded: say so, keep the whole
-            report.notes.append(f"the original ops were not kept where faster: {problem}")
-            return model, report
-    kept_all = "every fused block" if len(keep) == report.fused else f"{len(keep)} of {report.fused} fused blocks"
-    faster_report.target = dataclasses.replace(
-        report.target,
-        why=f"{report.target.why}; {kept_all} then kept the original ops, faster there (ortflash/pipeline/forms.py)",
-    )
     return faster, faster_report
+
+
+def _scope_of(name: str) -> str:
+    """The subgraph prefix of a report row's name ("If_0.then_branch/"), "" in the main graph."""
+    for marker in ("_branch/", ".body/", ".branches["):
+        if marker in name:
+            return name[: name.index(marker) + len(marker)]
+    return ""
 
 
 def _check_target(target: str | None, ep: str | None) -> None:

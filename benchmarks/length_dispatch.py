@@ -1,0 +1,269 @@
+"""What a model that picks its form by the run's length costs, and what it gains (issue 30 items 4, 5).
+
+Part 1, the dispatch's own cost: each model against itself with the dispatch added and the
+original ops in BOTH branches (so only the If differs), three ways:
+
+  ``if_shared``    an If per attention block, one condition per distinct key-length dim shared by
+                   the blocks (pipeline/length_dispatch.py, what ``ortflash optimize`` writes);
+  ``if_per_block`` an If per block, each computing its own condition from its own K;
+  ``if_top``       one If at the top whose two branches are the whole graph, the weights read from
+                   the outer scope as initializers;
+
+and ``default``: what ``ortflash optimize M --online-softmax`` writes (no --target, no --seq-lens),
+whose fused branch runs from the cost table's crossover.
+
+Part 2, the default's gain where the length is known only at run time: the 2-layer BERT-base-sized
+stacks of benchmarks/cpu_attention.py (padding, causal_mask) at short and long S, original against
+``default``.
+
+Each variant runs in its own process through ``ortflash.bench.bench`` (rounds alternated, CPU time
+at one thread per worker, and wall time). Writes benchmarks/results/length_dispatch.{md,json}.
+
+    python benchmarks/length_dispatch.py --part cost --models /work/exports/minilm_l3_eager_torchscript.onnx
+    python benchmarks/length_dispatch.py --part gain --seq-lens 32,4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import onnx
+from onnx import helper
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def top_level_if(model: onnx.ModelProto, length_input: str, axis: int) -> onnx.ModelProto:
+    """``model`` as one If on the length of ``length_input``'s ``axis`` whose branches both hold
+    the whole graph; the weights stay initializers of the outer graph, read from both branches."""
+    graph = model.graph
+
+    def branch(side: str) -> onnx.GraphProto:
+        made = {o for n in graph.node for o in n.output if o}
+        nodes = []
+        for n in graph.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.name = f"{n.name}/{side}"
+            copy.input[:] = [f"{i}/{side}" if i in made else i for i in n.input]
+            copy.output[:] = [f"{o}/{side}" if o else o for o in n.output]
+            nodes.append(copy)
+        outputs = []
+        for o in graph.output:
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(o)
+            vi.name = f"{o.name}/{side}"
+            outputs.append(vi)
+        return helper.make_graph(nodes, f"top/{side}", [], outputs)
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    del out.graph.value_info[:]
+    out.graph.initializer.append(helper.make_tensor("top/from", onnx.TensorProto.INT64, [1], [1 << 40]))
+    out.graph.node.extend(
+        [
+            helper.make_node("Shape", [length_input], ["top/len"], start=axis, end=axis + 1),
+            helper.make_node("GreaterOrEqual", ["top/len", "top/from"], ["top/long"]),
+            helper.make_node(
+                "If",
+                ["top/long"],
+                [o.name for o in graph.output],
+                then_branch=branch("fused"),
+                else_branch=branch("original"),
+            ),
+        ]
+    )
+    return out
+
+
+def _configured(model: onnx.ModelProto, threads: int | None) -> onnx.ModelProto:
+    """FlashAttention nodes (subgraphs included) set to the kernel threads the workers run at."""
+    from ortflash.kernels.config import KernelConfig
+    from ortflash.session import configure_model
+
+    return configure_model(model, config=KernelConfig("cpu", threads))
+
+
+def interleaved(path: str, variants: dict[str, str], threads: int | None, runs: int = 200) -> dict[str, Any]:
+    """A second reading in one process: the original and each witness variant run in turn, one call
+    each per round, ``runs`` rounds; the median CPU time per call (ms). A run of one process sees the
+    same machine state for every variant, which a run per process does not."""
+    import time
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from ortflash.checks.feeds import make_feeds
+
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    sessions = {"original": ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])}
+    for label, file in variants.items():
+        sessions[label] = ort.InferenceSession(file, so, providers=["CPUExecutionProvider"])
+    out: dict[str, Any] = {}
+    for seq in (32,):
+        feeds = make_feeds(onnx.load(path, load_external_data=False), seq_len=seq, batch=1)
+        times: dict[str, list[float]] = {k: [] for k in sessions}
+        for _ in range(5):
+            for s in sessions.values():
+                s.run(None, feeds)
+        for _ in range(runs):
+            for label, s in sessions.items():
+                t = time.process_time()
+                s.run(None, feeds)
+                times[label].append((time.process_time() - t) * 1e3)
+        base = float(np.median(times["original"]))
+        out[str(seq)] = {
+            k: {"median_ms": float(np.median(v)), "ratio": base / float(np.median(v))} for k, v in times.items()
+        }
+    return out
+
+
+def cost_variants(path: str, work: Path, threads: int | None) -> tuple[list[str], dict[str, Any]]:
+    import ortflash
+    from ortflash.model_shapes import with_shapes
+    from ortflash.pipeline.length_dispatch import Threshold, dispatch
+
+    original = onnx.load(path)
+    stem = Path(path).stem
+    fused, report = ortflash.optimize(path, online_softmax=True, target="ortflash")
+    rows = {
+        i: Threshold(1 << 40, None)
+        for i, b in enumerate(report.blocks)
+        if b.fused and "_branch/" not in b.name and ".body" not in b.name
+    }
+    inferred = with_shapes(original)[0]
+    variants = []
+    info: dict[str, Any] = {"blocks": len(report.blocks), "dispatched": len(rows)}
+    for label, share in (("if_shared", True), ("if_per_block", False)):
+        built = dispatch(original, fused, rows, inferred, witness=True, share_conditions=share)
+        assert not built.left, built.left
+        target = work / f"{stem}_{label}.onnx"
+        onnx.save(built.model, target)
+        variants.append(f"{label}={target}")
+        info[f"{label}_length_nodes"] = sum(
+            n.name.startswith("ortflash/length_dispatch") for n in built.model.graph.node
+        )
+    same = work / f"{stem}_same.onnx"  # the original again: what an unchanged model reads (the noise)
+    onnx.save(original, same)
+    variants.append(f"same={same}")
+    first = original.graph.input[0]
+    axis = 1 if len(first.type.tensor_type.shape.dim) >= 2 else 0
+    target = work / f"{stem}_if_top.onnx"
+    onnx.save(top_level_if(original, first.name, axis), target)
+    variants.append(f"if_top={target}")
+    info["in_process_ms"] = interleaved(path, {v.split("=")[0]: v.split("=")[1] for v in variants}, threads)
+    default, default_report = ortflash.optimize(path, online_softmax=True)
+    target = work / f"{stem}_default.onnx"
+    onnx.save(_configured(default, threads), target)
+    variants.append(f"default={target}")
+    info["default_rows"] = [b.reason for b in default_report.blocks]
+    return variants, info
+
+
+def gain_variants(path: str, work: Path, threads: int | None) -> tuple[list[str], dict[str, Any]]:
+    import ortflash
+
+    stem = Path(path).stem
+    default, report = ortflash.optimize(path, online_softmax=True)
+    target = work / f"{stem}_default.onnx"
+    onnx.save(_configured(default, threads), target)
+    return [f"default={target}"], {"default_rows": [b.reason for b in report.blocks]}
+
+
+def machine() -> dict[str, Any]:
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+    flags = fields.get("Flags", "")
+    return {
+        "cpu": fields.get("Model name", "?").strip(),
+        "cpus": fields.get("CPU(s)", "?").strip(),
+        "avx512f": "avx512f" in flags,
+        "avx2": "avx2" in flags,
+        "load_average": os.getloadavg(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("cost", "gain"), required=True)
+    parser.add_argument("--models", default="", help="comma-separated model files (gain: the stacks by default)")
+    parser.add_argument("--seq-lens", default="32")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "length_dispatch_runs"))
+    args = parser.parse_args(argv)
+
+    from ortflash.bench.report import ratios
+    from ortflash.bench.sweep import bench
+
+    seq_lens = [int(s) for s in args.seq_lens.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        models = [m for m in args.models.split(",") if m]
+        if args.part == "gain" and not models:
+            from cpu_attention import build_model
+
+            for stack in ("padding", "causal_mask"):
+                target = work / f"bert_base_{stack}_2l.onnx"
+                onnx.save(build_model(layers=2, stack=stack), target)
+                models.append(str(target))
+        for path in models:
+            make = cost_variants if args.part == "cost" else gain_variants
+            variants, info = make(path, work, args.threads or None)
+            started = machine()
+            results = bench(
+                path,
+                seq_lens=seq_lens,
+                variants=("original", *variants),
+                repeats=args.repeats,
+                warmup=3,
+                rounds=args.rounds,
+                threads=args.threads or None,
+                profile=False,
+                plot=False,
+                progress=False,
+                name=f"length_dispatch_{Path(path).stem}",
+            )
+            doc = {
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+                "machine": started,
+                "load_average_after": os.getloadavg(),
+                "model": Path(path).name,
+                "part": args.part,
+                "threads": args.threads,
+                "repeats": args.repeats,
+                "rounds": args.rounds,
+                "info": info,
+                "ratios": ratios(results),
+                "median_ms": {
+                    str(s): {
+                        r["variant"]: r.get("latency_ms", {}).get("median")
+                        for r in results["runs"]
+                        if r.get("seq_len") == s and r.get("ok", True)
+                    }
+                    for s in seq_lens
+                },
+            }
+            name = f"{args.part}_{Path(path).stem}_{'_'.join(map(str, seq_lens))}.json"
+            (out / name).write_text(json.dumps(doc, indent=1) + "\n")
+            print(json.dumps({"model": doc["model"], "ratios": doc["ratios"]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
