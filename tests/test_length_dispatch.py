@@ -19,9 +19,10 @@ import ortflash
 from ortflash.checks.feeds import decoder_cases, make_feeds
 from ortflash.checks.verify import prove
 from ortflash.model_shapes import with_shapes
+from ortflash.op.node import DISPATCH_KEY
 from ortflash.op.policy import SoftmaxPolicy
 from ortflash.pipeline import forms
-from ortflash.pipeline.length_dispatch import DISPATCH_KEY, Threshold, dispatch
+from ortflash.pipeline.length_dispatch import Threshold, dispatch
 from ortflash.pipeline.optimize import optimize
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")

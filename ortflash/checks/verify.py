@@ -28,9 +28,8 @@ import onnx
 
 from ..errors import OrtflashError
 from ..model_io import graphs_of, load
-from ..op.node import is_flash_attention, node_attributes
+from ..op.node import DISPATCH_KEY, is_flash_attention, node_attributes
 from ..op.policy import NODES_OWN, SoftmaxPolicy
-from ..pipeline.length_dispatch import DISPATCH_KEY
 from ..session import InferenceSession
 from .compare import OutputDiff, compare_outputs, noise_text, shape_text, tolerance
 from .feeds import decoder_cases, make_feeds, with_batch_hint

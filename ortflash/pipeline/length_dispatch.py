@@ -32,11 +32,8 @@ import onnx
 from onnx import helper
 
 from ..model_io import graphs_of
-from ..op.node import BLOCK_ID
+from ..op.node import BLOCK_ID, DISPATCH_KEY
 
-# If metadata: {"block": row, "key_len": T, "decode_key_len": Td, "condition": the If's input,
-# "keys": the main-graph value holding the run's key length ([1] int64)}: what verify reads and exposes
-DISPATCH_KEY = "ortflash.length_dispatch"
 _NEW_NODES = "ortflash/"
 
 

@@ -1,5 +1,9 @@
 """ortflash.optimize: the whole pass from a model to a model with FlashAttention nodes (or, with a
-target, with the native ops they lower to), and the choice of target where the user leaves it open."""
+target, with the native ops they lower to), and the choice of target where the user leaves it open.
+
+Over 400 lines because the pipeline is one sequence whose later steps (the blocks kept where the
+cost table says the original ops are faster, the Ifs on the length) fuse and lower again through
+the same ``_fuse`` and ``_lower_for`` as the first pass, which they share here."""
 
 from __future__ import annotations
 
