@@ -41,15 +41,20 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #if defined(__SSE2__) || defined(__AVX__)
 #include <immintrin.h>

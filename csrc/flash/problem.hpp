@@ -33,14 +33,63 @@ struct Problem {
     int threads;
 };
 
-struct AlignedFloats {  // a 64-byte aligned float buffer
+// Buffers of finished calls, kept by the thread that freed them for its next call: without it
+// every call allocated its packed K/V and scratch anew, and blocks above glibc's mmap threshold
+// (128 KiB to start with) came back as fresh pages to fault in again (S = 512, H = 12: ~1.6 MB).
+struct BufferCache {
+    struct Entry {
+        float* ptr;
+        size_t bytes;
+    };
+    static constexpr size_t MAX_ENTRIES = 16;
+    static constexpr size_t MAX_BYTES = size_t(64) << 20;
+    std::vector<Entry> entries;
+    size_t held = 0;
+    ~BufferCache() {
+        for (const Entry& e : entries) std::free(e.ptr);
+    }
+    // The smallest kept buffer of at least `bytes` (taken out of the cache), or null.
+    float* take(size_t bytes, size_t* got) {
+        size_t best = entries.size();
+        for (size_t i = 0; i < entries.size(); ++i)
+            if (entries[i].bytes >= bytes && (best == entries.size() || entries[i].bytes < entries[best].bytes))
+                best = i;
+        if (best == entries.size()) return nullptr;
+        float* p = entries[best].ptr;
+        *got = entries[best].bytes;
+        held -= *got;
+        entries[best] = entries.back();
+        entries.pop_back();
+        return p;
+    }
+    void give(float* p, size_t bytes) {
+        if (entries.size() >= MAX_ENTRIES || held + bytes > MAX_BYTES) {
+            std::free(p);
+            return;
+        }
+        entries.push_back(Entry{p, bytes});
+        held += bytes;
+    }
+};
+
+inline BufferCache& buffer_cache() {
+    static thread_local BufferCache cache;
+    return cache;
+}
+
+struct AlignedFloats {  // a 64-byte aligned float buffer (not zeroed), from this thread's cache when it can be
     float* ptr = nullptr;
+    size_t bytes = 0;
     explicit AlignedFloats(size_t n) {
         if (n == 0) n = 1;
-        ptr = static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64));
+        const size_t want = (n * sizeof(float) + 63) / 64 * 64;
+        ptr = buffer_cache().take(want, &bytes);
+        if (ptr) return;
+        ptr = static_cast<float*>(std::aligned_alloc(64, want));
         if (!ptr) throw std::bad_alloc();
+        bytes = want;
     }
-    ~AlignedFloats() { std::free(ptr); }
+    ~AlignedFloats() { buffer_cache().give(ptr, bytes); }
     AlignedFloats(const AlignedFloats&) = delete;
     AlignedFloats& operator=(const AlignedFloats&) = delete;
 };

@@ -1,30 +1,102 @@
-// Threading: work items handed out one at a time over a pool of std::threads.
+// Threading: work items handed out one at a time over the calling thread and a persistent pool.
 // Part of csrc/flash_attention.hpp (one translation unit per ISA build); it includes the standard headers.
 #pragma once
 
 namespace {
 
+// Worker threads started once per process and parked on a condition variable between calls.
+// Starting std::threads on every call cost ~20-60 us per call (two parallel sections per call,
+// one thread each on a 2-core machine), as much as the whole attention at S = 16-64; waking a
+// parked thread costs a futex wake. One caller at a time uses the pool: a concurrent call
+// (two sessions in parallel threads) runs on its own thread alone rather than queueing.
+// The pool is never destroyed (its threads are detached and parked when the process exits),
+// and a forked child, which has none of its parent's threads, starts a pool of its own.
+class WorkerPool {
+public:
+    static WorkerPool* get() {
+        static std::mutex guard;
+        static WorkerPool* pool = nullptr;
+        std::lock_guard<std::mutex> lock(guard);
+        if (!pool || pool->owner != getpid()) pool = new WorkerPool();  // the parent's, in a child: left as is
+        return pool;
+    }
+
+    // Runs fn on the calling thread and on up to `helpers` pool threads; false when the pool is
+    // in use by another caller (fn has not run then). The caller waits only for the helpers that
+    // joined before its own fn returned: on a loaded machine a helper that is not scheduled in
+    // time is left out (it finds the job closed), instead of the call waiting a time slice for it.
+    bool run(int helpers, const std::function<void()>& fn) {
+        std::unique_lock<std::mutex> in_use(use, std::try_to_lock);
+        if (!in_use.owns_lock()) return false;
+        {
+            std::lock_guard<std::mutex> lock(m);
+            while (int(started) < helpers) {
+                std::thread(&WorkerPool::loop, this, int(started)).detach();
+                ++started;
+            }
+            job = &fn;
+            wanted = helpers;
+            open = true;
+            ++generation;
+        }
+        wake.notify_all();
+        fn();
+        std::unique_lock<std::mutex> lock(m);
+        open = false;
+        finished.wait(lock, [&] { return active == 0; });
+        job = nullptr;
+        return true;
+    }
+
+private:
+    WorkerPool() : owner(getpid()) {}
+
+    void loop(int index) {
+        uint64_t seen = 0;
+        std::unique_lock<std::mutex> lock(m);
+        for (;;) {
+            wake.wait(lock, [&] { return generation != seen; });
+            seen = generation;
+            if (!open || index >= wanted) continue;
+            ++active;
+            const std::function<void()>* fn = job;
+            lock.unlock();
+            (*fn)();  // does not throw: parallel_items' worker catches
+            lock.lock();
+            if (--active == 0 && !open) finished.notify_one();
+        }
+    }
+
+    const pid_t owner;
+    std::mutex use;  // held by the one caller using the pool
+    std::mutex m;    // guards what follows
+    std::condition_variable wake, finished;
+    size_t started = 0;
+    const std::function<void()>* job = nullptr;
+    uint64_t generation = 0;
+    int wanted = 0;     // pool threads [0, wanted) may take part in the current job
+    bool open = false;  // the caller is still working on it: a helper that wakes may join
+    int active = 0;     // helpers working on it
+};
+
 // Runs body(item) for item in [0, items) on `threads` threads (the caller's included), items
 // handed out one at a time so that uneven items (causal rows) balance. Returns false when a
-// thread ran out of memory.
+// thread ran out of memory (or failed otherwise).
 template <class Body>
 bool parallel_items(int items, int threads, const Body& body) {
     std::atomic<int> next{0};
     std::atomic<bool> failed{false};
-    auto worker = [&]() {
+    const std::function<void()> worker = [&]() {
+        if (next.load() >= items) return;  // a helper that woke late: no scratch for nothing
         try {
             auto run_item = body();  // per-thread state (scratch) lives in the returned closure
             for (int i = next.fetch_add(1); i < items && !failed.load(); i = next.fetch_add(1)) run_item(i);
-        } catch (const std::bad_alloc&) {
+        } catch (...) {
             failed.store(true);
         }
     };
     const int n = std::max(1, std::min(threads, items));
-    std::vector<std::thread> pool;
-    pool.reserve(n - 1);
-    for (int t = 1; t < n; ++t) pool.emplace_back(worker);
-    worker();
-    for (auto& t : pool) t.join();
+    if (n == 1 || !WorkerPool::get()->run(n - 1, worker)) worker();
     return !failed.load();
 }
 
