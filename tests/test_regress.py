@@ -269,7 +269,11 @@ def test_more_blocks_than_expected_is_a_note_and_a_glob_matching_nothing_fails(t
     out_json = str(tmp_path / "r.json")
     assert main(["regress", more, "--json", out_json]) == 0
     (row,) = _json(out_json)["regress"]["results"]
-    assert row["ok"] and row["notes"] == ["1 blocks fused, 0 expected (regress --update records it)"]
+    assert row["ok"] and row["notes"] == ["1 block fused, 0 expected (regress --update records it)"]
     nothing = _write(str(tmp_path), "none.toml", '[[model]]\npath = "gone/*.onnx"\n')
     assert main(["regress", nothing]) == 1
-    assert "note: gone/*.onnx: no file matches" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "note: gone/*.onnx: no file matches" in printed
+    # issue 33 item 15: not "0 checks of 0 models ok" under an exit 1
+    assert printed.strip().splitlines()[-1] == "regress: no model matched the manifest: nothing checked"
+    assert "0 checks" not in printed

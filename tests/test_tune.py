@@ -89,6 +89,19 @@ def test_a_cached_choice_is_taken_without_timing_anything(tmp_path, monkeypatch)
     assert "took fused" in report.blocks[0].reason
 
 
+def test_a_tuned_fused_model_is_not_said_to_keep_the_original_ops(tmp_path, monkeypatch):
+    """Issue 33 item 15: '1 of 1 fused' beside the cost table's 'every fused block then kept the
+    original ops' (at 64 keys the table keeps the block; the measurement fused it)."""
+    path, cache = _stack(tmp_path), tmp_path / "cache"
+    import ortflash.bench.sweep as sweep
+
+    monkeypatch.setattr(sweep, "bench", lambda *a, **k: pytest.fail("a cached choice is not measured"))
+    _cached(cache, path, (64,), "fused", {"fused": {"64": 1.3}})
+    out, report = optimize_tuned(path, TuneSettings(seq_lens=(64,), cache_dir=str(cache)), seq_lens=[64])
+    assert report.fused == 1 and "took fused" in report.target.why
+    assert "then kept the original ops" not in report.target.why
+
+
 def test_a_measurement_is_written_to_the_cache_and_the_choice_follows_its_numbers(tmp_path):
     path, cache = _stack(tmp_path), tmp_path / "cache"
     settings = TuneSettings(seq_lens=(32, 256), cache_dir=str(cache), repeats=3, rounds=1)

@@ -46,7 +46,13 @@ def add_policy(p: argparse.ArgumentParser, overrides: bool) -> None:
     g.add_argument(
         "--online-softmax",
         action="store_true",
-        help="the proposal's switch: online softmax for key lengths >= --min-seq-len (same as --softmax auto)",
+        help="the proposal's switch: online softmax for key lengths >= --min-seq-len (same as --softmax auto)"
+        + (
+            ""
+            if overrides
+            else "; it sets the softmax of the nodes written, while which blocks are fused is still the measured "
+            "cost table's choice where --target is left open (--target ortflash fuses every block)"
+        ),
     )
     g.add_argument(
         "--softmax",
@@ -158,6 +164,17 @@ def add_seq_lens(p: argparse.ArgumentParser) -> None:
         "measured cost table says the fused form is faster than the original ops at every one of them "
         "(default: a block's static length; a block whose length is known only at run time keeps its ops)",
     )
+
+
+def check_target_and_ep(args: argparse.Namespace, auto: str) -> None:
+    """--ep picks the target, so it goes with --target auto or none (optimize, inspect)."""
+    from ..errors import OrtflashError
+
+    if args.ep is not None and args.target not in (None, auto):
+        raise OrtflashError(
+            f"--ep {args.ep} picks the target, so it goes with --target {auto} or no --target, not with "
+            f"--target {args.target}: give one of them"
+        )
 
 
 def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:

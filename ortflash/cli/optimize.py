@@ -27,6 +27,7 @@ from .args import (
     add_opt_level,
     add_policy,
     add_seq_lens,
+    check_target_and_ep,
     new_nodes_policy,
     pipeline_options,
 )
@@ -171,11 +172,7 @@ def _refuse_unloadable_input(path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     console = console_for(args)
-    if args.ep is not None and args.target not in (None, AUTO):
-        raise OrtflashError(
-            f"--ep {args.ep} picks the target, so it goes with --target {AUTO} or no --target, not with "
-            f"--target {args.target}: give one of them"
-        )
+    check_target_and_ep(args, AUTO)
     out_path = _output_path(args)
     policy = new_nodes_policy(args)
     original = load(args.model)

@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
             fold=True,
         )
         console.print(f"tolerance: {tolerance_text(rtol, atol)}", markup=False)
-        console.print(f"validated: {len(checks)} fused nodes agree" if ok else "[red]validation FAILED[/]")
+        agree = f"{len(checks)} fused node agrees" if len(checks) == 1 else f"{len(checks)} fused nodes agree"
+        console.print(f"validated: {agree}" if ok else "[red]validation FAILED[/]")
     code = EXIT_OK if ok else EXIT_MISMATCH
     nodes = [
         {

@@ -92,7 +92,8 @@ def _count_blocks(row: CheckResult, report: Report, target: str) -> None:
         row.problems.append(f"{row.fused} of {row.expected} expected blocks fused; kept {why}{more}")
         row.count_regressed = True
     elif row.fused > row.expected:
-        row.count_note = f"{row.fused} blocks fused, {row.expected} expected (regress --update records it)"
+        fused = f"{row.fused} block{'' if row.fused == 1 else 's'} fused"
+        row.count_note = f"{fused}, {row.expected} expected (regress --update records it)"
 
 
 def _compare(row: CheckResult, check: ModelCheck, optimized: onnx.ModelProto, case: InputCase | None) -> None:

@@ -56,11 +56,20 @@ def print_table(rows: Sequence[CheckResult], console: Console) -> None:
     console.print(table)
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
 def summary(rows: Sequence[CheckResult], models: int) -> str:
+    """The last line: how many checks of how many models passed; a manifest that matched no
+    model says so (not "0 checks of 0 models ok")."""
+    if not models:
+        return "regress: no model matched the manifest: nothing checked"
     failed = [r for r in rows if not r.ok]
+    of = f"{_count(len(rows), 'check')} of {_count(models, 'model')}"
     if not failed:
-        return f"regress: {len(rows)} checks of {models} models ok"
-    return f"regress: {len(failed)} of {len(rows)} checks of {models} models regressed"
+        return f"regress: {of} ok"
+    return f"regress: {len(failed)} of {of} regressed"
 
 
 def _finite(value: float | None) -> float | None:
