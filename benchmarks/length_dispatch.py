@@ -182,6 +182,56 @@ def gain_variants(path: str, work: Path, threads: int | None) -> tuple[list[str]
     return [f"default={target}"], {"default_rows": [b.reason for b in report.blocks]}
 
 
+def count(folders: list[str], out: Path) -> int:
+    """Part 3: how many attention blocks ``ortflash optimize M --online-softmax`` (no other flag)
+    gives a fused path, per model of each folder's *.onnx, and by which form and length."""
+    import glob
+
+    import ortflash
+
+    rows: list[dict[str, Any]] = []
+    for folder in folders:
+        for path in sorted(glob.glob(os.path.join(folder, "*.onnx"))):
+            try:
+                _, report = ortflash.optimize(path, online_softmax=True)
+                _, forced = ortflash.optimize(path, online_softmax=True, target="ortflash")
+            except Exception as exc:  # a model the pipeline refuses is counted as such
+                rows.append({"model": path, "error": str(exc)[:200]})
+                continue
+            rows.append(
+                {
+                    "model": path,
+                    "blocks": len(report.blocks),
+                    "read": forced.fused,  # blocks the rules prove (fused with --target ortflash)
+                    "fused_path": report.fused,
+                    "dispatched": sum(b.fused_from is not None for b in report.blocks),
+                    "kept_kinds": [b.mask_kind for b in report.blocks if not b.fused and b.mask_kind],
+                    "reasons": sorted({b.reason for b in report.blocks}),
+                }
+            )
+            print(json.dumps(rows[-1])[:300], flush=True)
+    ok = [r for r in rows if "error" not in r]
+    total = {
+        "models": len(ok),
+        "refused": len(rows) - len(ok),
+        "blocks": sum(r["blocks"] for r in ok),
+        "read": sum(r["read"] for r in ok),
+        "fused_path": sum(r["fused_path"] for r in ok),
+        "dispatched": sum(r["dispatched"] for r in ok),
+    }
+    kinds: dict[str, int] = {}
+    for r in ok:
+        for kind in r["kept_kinds"]:
+            kinds[kind] = kinds.get(kind, 0) + 1
+    total["kept_by_kind"] = kinds
+    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"), "machine": machine()}
+    doc |= {"folders": folders, "total": total, "models": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "count.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(total), flush=True)
+    return 0
+
+
 def machine() -> dict[str, Any]:
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
@@ -197,15 +247,18 @@ def machine() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("cost", "gain"), required=True)
+    parser.add_argument("--part", choices=("cost", "gain", "count"), required=True)
     parser.add_argument("--models", default="", help="comma-separated model files (gain: the stacks by default)")
     parser.add_argument("--seq-lens", default="32")
+    parser.add_argument("--only", default="", help="comma-separated variant labels to run (default: all of the part)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "length_dispatch_runs"))
     args = parser.parse_args(argv)
 
+    if args.part == "count":
+        return count(args.models.split(","), Path(args.out))
     from ortflash.bench.report import ratios
     from ortflash.bench.sweep import bench
 
@@ -225,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in models:
             make = cost_variants if args.part == "cost" else gain_variants
             variants, info = make(path, work, args.threads or None)
+            if args.only:
+                variants = [v for v in variants if v.split("=")[0] in args.only.split(",")]
             started = machine()
             results = bench(
                 path,

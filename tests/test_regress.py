@@ -67,7 +67,7 @@ def test_a_green_manifest_exits_0_with_json_and_junit_reports(manifest, tmp_path
     doc = _json(out_json)
     assert (doc["schema"], doc["schema_version"], doc["command"], doc["exit_code"]) == (
         "ortflash.result",
-        6,
+        7,
         "regress",
         0,
     )
