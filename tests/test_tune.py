@@ -81,12 +81,14 @@ def test_a_cached_choice_is_taken_without_timing_anything(tmp_path, monkeypatch)
     out, report = optimize_tuned(path, settings, seq_lens=[2048])
     assert report.fused == 0 and out.SerializeToString() == onnx.load(path).SerializeToString()
     assert report.target is not None and "cached measurement" in report.target.why
-    assert "fused 0.80x" in report.blocks[0].reason and "took original" in report.blocks[0].reason
+    assert report.blocks[0].reason == "the original ops measured faster here (--tune)"  # not "kept: kept the ..."
+    assert "fused 0.80x" in report.blocks[0].detail and "took original" in report.blocks[0].detail
 
     _cached(cache, path, (2048,), "fused", {"fused": {"2048": 1.5}})
     out, report = optimize_tuned(path, settings, seq_lens=[2048])
     assert report.fused == 1 and [n.op_type for n in out.graph.node].count("FlashAttention") == 1
-    assert "took fused" in report.blocks[0].reason
+    assert report.blocks[0].reason.endswith("measured fastest here (--tune)")
+    assert "took fused" in report.blocks[0].detail
 
 
 def test_a_tuned_fused_model_is_not_said_to_keep_the_original_ops(tmp_path, monkeypatch):

@@ -308,17 +308,20 @@ def optimize_tuned(
         original, {label: m for label, (m, _) in candidates.items()}, settings, key=key, weights_dir=weights_dir
     )
     why = measured.why()
+    # a row's reason is one short sentence; what was measured is its detail, printed once under the table
     if measured.chosen == ORIGINAL:
         model, report = original, table_report
         for block in report.blocks:
             if block.fused:
                 block.fused, block.lowered_to = False, None
-                block.reason = f"kept the original ops: {why}"
+                block.reason = "the original ops measured faster here (--tune)"
+                block.detail = why
     else:
         model, report = candidates[measured.chosen]
         for block in report.blocks:
             if block.fused:
-                block.reason = "; ".join(filter(None, [block.reason, why]))
+                block.reason = "; ".join(filter(None, [block.reason, "measured fastest here (--tune)"]))
+                block.detail = "; ".join(filter(None, [block.detail, why]))
     base = table_report.target.why
     if measured.chosen != "table":  # the cost table's "then kept the original ops" is only true of its own choice
         base = _TABLE_KEPT.sub("", base)
