@@ -86,3 +86,13 @@ def test_an_interrupt_writes_exit_130(files, tmp_path, monkeypatch):
     doc.write_text(json.dumps(STALE))
     assert main(["inspect", files["model"], "--json", str(doc)]) == 130
     assert json.loads(doc.read_text())["exit_code"] == 130
+
+
+def test_a_json_option_without_its_path_is_still_one_line(files):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "ortflash", "optimize", files["model"], "--json"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

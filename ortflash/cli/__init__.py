@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
+from typing import NoReturn
 
 from .._version import __version__
 from ..errors import OrtflashError
@@ -70,8 +71,20 @@ def _json_of_unparsed(argv: Sequence[str]) -> tuple[str | None, str | None]:
     command = next((a for a in argv if a in COMMANDS), None)
     if command is None or not COMMANDS[command].output_options:
         return command, None
-    known, _ = output_options().parse_known_args(list(argv[list(argv).index(command) + 1 :]))
+    lenient = _Lenient(add_help=False)
+    lenient.add_argument("--json")
+    try:
+        known, _ = lenient.parse_known_args(list(argv[list(argv).index(command) + 1 :]))
+    except ValueError:  # --json itself did not parse: argparse has said so
+        return command, None
     return command, known.json
+
+
+class _Lenient(argparse.ArgumentParser):
+    """A parser that raises where argparse would print and exit: the one line is said already."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
