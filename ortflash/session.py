@@ -40,7 +40,11 @@ def session_options(*, base: ort.SessionOptions | None = None) -> ort.SessionOpt
     # The compiled kernel runs its own threads, one per core, outside ONNX Runtime's pool;
     # ORT's idle pool threads spin through the whole node by default and take those cores
     # (S=4096 causal prefill, 2 cores: about 0.13 s of spinning per 0.4 s run, 1.3-1.6x the
-    # wall time; benchmarks/results/causal_proof.md). A choice already made in `base` stands.
+    # wall time; benchmarks/results/causal_proof.md). The kernel's threads no longer start per
+    # call (a parked pool), but spinning stays off: on the 2-core AVX-512 Xeon shared with other
+    # jobs, spinning on cost a 6-layer MiniLM export 1.7-2x the CPU time per run, fused or not
+    # (original S=32: 17.5 vs 9.9 ms, S=256: 99 vs 62 ms; fused 20.4 vs 11.0 and 113 vs 66 ms;
+    # 2026-12-01, benchmarks/results/short_seq_breakdown.md). A choice already made in `base` stands.
     if _config_entry(so, SPINNING_KEY) is None:
         so.add_session_config_entry(SPINNING_KEY, "0")
     return so
