@@ -150,19 +150,32 @@ def test_worker_runs_the_production_bridge_untouched(tmp_path):
 
 def test_failed_or_unknown_variants_are_recorded(tmp_path):
     path = _tiny_zoo_model()
-    with pytest.raises(ValueError):
+    with pytest.raises(OrtflashError, match="unknown variant 'fastest'"):  # one line, exit 2 in the CLI
         B.bench(path, seq_lens=(8,), variants=("original", "fastest"), progress=False)
+    with pytest.raises(OrtflashError, match="missing.onnx: no such file"):  # before any worker starts
+        B.bench(path, seq_lens=(8,), variants=(f"broken={tmp_path / 'missing.onnx'}",), progress=False)
+    # a model file that reads but that ONNX Runtime cannot open: an error cell, not run at larger S
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"], domain="no.such.domain")],
+        "broken",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    broken = tmp_path / "broken.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), broken)
     res = B.bench(
         path,
         seq_lens=(8, 16),
-        variants=(f"broken={tmp_path / 'missing.onnx'}",),
+        variants=(f"broken={broken}",),
         repeats=1,
         profile=False,
         progress=False,
         plot=False,
     )
     first, second = res["runs"]
-    assert first["status"] == "error" and "missing.onnx" in first["error"]
+    assert first["status"] == "error" and "ONNXRuntimeError" in first["error"], first
     assert second["status"] == "skipped"  # not run again at a larger S
 
 
