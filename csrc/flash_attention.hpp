@@ -9,7 +9,7 @@
 // softmax runs over that tile (online) or over the whole score row (naive), and P x V is a
 // second register-blocked product with Dv across the vector lanes. K^T and V are packed once
 // per kv head and shared by the grouped query heads. Nothing here is proportional to Sq * Sk.
-// A call with few query rows per kv head (a decode step: (Hq / Hkv) * Sq <= DIRECT_MAX_ROWS)
+// A call with few query rows per kv head (a decode step or a short prefill: (Hq / Hkv) * Sq <= DIRECT_MAX_ROWS)
 // packs nothing: work is split over (batch, kv head), and K and V are read in place (run_direct).
 //
 // The discrete edge cases follow ortflash/kernels/reference.py operation by operation: NaN
