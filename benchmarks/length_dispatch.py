@@ -94,7 +94,9 @@ def _configured(model: onnx.ModelProto, threads: int | None) -> onnx.ModelProto:
     return configure_model(model, config=KernelConfig("cpu", threads))
 
 
-def interleaved(path: str, variants: dict[str, str], threads: int | None, runs: int = 200) -> dict[str, Any]:
+def interleaved(
+    path: str, variants: dict[str, str], threads: int | None, runs: int = 200, seq_lens: tuple[int, ...] = (32,)
+) -> dict[str, Any]:
     """A second reading in one process: the original and each witness variant run in turn, one call
     each per round, ``runs`` rounds; the median CPU time per call (ms). A run of one process sees the
     same machine state for every variant, which a run per process does not."""
@@ -103,16 +105,22 @@ def interleaved(path: str, variants: dict[str, str], threads: int | None, runs: 
     import numpy as np
     import onnxruntime as ort
 
+    import ortflash
     from ortflash.checks.feeds import make_feeds
+    from ortflash.model_io import graphs_of
 
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     sessions = {"original": ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])}
     for label, file in variants.items():
-        sessions[label] = ort.InferenceSession(file, so, providers=["CPUExecutionProvider"])
+        model = onnx.load(file)
+        if any(n.domain == "ai.onnx.contrib" for g in graphs_of(model.graph) for n in g.node):
+            sessions[label] = ortflash.InferenceSession(model, sess_options=so, threads=threads)
+        else:
+            sessions[label] = ort.InferenceSession(file, so, providers=["CPUExecutionProvider"])
     out: dict[str, Any] = {}
-    for seq in (32,):
+    for seq in seq_lens:
         feeds = make_feeds(onnx.load(path, load_external_data=False), seq_len=seq, batch=1)
         times: dict[str, list[float]] = {k: [] for k in sessions}
         for _ in range(5):
@@ -179,7 +187,9 @@ def gain_variants(path: str, work: Path, threads: int | None) -> tuple[list[str]
     default, report = ortflash.optimize(path, online_softmax=True)
     target = work / f"{stem}_default.onnx"
     onnx.save(_configured(default, threads), target)
-    return [f"default={target}"], {"default_rows": [b.reason for b in report.blocks]}
+    seqs = (16, 32, 64, 128, 256, 512)
+    in_process = interleaved(path, {"default": str(target)}, threads, runs=40, seq_lens=seqs)
+    return [f"default={target}"], {"default_rows": [b.reason for b in report.blocks], "in_process_ms": in_process}
 
 
 def count(folders: list[str], out: Path) -> int:
