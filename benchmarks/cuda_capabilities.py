@@ -116,10 +116,16 @@ FORMS = (
     "gqa_past",
     "attn23",
     "attn23_causal",
+    "attn23_causal_bsd",
+    "mha_causal",
     "attn23_grouped",
     "attn23_sq_lt_sk",
     "unfused",
 )
+
+
+# the forms whose query, key, value and output are [B, S, H·D]
+BSD_FORMS = ("mha_bias", "mha_kpm", "mha_causal", "attn23_causal_bsd", "gqa", "gqa_grouped")
 
 
 def applies(form: str, case: Case) -> bool:
@@ -133,6 +139,8 @@ def applies(form: str, case: Case) -> bool:
         return case.keep in ("padding", "causal", "causal_leftpad") and case.fill == "lowest"
     if form == "attn23_causal":  # is_causal with the padding alone in attn_mask
         return causal
+    if form in ("attn23_causal_bsd", "mha_causal"):  # their own causal mask and nothing else
+        return case.keep == "causal"
     if form in ("attn23_grouped", "attn23_sq_lt_sk"):
         return not case.long
     return True
@@ -214,7 +222,7 @@ def make_feeds(form: str, case: Case) -> dict[str, np.ndarray]:
             "seqlens_k": np.full((b,), s - 1, np.int32),
             "total": np.array(s, np.int32),
         }
-    if form in ("mha_bias", "mha_kpm", "gqa", "gqa_grouped"):
+    if form in BSD_FORMS:
         feeds = {"q": _bsd(q), "k": _bsd(k), "v": _bsd(v)}
     else:
         feeds = {"q": q, "k": k, "v": v}
@@ -234,6 +242,8 @@ def make_feeds(form: str, case: Case) -> dict[str, np.ndarray]:
         assert keep is not None
         causal = np.tril(np.ones((s, s), bool))
         feeds["bias"] = np.where((keep | ~causal)[:, None], 0.0, fill_value(case)).astype(dt)  # padding part
+        return feeds
+    if form in ("attn23_causal_bsd", "mha_causal"):
         return feeds
     if form == "attn23_causal":
         if case.keep == "causal":
@@ -259,7 +269,7 @@ def reference_inputs(form: str, case: Case, feeds: dict[str, np.ndarray]) -> dic
         "k": k,
         "v": v,
         "bias": bias,
-        "bsd": form in ("mha_bias", "mha_kpm", "gqa", "gqa_grouped", "gqa_past"),
+        "bsd": form in BSD_FORMS or form == "gqa_past",
     }
 
 
@@ -297,6 +307,23 @@ def build(form: str, case: Case) -> Any:
             ins += ["", "", "", "bias"]
         nodes.append(ep_probe.group_query_attention(ins, h, hkv, scale))
         out_shape = [b, sq, h * d]
+    elif form == "mha_causal":  # unidirectional=1: its own causal mask, no bias
+        nodes.append(
+            helper.make_node(
+                "MultiHeadAttention",
+                ["q", "k", "v"],
+                ["o"],
+                domain="com.microsoft",
+                num_heads=h,
+                scale=scale,
+                unidirectional=1,
+            )
+        )
+        out_shape = [b, s, h * d]
+    elif form == "attn23_causal_bsd":  # [B, S, H·D] inputs and output, is_causal=1
+        attrs = {"scale": scale, "is_causal": 1, "q_num_heads": h, "kv_num_heads": hkv}
+        nodes.append(helper.make_node("Attention", ["q", "k", "v"], ["o"], **attrs))
+        out_shape = [b, sq, h * d]
     elif form.startswith("attn23"):
         ins = ["q", "k", "v"] + (["bias"] if has_bias else [])
         attrs = {"scale": scale}
@@ -329,7 +356,7 @@ def feed_shapes(form: str, case: Case) -> dict[str, list[int]]:
             "seqlens_k": [b],
             "total": [],
         }
-    bsd = form in ("mha_bias", "mha_kpm", "gqa", "gqa_grouped")
+    bsd = form in BSD_FORMS
     shapes = (
         {"q": [b, sq, h * d], "k": [b, s, hkv * d], "v": [b, s, hkv * d]}
         if bsd
@@ -343,7 +370,7 @@ def feed_shapes(form: str, case: Case) -> dict[str, list[int]]:
         if case.keep != "causal":
             shapes["bias"] = [b, 1, s, s]
         return shapes
-    if form == "attn23_causal" and case.keep == "causal":
+    if form in ("attn23_causal_bsd", "mha_causal") or (form == "attn23_causal" and case.keep == "causal"):
         return shapes
     if case.keep != "none":
         shapes["bias"] = [b, 1, sq, s]
@@ -478,8 +505,28 @@ def torch_reference(ref: dict[str, Any], scale: float) -> np.ndarray:
     return res
 
 
+def sdpa_backend(call: Callable[[], Any]) -> str:
+    """Which of PyTorch's SDPA backends ran call, from the CUDA kernels' names (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    names = " ".join(e.key for e in prof.key_averages()).lower()
+    for backend, marks in (
+        ("CUDNN_ATTENTION", ("cudnn", "sm90_flash", "cudnn_generated")),
+        ("FLASH_ATTENTION", ("flash_fwd", "flash::")),
+        ("EFFICIENT_ATTENTION", ("fmha_cutlass", "efficient", "mem_eff")),
+    ):
+        if any(m in names for m in marks):
+            return backend
+    return "MATH (" + names[:120] + ")"
+
+
 def torch_peer(case: Case) -> dict[str, Any]:
-    """PyTorch scaled_dot_product_attention on the case's shapes (CUDA events, median of 20)."""
+    """PyTorch scaled_dot_product_attention on the case's shapes with PyTorch's DEFAULT backend choice
+    (what a PyTorch user gets: no backend forced), which backend ran, CUDA events, median of 20."""
     import torch
     import torch.nn.functional as F
 
@@ -492,7 +539,6 @@ def torch_peer(case: Case) -> dict[str, Any]:
         keep = torch.ones(b, 1, 1, s, dtype=torch.bool, device="cuda")
         keep[..., s - case.pad :] = False
         mask = keep
-    torch.backends.cuda.matmul.allow_tf32 = False
 
     def call() -> Any:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
@@ -508,7 +554,7 @@ def torch_peer(case: Case) -> dict[str, Any]:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return {"torch_ms": statistics.median(times), "torch": torch.__version__}
+    return {"torch_ms": statistics.median(times), "torch": torch.__version__, "torch_backend": sdpa_backend(call)}
 
 
 def run(folder: str, out_dir: str, only: str | None, budget_s: float) -> None:

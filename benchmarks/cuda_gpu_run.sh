@@ -7,6 +7,8 @@
 #   bash benchmarks/cuda_gpu_run.sh install caps   # call 2, machine warm (carry .whl/ortp2 .whl/bundle)
 #   bash benchmarks/cuda_gpu_run.sh zoo webgpu     # call 3, machine warm (nothing carried)
 #   bash benchmarks/cuda_gpu_run.sh install crossover  # or call 2 for the cost table alone (crossover_cuda.py)
+#   CAPS_ONLY=REGEX bash benchmarks/cuda_gpu_run.sh install caps forms  # or call 2: the probe's rows REGEX
+#     names (cuda_capabilities.py --only) and the lowered blocks as users run them (cuda_forms.py)
 #   bash benchmarks/cuda_gpu_run.sh install webgpu-zoo  # or call 2 for webgpu_zoo.py's models in build/cuda_run/wzoo
 # .whl/bundle holds build/cuda_run (the `make` outputs of cuda_capabilities.py, cuda_zoo.py and
 # crossover_webgpu.py) as tar.xz: unpacked to /tmp/cuda_run, which build/cuda_run points at there.
@@ -44,7 +46,8 @@ x = np.random.rand(64, 64).astype(np.float32)
 print("providers", s.get_providers(), "matmul err", float(np.abs(s.run(None, {"a": x, "b": x})[0] - x @ x).max()))
 PY
       grep -q "CUDAExecutionProvider'" "$OUT/device.txt" || exit 4 ;;
-    caps) timeout "${CAPS_S:-300}" python3 benchmarks/cuda_capabilities.py run build/cuda_run/caps --out "$OUT" --budget-s "$(( ${CAPS_S:-300} - 40 ))" > "$OUT/caps.log" 2>&1; echo "caps rc=$?" ;;
+    caps) timeout "${CAPS_S:-300}" python3 benchmarks/cuda_capabilities.py run build/cuda_run/caps --out "$OUT" --budget-s "$(( ${CAPS_S:-300} - 40 ))" ${CAPS_ONLY:+--only "$CAPS_ONLY"} > "$OUT/caps.log" 2>&1; echo "caps rc=$?" ;;
+    forms) timeout "${FORMS_S:-300}" python3 benchmarks/cuda_forms.py run build/cuda_run/forms --out "$OUT" --budget-s "$(( ${FORMS_S:-300} - 60 ))" > "$OUT/forms.log" 2>&1; echo "forms rc=$?" ;;
     zoo) timeout "${ZOO_S:-200}" python3 benchmarks/cuda_zoo.py run "build/cuda_run/${ZOO_DIR:-zoo}" --out "$OUT" --budget-s "$(( ${ZOO_S:-200} - 30 ))" > "$OUT/zoo.log" 2>&1; echo "zoo rc=$?" ;;
     webgpu)  # ORT's WebGPU plugin EP (carry .whl/ep .gl) on the onnxruntime-gpu build installed above
       for f in /tmp/stash/.gl/*.deb /tmp/stash/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done; ldconfig

@@ -16,8 +16,9 @@ from onnxruntime.transformers import float16
 
 import ortflash
 from ortflash.checks.feeds import make_feeds
-from ortflash.lowering import lower
+from ortflash.lowering import cuda, lower
 from ortflash.lowering.cuda import CAPABILITIES
+from ortflash.lowering.measured import CapabilityTable
 from ortflash.lowering.targets import EP_ORDER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +41,10 @@ def test_every_table_row_is_the_committed_measurement() -> None:
             continue
         assert cap.on_gpu == (row["nodes_on_cuda"] == row["nodes"]), key
         assert cap.right == row["ok"], key
+        if cap.ms is not None:  # the default session's time: TF32 on in float32
+            measured_ms = row["tf32_ms"] if row["dtype"] == "float32" else row["ms"]
+            assert cap.ms == round(measured_ms, 3), key
+            assert cap.kernel == (row["kernels"][0] if cap.on_gpu else ""), key
 
 
 def test_the_measurement_says_what_the_choices_rest_on() -> None:
@@ -89,19 +94,22 @@ def _causal_block(half: bool, s: int = 64, heads: int = 4, d: int = 32) -> onnx.
     return float16.convert_float_to_float16(block, keep_io_types=False) if half else block
 
 
-def test_float16_causal_block_is_float16_group_query_attention_with_its_present_outputs() -> None:
+def test_float16_causal_block_takes_the_tables_fastest_form_and_computes_the_original() -> None:
+    """S=64, D=32 at opset 21: the table's causal_f16_d64_s1024 row, where Attention-23 (0.047 ms)
+    needs opset 23, so MultiHeadAttention unidirectional=1 (0.064) beats GroupQueryAttention (0.097)."""
     model = _causal_block(half=True)
     fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 1
     lowered, notes = lower(fused, "cuda")
-    gqa = [n for n in lowered.graph.node if n.op_type == "GroupQueryAttention"]
-    assert len(gqa) == 1 and notes[0].lowered
-    # the CUDA EP refuses GroupQueryAttention without present_key / present_value
-    assert len([o for o in gqa[0].output if o]) == 3
+    mha = [n for n in lowered.graph.node if n.op_type == "MultiHeadAttention"]
+    assert len(mha) == 1 and notes[0].lowered
+    assert [a.i for a in mha[0].attribute if a.name == "unidirectional"] == [1]
+    assert len([i for i in mha[0].input if i]) == 3  # no attention_bias
+    assert "CUDNN_FLASH_ATTENTION kernel, 0.064 ms" in notes[0].reason
     types = {
         vi.name: vi.type.tensor_type.elem_type for vi in onnx.shape_inference.infer_shapes(lowered).graph.value_info
     }
-    assert types[gqa[0].input[0]] == TensorProto.FLOAT16  # no float32 casts around it
+    assert types[mha[0].input[0]] == TensorProto.FLOAT16  # no float32 casts around it
     rng = np.random.default_rng(0)
     feeds = {n: rng.standard_normal((1, 4, 64, 32)).astype(np.float16) for n in "qkv"}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
@@ -109,10 +117,33 @@ def test_float16_causal_block_is_float16_group_query_attention_with_its_present_
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-3)
 
 
-def test_float32_causal_block_is_multi_head_attention() -> None:
+def test_group_query_attention_where_the_table_has_it_fastest_keeps_its_present_outputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A table whose fastest causal form is GroupQueryAttention: the node has present_key /
+    present_value (the CUDA EP refuses it without them) and computes the original."""
+    table = CapabilityTable({k: v for k, v in CAPABILITIES.items() if k[0] != "mha_causal"})
+    monkeypatch.setattr(cuda, "CAPABILITIES", table)
+    model = _causal_block(half=True)
+    fused, _ = ortflash.optimize(model, target="ortflash")
+    lowered, notes = lower(fused, "cuda")
+    gqa = [n for n in lowered.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 1 and notes[0].lowered
+    assert len([o for o in gqa[0].output if o]) == 3
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((1, 4, 64, 32)).astype(np.float16) for n in "qkv"}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-3)
+
+
+def test_float32_causal_block_is_the_tables_fastest_float32_form() -> None:
+    """float32, S=64 at opset 21: causal_f32_d64_s1024, TF32 on (the EP's default): Attention-23 0.170
+    needs opset 23; MultiHeadAttention unidirectional 0.183; GroupQueryAttention runs on the CPU."""
     fused, _ = ortflash.optimize(_causal_block(half=False), target="ortflash")
     lowered, notes = lower(fused, "cuda")
     assert _lowered_ops(lowered) == ["MultiHeadAttention"] and notes[0].lowered
+    assert notes[0].reason.startswith("mha_causal:")
 
 
 def _zero_rows_like_the_cuda_ep(model: onnx.ModelProto) -> onnx.ModelProto:

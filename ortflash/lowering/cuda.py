@@ -7,13 +7,19 @@ raw rows cuda_capabilities.json, and tests/test_cuda_table.py checks the two agr
 - float16 blocks run in float16 (the casts around the fused node are not written): the EP's fast
   kernels (flash, memory-efficient, cuDNN) take float16 only, and a float16 model computes its
   products in float16 on the EP anyway, so the result is checked at a float16 tolerance.
-  - causal, no bias or mask, Sq == Sk proved, one head size that is a multiple of 8:
-    GroupQueryAttention with its own causal mask (on the GPU in float16 only);
+  - causal, no bias or mask, Sq == Sk proved, one head size that is a multiple of 8: the fastest
+    right form the table timed at the block's (element type, head dim, key length) row, a length
+    known only at run time read at S=4096 (choose_form): MultiHeadAttention unidirectional=1
+    without a bias (cuDNN flash), Attention-23 is_causal on [B, S, H·D] (flash; opset 23 models
+    only) or GroupQueryAttention with its own causal mask (on the GPU in float16 only); the note
+    names the kernel ORT ran there and its time;
   - everything else: MultiHeadAttention with the mask and causality in ``attention_bias`` (cast
     to float16: float32-lowest becomes -inf there, the same for softmax), key/value heads repeated
-    for grouped-query blocks.
-- float32 blocks (and blocks whose element type is not inferred): MultiHeadAttention with every
-  mask in ``attention_bias``, in float32. Not GroupQueryAttention (the EP runs it on the CPU in
+    for grouped-query blocks; a bias that is a float16 value cast to float32 is held by one Where
+    before its Cast back (_held_bias: the static-shape cliff).
+- float32 blocks (and blocks whose element type is not inferred): the causal ones as above (by the
+  table's times with TF32 on, the EP's default), the others MultiHeadAttention with every mask in
+  ``attention_bias``, in float32. For those, not GroupQueryAttention (the EP runs it on the CPU in
   float32), not ONNX Attention-23 (wrong on the EP for causal decoders, issue 23), not
   ``key_padding_mask`` (see the table).
 - float32 blocks with a KV-cache append and one key/value head per query head: the contrib
@@ -29,17 +35,20 @@ The float32 products on the CUDA EP use TF32 unless the session sets ``use_tf32=
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from ..errors import NotLowered
 from ..graph import ir_utils as u
+from ..graph import shapes
 from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
 from . import layout, native
 from .cache import find_cache_append
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA, lower_contrib
 from .measured import Capability, CapabilityTable
-from .read import aligned_batch, call_dims
+from .read import CallDims, aligned_batch, call_dims
+from .standard import OP_ATTENTION
 
 # (form, case) -> what the CUDA EP did, measured 2026-12-01 on an NVIDIA H200 (driver 580.159.04)
 # with onnxruntime-gpu 1.31.1 (benchmarks/results/cuda_capabilities.md). Forms and case names are
@@ -47,11 +56,81 @@ from .read import aligned_batch, call_dims
 # is not chosen, are copied here, and tests/test_cuda_table.py checks each against the committed JSON.
 CAPABILITIES = CapabilityTable(
     {
-        # GroupQueryAttention: cuDNN flash in float16; on the CPU in float32 (0 of 1 nodes on CUDA)
-        ("gqa", "causal_f16_d64_s37"): Capability(on_gpu=True, right=True),
-        ("gqa", "causal_f16_d128_s16384"): Capability(on_gpu=True, right=True),
-        ("gqa", "causal_f32_d64_s37"): Capability(on_gpu=False, right=True),
-        ("gqa", "causal_f32_d64_s4096"): Capability(on_gpu=False, right=True),
+        # A causal block with no bias or mask (Sq == Sk) takes the fastest of these three at its case
+        # (choose_form): GroupQueryAttention (cuDNN flash in float16; on the CPU in float32, 0 of 1
+        # nodes on CUDA), MultiHeadAttention unidirectional=1 without bias (cuDNN flash in float16)
+        # and Attention-23 is_causal on [B, S, H·D] (flash in float16). kernel: what ORT printed;
+        # ms: the op alone, median, I/O bound, the EP's default session (TF32 on in float32).
+        ("gqa", "causal_f16_d64_s37"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.064),
+        ("gqa", "causal_f32_d64_s37"): Capability(on_gpu=False, right=True, kernel="", ms=0.258),
+        ("gqa", "causal_f16_d64_s1024"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.097),
+        ("gqa", "causal_f16_d64_s4096"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.274),
+        ("gqa", "causal_f16_d64_s16384"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=1.739),
+        ("gqa", "causal_f16_d128_s1024"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.107),
+        ("gqa", "causal_f16_d128_s4096"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.326),
+        ("gqa", "causal_f16_d128_s16384"): Capability(
+            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=2.455
+        ),
+        ("gqa", "causal_f32_d64_s1024"): Capability(on_gpu=False, right=True, kernel="", ms=12.215),
+        ("gqa", "causal_f32_d64_s4096"): Capability(on_gpu=False, right=True, kernel="", ms=88.372),
+        ("mha_causal", "causal_f16_d64_s37"): Capability(
+            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.04
+        ),
+        ("mha_causal", "causal_f32_d64_s37"): Capability(on_gpu=True, right=True, kernel="MATH", ms=0.084),
+        ("mha_causal", "causal_f16_d64_s1024"): Capability(
+            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.064
+        ),
+        ("mha_causal", "causal_f16_d64_s4096"): Capability(
+            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.137
+        ),
+        ("mha_causal", "causal_f16_d64_s16384"): Capability(
+            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=1.145
+        ),
+        ("mha_causal", "causal_f16_d128_s1024"): Capability(
+            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.052
+        ),
+        ("mha_causal", "causal_f16_d128_s4096"): Capability(
+            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.202
+        ),
+        ("mha_causal", "causal_f16_d128_s16384"): Capability(
+            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=1.823
+        ),
+        ("mha_causal", "causal_f32_d64_s1024"): Capability(
+            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=0.183
+        ),
+        ("mha_causal", "causal_f32_d64_s4096"): Capability(
+            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=1.464
+        ),
+        ("attn23_causal_bsd", "causal_f16_d64_s37"): Capability(
+            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.033
+        ),
+        ("attn23_causal_bsd", "causal_f32_d64_s37"): Capability(
+            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=0.035
+        ),
+        ("attn23_causal_bsd", "causal_f16_d64_s1024"): Capability(
+            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.047
+        ),
+        ("attn23_causal_bsd", "causal_f16_d64_s4096"): Capability(
+            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.213
+        ),
+        ("attn23_causal_bsd", "causal_f16_d64_s16384"): Capability(
+            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=1.951
+        ),
+        ("attn23_causal_bsd", "causal_f16_d128_s1024"): Capability(
+            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.058
+        ),
+        ("attn23_causal_bsd", "causal_f16_d128_s4096"): Capability(
+            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.342
+        ),
+        ("attn23_causal_bsd", "causal_f16_d128_s16384"): Capability(
+            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=3.262
+        ),
+        ("attn23_causal_bsd", "causal_f32_d64_s1024"): Capability(
+            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=0.17
+        ),
+        ("attn23_causal_bsd", "causal_f32_d64_s4096"): Capability(
+            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=1.353
+        ),
         # MultiHeadAttention with attention_bias: cuDNN flash in float16, MATH / memory-efficient in float32
         ("mha_bias", "padding_f16_d64_s37"): Capability(on_gpu=True, right=True),
         ("mha_bias", "causal_leftpad_f16_d64_s37"): Capability(on_gpu=True, right=True),
@@ -90,9 +169,8 @@ def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[
         return op, f"the contrib target's form for a cached float32 step (MultiHeadAttention on the GPU); {how}"
     halves = [_float16_source(x) for x in (call.q, call.k, call.v)]
     half = call.dtype == ir.DataType.FLOAT16 or all(h is not None for h in halves)
-    use_gqa = half and CAPABILITIES.usable("gqa", "causal_f16_d64_s37") and native.gqa_own_causal_fits(call, dims)
-    mha_case = "causal_leftpad_f16_d64_s37" if half else "causal_leftpad_f32_d64_s37"
-    if not use_gqa and not CAPABILITIES.usable("mha_bias", mha_case):
+    form, chosen = choose_form(call, dims, half, e.opset)
+    if form is None:
         raise NotLowered("no form in the CUDA capability table is right on the GPU for this block")
 
     call, broadcast = aligned_batch(e, call, dims)
@@ -104,22 +182,23 @@ def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[
     else:
         q, k, v = (e.cast(x, ir.DataType.FLOAT) for x in (call.q, call.k, call.v))
         reuse = call.dtype == ir.DataType.FLOAT
-    if use_gqa:
+    if form == FORM_GQA:
         op = OP_GQA
         # present_key / present_value are written although nothing reads them: the CUDA EP refuses
         # the node without them ("present_key and present_value are required", onnxruntime-gpu 1.31.1)
         out = native.gqa_own_causal(e, call, q, k, v, hq, hkv, reuse, presents=True)
-        parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask; on the GPU in float16)")
-        why = "GroupQueryAttention: on the GPU in float16 and right for causal blocks"
+        parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask)")
+    elif form in (FORM_MHA_CAUSAL, FORM_ATTN23_CAUSAL):
+        op = OP_MHA if form == FORM_MHA_CAUSAL else OP_ATTENTION
+        out = _own_causal(e, call, form, q, k, v, hq, hkv, reuse, parts)
+        parts.append(f"{op}'s own causal mask (Sq == Sk proved; no bias or mask)")
     else:
         op = OP_MHA
         out, guard = _multi_head_attention(e, call, q, k, v, hq, hkv, reuse, half, parts)
         parts += layout.mask_parts(call, causal_folded=True)
         if guard:
             parts.append(guard)
-        why = "MultiHeadAttention with attention_bias: on the GPU and right" + (
-            "" if half else " (GroupQueryAttention runs on the CPU in float32; Attention-23 is wrong for causal blocks)"
-        )
+    why = chosen
     if not half and call.dtype != ir.DataType.FLOAT:
         out, note = layout.cast_back(e, out, call)
         parts.append(note)
@@ -129,6 +208,97 @@ def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[
     return op, f"{why}; " + "; ".join(parts)
 
 
+# The forms the target writes, by the capability table's names (benchmarks/cuda_capabilities.py).
+FORM_GQA = "gqa"  # GroupQueryAttention with its own causal mask
+FORM_MHA_CAUSAL = "mha_causal"  # MultiHeadAttention, unidirectional=1, no bias
+FORM_ATTN23_CAUSAL = "attn23_causal_bsd"  # ONNX Attention-23, is_causal=1, inputs [B, S, H·D]
+FORM_MHA_BIAS = "mha_bias"  # MultiHeadAttention with every mask and causality in attention_bias
+# A causal block with no bias or mask and Sq == Sk proved may take any of these; the others take
+# mha_bias. Not mha_bias for it: its row times the node alone, while the lowering adds the causal
+# bias it builds and the fully-masked-rows guard (0.106 ms against mha_causal's 0.060 at S=1024,
+# D=64, benchmarks/results/cuda_forms.md), and the own causal mask needs neither.
+OWN_CAUSAL_FORMS = (FORM_GQA, FORM_MHA_CAUSAL, FORM_ATTN23_CAUSAL)
+ATTENTION_OPSET = 23  # Attention is in the default domain from this opset
+TABLE_HEAD_DIMS = (64, 128)  # the long cases' head dims and key lengths (cuda_capabilities.py)
+TABLE_LENGTHS = (1024, 4096, 16384)
+# a key length known only at run time is read at this row: the length from which --ep cuda lowers
+# float16 causal blocks (pipeline/forms.py's CUDA_CROSSOVERS), the issue's S=4096 target
+RUN_TIME_LENGTH = 4096
+# the float32 next above float32-lowest (the held bias's stand-in for lowest; -inf in float16 too)
+STATIC_CLIFF_ABOVE_LOWEST = float(np.nextafter(np.float32(layout.F32_LOWEST), np.float32(0)))
+
+
+def table_case(kind: str, half: bool, head_dim: int | None, key_len: int | None) -> str:
+    """The capability table's long case a block is read at: its head dim's nearest measured one
+    (64 where not static), the longest measured length not above its key length (the shortest
+    where it is below every one; RUN_TIME_LENGTH where not static)."""
+    d = min(TABLE_HEAD_DIMS, key=lambda m: abs(m - head_dim)) if head_dim is not None else TABLE_HEAD_DIMS[0]
+    if key_len is None:
+        s = RUN_TIME_LENGTH
+    else:
+        s = max([n for n in TABLE_LENGTHS if n <= key_len] or [TABLE_LENGTHS[0]])
+    return f"{kind}_{'f16' if half else 'f32'}_d{d}_s{s}"
+
+
+def choose_form(call: FlashAttentionCall, dims: CallDims, half: bool, opset: int) -> tuple[str | None, str]:
+    """(form, why) for one block: a causal block with nothing else masking it takes the fastest right
+    form the table timed at its case (table_case); every other block MultiHeadAttention with
+    attention_bias where the table has it right on the GPU (None: no form is)."""
+    mha_case = "causal_leftpad_f16_d64_s37" if half else "causal_leftpad_f32_d64_s37"
+    if native.gqa_own_causal_fits(call, dims):
+        case = table_case("causal", half, shapes.static(dims.d), shapes.static(dims.sk))
+        allowed = [f for f in OWN_CAUSAL_FORMS if f != FORM_ATTN23_CAUSAL or opset >= ATTENTION_OPSET]
+        form = CAPABILITIES.fastest(allowed, case)
+        if form is not None:
+            cap = CAPABILITIES[(form, case)]
+            others = ", ".join(
+                f"{f} {c.ms:.3f}"
+                for f in OWN_CAUSAL_FORMS
+                if f != form and (c := CAPABILITIES.get((f, case))) is not None and c.ms and c.right and c.on_gpu
+            )
+            where = "" if opset >= ATTENTION_OPSET else f"; {FORM_ATTN23_CAUSAL} needs opset {ATTENTION_OPSET}"
+            return form, (
+                f"{form}: the fastest right form on the GPU for a causal block at the table's {case} "
+                f"(ORT's {cap.kernel} kernel, {cap.ms:.3f} ms; {others or 'no other form timed'}{where})"
+            )
+        if half and CAPABILITIES.usable(FORM_GQA, "causal_f16_d64_s37"):  # the table timed no form here
+            return FORM_GQA, "GroupQueryAttention: on the GPU in float16 and right for causal blocks"
+    if CAPABILITIES.usable(FORM_MHA_BIAS, mha_case):
+        return FORM_MHA_BIAS, "MultiHeadAttention with attention_bias: on the GPU and right" + (
+            "" if half else " (GroupQueryAttention runs on the CPU in float32; Attention-23 is wrong for causal blocks)"
+        )
+    return None, ""
+
+
+def _own_causal(
+    e: Emitter,
+    call: FlashAttentionCall,
+    form: str,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    hq: int,
+    hkv: int,
+    reuse: bool,
+    parts: list[str],
+) -> ir.Value:
+    """[B, Sq, Hq·Dv] of MultiHeadAttention (unidirectional=1; key/value heads repeated for
+    grouped-query blocks) or Attention-23 (is_causal=1, its own head counts) on [B, S, H·D]
+    operands, no bias: causal top-left is the call's mask where Sq == Sk, and no row is fully
+    masked (row i sees key 0), so no guard is written."""
+    q3 = layout.to_bsd(e, q, hq, reuse)
+    if form == FORM_MHA_CAUSAL:
+        if hkv != hq:
+            k3, v3 = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
+        else:
+            k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
+        return e.node(
+            "MultiHeadAttention", [q3, k3, v3], domain=CONTRIB_DOMAIN, num_heads=hq, scale=call.scale, unidirectional=1
+        )
+    k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
+    return e.node("Attention", [q3, k3, v3], q_num_heads=hq, kv_num_heads=hkv, scale=call.scale, is_causal=1)
+
+
 def _float16_source(x: ir.Value) -> ir.Value | None:
     """The float16 value x was cast to float32 from (the fusion's Cast before the node), or None."""
     cast = u.producer(x, "Cast")
@@ -136,6 +306,19 @@ def _float16_source(x: ir.Value) -> ir.Value | None:
         return None
     source = u.operand(cast, 0)
     return source if source.dtype == ir.DataType.FLOAT16 else None
+
+
+def _held_bias(e: Emitter, bias: ir.Value) -> ir.Value:
+    """bias, where it is a float16 value cast to float32, through Where(bias == lowest, next float up,
+    bias): the same float16 values once cast back (both are -inf there), and an op ORT's optimizer
+    keeps. Without it, on a model whose sequence dim is a number, ORT's basic optimizations remove
+    the Cast pair and the Expand (a no-op there) and MultiHeadAttention with a whole [1, 1, S, S]
+    bias ran 41-64 ms instead of 1.3 (float16, S=4096, H=16, D=64; the same block with a symbolic dim
+    or ORT's optimizations off: 1.3 ms; benchmarks/results/cuda_forms.md, the static-shape cliff)."""
+    if _float16_source(bias) is None:
+        return bias
+    lowest = e.node("Equal", [bias, e.f32(layout.F32_LOWEST)])
+    return e.node("Where", [lowest, e.f32(STATIC_CLIFF_ABOVE_LOWEST), bias])
 
 
 def _multi_head_attention(
@@ -160,9 +343,9 @@ def _multi_head_attention(
     op_bias = expanded
     if expanded is not None and bias is not None and half:
         op_bias = (
-            e.cast(expanded, ir.DataType.FLOAT16)
+            e.cast(_held_bias(e, expanded), ir.DataType.FLOAT16)
             if expand is None
-            else e.node("Expand", [e.cast(bias, ir.DataType.FLOAT16), u.operand(expand, 1)])
+            else e.node("Expand", [e.cast(_held_bias(e, bias), ir.DataType.FLOAT16), u.operand(expand, 1)])
         )
     inputs = [q3, k3, v3] + ([None, None, op_bias] if op_bias is not None else [])
     out = e.node("MultiHeadAttention", inputs, domain=CONTRIB_DOMAIN, num_heads=hq, scale=call.scale)

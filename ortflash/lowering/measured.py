@@ -1,17 +1,22 @@
-"""A measured capability table (does an EP run a form on the GPU, and right) and the lookup that
-the GPU targets' choices read; each target keeps its own rows (lowering/webgpu.py, lowering/cuda.py)."""
+"""A measured capability table (does an EP run a form on the GPU, and right; which kernel ORT took
+and how fast) and the lookups that the GPU targets' choices read; each target keeps its own rows
+(lowering/webgpu.py, lowering/cuda.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Capability:
-    """One measured row: does the EP run the form on the GPU, and does it match the CPU EP."""
+    """One measured row: does the EP run the form on the GPU, does it match the CPU EP, and (where
+    the row was timed) the kernel ORT printed and the median ms with inputs and outputs on the GPU."""
 
     on_gpu: bool
     right: bool
+    kernel: str = ""
+    ms: float | None = None
 
 
 class CapabilityTable(dict[tuple[str, str], Capability]):
@@ -21,3 +26,9 @@ class CapabilityTable(dict[tuple[str, str], Capability]):
         """Whether the table measured form on case both on the GPU and right (a missing row: no)."""
         cap = self.get((form, case))
         return cap is not None and cap.on_gpu and cap.right
+
+    def fastest(self, forms: Iterable[str], case: str) -> str | None:
+        """Of forms, the usable one with the least measured ms on case (ties: the earlier form;
+        None where none is usable and timed)."""
+        timed = [(cap.ms, i, f) for i, f in enumerate(forms) if self.usable(f, case) and (cap := self[(f, case)]).ms]
+        return min(timed)[2] if timed else None

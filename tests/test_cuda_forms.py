@@ -1,0 +1,137 @@
+"""The form the cuda target writes per (element type, mask kind, head dim, length, static or symbolic
+sequence dim), held to the committed capability table (ortflash/lowering/cuda.py's CAPABILITIES,
+benchmarks/results/cuda_capabilities.json), and the static-shape cliff of MultiHeadAttention
+(benchmarks/results/cuda_forms.md). CI has no GPU: the written graphs run on the CPU EP."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import ortflash
+from ortflash.lowering import cuda, lower
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import cuda_forms  # noqa: E402 - the benchmark's exported blocks (onnx only)
+
+OWN_CAUSAL_OPS = {"gqa": "GroupQueryAttention", "mha_causal": "MultiHeadAttention", "attn23_causal_bsd": "Attention"}
+
+# (block, dtype, head dim, static length or None) -> the form the committed table makes fastest
+EXPECTED = [
+    ("causal", "float16", 64, 1024, "attn23_causal_bsd"),  # 0.047 ms against mha_causal 0.064
+    ("causal", "float16", 64, 2048, "attn23_causal_bsd"),  # read at the 1024 row
+    ("causal", "float16", 64, 4096, "mha_causal"),  # 0.137 against Attention-23 0.213, GQA 0.274
+    ("causal", "float16", 64, 16384, "mha_causal"),  # 1.145 against GQA 1.739
+    ("causal", "float16", 64, None, "mha_causal"),  # symbolic: the 4096 row
+    ("causal", "float16", 128, 1024, "mha_causal"),
+    ("causal", "float16", 128, 4096, "mha_causal"),
+    ("causal", "float16", 128, None, "mha_causal"),
+    ("causal", "float32", 64, 1024, "attn23_causal_bsd"),  # TF32 on: 0.170 against 0.183
+    ("causal", "float32", 64, None, "attn23_causal_bsd"),  # 1.353 against 1.464
+    ("padding", "float16", 64, 4096, "mha_bias"),
+    ("padding", "float16", 64, None, "mha_bias"),
+    ("padding", "float32", 64, None, "mha_bias"),
+    ("causal_mask", "float16", 128, 4096, "mha_bias"),  # an exported mask: not the own causal mask
+    ("causal_mask", "float16", 64, None, "mha_bias"),
+    ("nomask", "float16", 64, None, "mha_bias"),
+]
+
+
+def _lowered(stack: str, dtype: str, d: int, s: int | None) -> tuple[onnx.ModelProto, onnx.ModelProto, str]:
+    model = cuda_forms.block(stack, d, dtype, s)
+    fused, report = ortflash.optimize(model, target="ortflash")
+    assert report.fused == 1
+    low, notes = lower(fused, "cuda")
+    assert notes[0].lowered
+    return model, low, notes[0].reason
+
+
+@pytest.mark.parametrize(("stack", "dtype", "d", "s", "form"), EXPECTED)
+def test_the_form_written_is_the_tables_fastest_right_form(
+    stack: str, dtype: str, d: int, s: int | None, form: str
+) -> None:
+    _, low, reason = _lowered(stack, dtype, d, s)
+    ops = [n for n in low.graph.node if n.op_type in ("MultiHeadAttention", "GroupQueryAttention", "Attention")]
+    assert len(ops) == 1
+    node = ops[0]
+    if form == "mha_bias":  # every mask in attention_bias (none without a mask), no unidirectional
+        assert node.op_type == "MultiHeadAttention"
+        assert not [a for a in node.attribute if a.name == "unidirectional"]
+        assert (len(node.input) == 6 and bool(node.input[5])) == (stack != "nomask")
+        return
+    case = cuda.table_case("causal", dtype == "float16", d, s)
+    assert cuda.CAPABILITIES.fastest(cuda.OWN_CAUSAL_FORMS, case) == form  # the table says so
+    assert node.op_type == OWN_CAUSAL_OPS[form]
+    assert len([i for i in node.input if i]) == 3  # q, k, v: its own causal mask, no bias
+    cap = cuda.CAPABILITIES[(form, case)]
+    assert reason.startswith(f"{form}:") and f"ORT's {cap.kernel} kernel, {cap.ms:.3f} ms" in reason
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_each_own_causal_form_computes_the_original_on_the_cpu_ep(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = cuda_forms.block("causal", 32, dtype, None)
+    fused, _ = ortflash.optimize(model, target="ortflash")
+    feeds = cuda_forms.feeds("causal", 32, dtype, 37)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    tol = (2e-2, 2e-3) if dtype == "float16" else (1e-4, 1e-5)
+    for form in cuda.OWN_CAUSAL_FORMS:
+        monkeypatch.setattr(cuda, "choose_form", lambda call, dims, half, opset, f=form: (f, f))
+        low, _ = lower(fused, "cuda")
+        assert [n.op_type for n in low.graph.node if n.op_type == OWN_CAUSAL_OPS[form]]
+        got = ort.InferenceSession(low.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=tol[0], atol=tol[1])
+
+
+def _static_fed_bias_blocks() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    original = cuda_forms.cliff_models()["cliff_fedbias"]  # float16, [1, 1, 4096, 4096] bias fed whole
+    fused, _ = ortflash.optimize(original, target="ortflash")
+    low, notes = lower(fused, "cuda")
+    assert notes[0].lowered
+    return original, low
+
+
+def _bias_chain(model: onnx.ModelProto) -> list[str]:
+    """The ops from MultiHeadAttention's attention_bias back to a graph input, first input each."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    mha = next(n for n in model.graph.node if n.op_type == "MultiHeadAttention")
+    chain, value = [], mha.input[5]
+    while value in producer:
+        chain.append(producer[value].op_type)
+        value = producer[value].input[0]
+    return chain + [value]
+
+
+def test_static_shape_bias_keeps_an_op_ort_does_not_fold_between_the_graph_input_and_the_node() -> None:
+    """The static-shape cliff: on a model whose sequence dim is a number, ORT's basic optimizations
+    (CUDA EP) removed the Cast pair float16 -> float32 -> float16 and the no-op Expand, and
+    MultiHeadAttention read the [1, 1, S, S] graph input itself: 41-64 ms instead of 1.3
+    (benchmarks/results/cuda_forms.md). The held bias puts a Where in that chain (1.39 ms there)."""
+    _, low = _static_fed_bias_blocks()
+    assert _bias_chain(low) == ["Expand", "Cast", "Where", "Equal", "Cast", "bias"]  # Where(bias == lowest, ..)
+
+
+def test_the_held_bias_gives_the_same_float16_values(tmp_path: Path) -> None:
+    """Where(bias == lowest, next float up, bias) then Cast to float16: lowest and its neighbour
+    both become -inf, so the lowered block computes what it computed before (on the CPU EP, S=64)."""
+    original = cuda_forms.cliff_models()["cliff_fedbias"]
+    small = onnx.ModelProto.FromString(original.SerializeToString())
+    for value in list(small.graph.input) + list(small.graph.output):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_value == cuda_forms.CLIFF_SEQ:
+                dim.dim_value = 64
+    fused, _ = ortflash.optimize(small, target="ortflash")
+    low, _ = lower(fused, "cuda")
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((1, 16, 64, 64)).astype(np.float16) for n in "qkv"}
+    keep = np.ones((1, 1, 64, 64), bool)
+    keep[..., 48:] = False
+    feeds["bias"] = np.where(keep, 0.0, np.finfo(np.float16).min).astype(np.float16)
+    want = ort.InferenceSession(small.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ort.InferenceSession(low.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-3)
