@@ -57,6 +57,11 @@ def results_path(kind: str) -> str:
 # AVX2 (no AVX-512), 2026-12-01 (RESULTS_FILES, and WALL_FOR_ALL for kinds with no wall-time run of
 # their own): the largest of their crossovers, so a form is chosen only where no measurement says
 # it is slower. None: at no measured length up to MEASURED_UP_TO in one of them.
+# The table does not carry across CPU classes, nor across kernel versions: on the 2-core AVX-512
+# Xeon with the kernel of issue 30 items 1-2 (worker pool, direct path to 64 rows), the padding
+# stack's naive and online forms won from S = 16-64 at both head dims, contrib and onnx at none
+# (benchmarks/results/crossover_cpu_avx512{,_nomask}.md; one round, CPU time). A row per CPU class,
+# chosen by ortflash.kernels.cpu.isa(), needs every kind re-measured on both classes first.
 def _rows(
     naive: Mapping[int, int | None],
     online: Mapping[int, int | None],
