@@ -59,8 +59,9 @@ def results_path(kind: str) -> str:
 # it is slower. None: at no measured length up to MEASURED_UP_TO in one of them.
 # The table does not carry across CPU classes, nor across kernel versions: on the 2-core AVX-512
 # Xeon with the kernel of issue 30 items 1-2 (worker pool, direct path to 64 rows), the padding
-# stack's naive and online forms won from S = 16-64 at both head dims, contrib and onnx at none
-# (benchmarks/results/crossover_cpu_avx512{,_nomask}.md; one round, CPU time). A row per CPU class,
+# stack's naive and online forms won from S = 64 (D = 32) and 16 (D = 64) in two runs, contrib and
+# onnx at none below 1024 (benchmarks/results/crossover_cpu_avx512{,_run2,_nomask}.md; one round
+# each, CPU time). A row per CPU class,
 # chosen by ortflash.kernels.cpu.isa(), needs every kind re-measured on both classes first.
 def _rows(
     naive: Mapping[int, int | None],
