@@ -60,6 +60,11 @@ _SAME_RANK = (
     "Dropout",
     "Softplus",
     "SimplifiedLayerNormalization",
+    # Slice keeps every axis (a sliced causal look-up: fusion/causal/write writes one) and Not is
+    # elementwise: without them the rank of a written padding mask was unknown, and its row read
+    # the mask's batch axis as a query axis ('bias' on blocks proved causal + padding).
+    "Slice",
+    "Not",
 )
 # Ops whose output has the largest rank of their inputs (multidirectional broadcasting).
 _BROADCAST_RANK = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "MatMul")  # MatMul: inputs of rank >= 2
