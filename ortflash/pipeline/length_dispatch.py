@@ -188,7 +188,7 @@ def _plan(
         seen.add(id(node))
         original.append(node)
         todo += [i for i in node.input if i]
-        todo += [i for sub in _subgraph_reads(node) for i in [sub]]
+        todo += [i for sub in sorted(_subgraph_reads(node)) for i in [sub]]
     order = {id(n): i for i, n in enumerate(graph_o.node)}
     original.sort(key=lambda n: order[id(n)])
     if any(name not in {o for n in original for o in n.output} for name, _ in outputs):
@@ -367,7 +367,8 @@ def _topological(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[on
     """nodes in an order where each comes after what it reads (its subgraphs' outer reads included)."""
     ready = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
     producer = {o: k for k, n in enumerate(nodes) for o in n.output}
-    reads = [[i for i in (*n.input, *_subgraph_reads(n)) if i in producer] for n in nodes]
+    # sorted: a set of names iterates in a per-process order, and the written order must not vary
+    reads = [[i for i in (*n.input, *sorted(_subgraph_reads(n))) if i in producer] for n in nodes]
     done: list[bool] = [False] * len(nodes)
     order: list[onnx.NodeProto] = []
     for start in range(len(nodes)):

@@ -83,7 +83,7 @@ def optimize(
     fastest where it runs (ortflash/pipeline/forms.py): the chosen target's op where the measured cost
     table says it beats the original ops at the block's key length (its static length, else
     every one of ``seq_lens``), else the original ops, with the reason on its row. A target
-    asked for by name is written as asked. ``ortflash.pipeline.tune.optimize_tuned`` (``--tune``) times
+    asked for by name is written as asked (a block a portable target cannot lower keeps its original ops). ``ortflash.pipeline.tune.optimize_tuned`` (``--tune``) times
     the candidates on this machine instead, and keeps the fastest.
     """
     if policy is None:
@@ -113,6 +113,10 @@ def optimize(
 
     if target is not None and target != AUTO:
         model, report = run(target)
+        if not REGISTRY[target].needs_ortflash:
+            model, report = _unlowered_kept(
+                proto, shaped, policy, num_heads, prove_causal, (model, report), target, folder
+            )
         report.target = TargetChoice(requested=target, ep=ep, chosen=target, why="asked for")
         return model, report
     check = load_check or _default_load_check(model_or_path, proto)
@@ -206,6 +210,33 @@ def _fastest_forms(
     else:
         faster_report.target = report.target
     return faster, faster_report
+
+
+def _unlowered_kept(
+    proto: onnx.ModelProto,
+    shaped: tuple[onnx.ModelProto, str],
+    policy: SoftmaxPolicy,
+    num_heads: int | None,
+    prove_causal: bool,
+    written: tuple[onnx.ModelProto, Report],
+    target: str,
+    folder: str | None,
+) -> tuple[onnx.ModelProto, Report]:
+    """A portable target asked for by name never leaves a FlashAttention node: a block its op
+    cannot compute keeps its original ops, with the lowering's reason on its row (issue 33 item 1:
+    a model whose opset could not be raised came out all FlashAttention, exit 0, unloadable
+    without ortflash)."""
+    model, report = written
+    keep = {b.name: b.reason for b in report.blocks if b.fused and b.lowered_to is None}
+    if not keep:
+        return model, report
+    kept, kept_report = _kept_where_faster(
+        proto, shaped, policy, num_heads, prove_causal, report, keep, {}, target, folder
+    )
+    kept_report.notes.append(
+        f"{len(keep)} block(s) kept their original ops: --target {target} cannot lower them (the reason is on each row)"
+    )
+    return kept, kept_report
 
 
 def _kept_where_faster(
