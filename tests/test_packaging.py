@@ -31,6 +31,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 CROSS = "aarch64-linux-gnu-g++"
 EM_AARCH64 = 183  # ELF e_machine
 NEWEST_GLIBC = (2, 24)  # manylinux_2_24: the tag .ci/run asks auditwheel for
+NEWEST_GLIBCXX = (3, 4, 22)  # and the libstdc++ and C++ ABI versions auditwheel allows with it
+NEWEST_CXXABI = (1, 3, 10)
 
 
 def setup_flags() -> tuple[list[str], dict[str, list[str]]]:
@@ -71,10 +73,10 @@ def test_the_generic_kernel_compiles_for_aarch64(tmp_path):
     assert refused.returncode != 0
 
 
-def _glibc_versions(path: str) -> set[tuple[int, ...]]:
-    """The GLIBC_x.y versions a shared object's dynamic symbols ask for."""
+def _glibc_versions(path: str, library: str = "GLIBC") -> set[tuple[int, ...]]:
+    """The LIBRARY_x.y versions (GLIBC, GLIBCXX, CXXABI) a shared object's dynamic symbols ask for."""
     out = subprocess.run(["objdump", "-T", path], capture_output=True, text=True, check=True).stdout
-    return {tuple(int(p) for p in v.split(".")) for v in re.findall(r"\bGLIBC_([0-9.]+)\b", out)}
+    return {tuple(int(p) for p in v.split(".")) for v in re.findall(rf"\b{library}_([0-9.]+)\b", out)}
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
@@ -85,6 +87,11 @@ def test_the_compiled_kernels_need_no_glibc_newer_than_manylinux_2_24():
         newest = max(_glibc_versions(path))
         # libstdc++'s inline code read __libc_single_threaded (GLIBC_2.32) before setup.py's -include
         assert newest <= NEWEST_GLIBC, f"{os.path.basename(path)} needs GLIBC_{'.'.join(map(str, newest))}"
+        # manylinux_2_24's libstdc++ (GCC 6): std::condition_variable::wait of libstdc++ 12 is
+        # GLIBCXX_3.4.30, and std::mutex::try_lock pthread_mutex_trylock@GLIBC_2.34 (the worker pool)
+        for library, allowed in (("GLIBCXX", NEWEST_GLIBCXX), ("CXXABI", NEWEST_CXXABI)):
+            newest = max(_glibc_versions(path, library), default=(0,))
+            assert newest <= allowed, f"{os.path.basename(path)} needs {library}_{'.'.join(map(str, newest))}"
 
 
 def test_the_sdist_has_the_sources_license_and_metadata(tmp_path):

@@ -4,7 +4,7 @@
 
 namespace {
 
-// Worker threads started once per process and parked on a condition variable between calls.
+// Worker threads started once per process and parked on a condition variable between calls (glibc's pthread_cond_t).
 // Starting std::threads on every call cost ~20-60 us per call (two parallel sections per call,
 // one thread each on a 2-core machine), as much as the whole attention at S = 16-64; waking a
 // parked thread costs a futex wake. One caller at a time uses the pool: a concurrent call
@@ -26,25 +26,26 @@ public:
     // joined before its own fn returned: on a loaded machine a helper that is not scheduled in
     // time is left out (it finds the job closed), instead of the call waiting a time slice for it.
     bool run(int helpers, const std::function<void()>& fn) {
-        std::unique_lock<std::mutex> in_use(use, std::try_to_lock);
-        if (!in_use.owns_lock()) return false;
-        {
-            std::lock_guard<std::mutex> lock(m);
-            while (int(started) < helpers) {
-                std::thread(&WorkerPool::loop, this, int(started)).detach();
-                ++started;
-            }
-            job = &fn;
-            wanted = helpers;
-            open = true;
-            ++generation;
+        bool idle = false;
+        if (!busy.compare_exchange_strong(idle, true)) return false;
+        pthread_mutex_lock(&m);
+        while (int(started) < helpers) {
+            std::thread(&WorkerPool::loop, this, int(started)).detach();
+            ++started;
         }
-        wake.notify_all();
+        job = &fn;
+        wanted = helpers;
+        open = true;
+        ++generation;
+        pthread_mutex_unlock(&m);
+        pthread_cond_broadcast(&wake);
         fn();
-        std::unique_lock<std::mutex> lock(m);
+        pthread_mutex_lock(&m);
         open = false;
-        finished.wait(lock, [&] { return active == 0; });
+        while (active != 0) pthread_cond_wait(&finished, &m);
         job = nullptr;
+        pthread_mutex_unlock(&m);
+        busy.store(false);
         return true;
     }
 
@@ -53,24 +54,27 @@ private:
 
     void loop(int index) {
         uint64_t seen = 0;
-        std::unique_lock<std::mutex> lock(m);
+        pthread_mutex_lock(&m);
         for (;;) {
-            wake.wait(lock, [&] { return generation != seen; });
+            while (generation == seen) pthread_cond_wait(&wake, &m);
             seen = generation;
             if (!open || index >= wanted) continue;
             ++active;
             const std::function<void()>* fn = job;
-            lock.unlock();
+            pthread_mutex_unlock(&m);
             (*fn)();  // does not throw: parallel_items' worker catches
-            lock.lock();
-            if (--active == 0 && !open) finished.notify_one();
+            pthread_mutex_lock(&m);
+            if (--active == 0 && !open) pthread_cond_signal(&finished);
         }
     }
 
     const pid_t owner;
-    std::mutex use;  // held by the one caller using the pool
-    std::mutex m;    // guards what follows
-    std::condition_variable wake, finished;
+    // The pool's locks are glibc's own, not std::mutex::try_lock and std::condition_variable:
+    // libstdc++ 12 binds those to pthread_mutex_trylock@GLIBC_2.34 and condition_variable::wait
+    // @GLIBCXX_3.4.30, which would raise the wheel's manylinux tag past 2_24 (auditwheel refuses).
+    std::atomic<bool> busy{false};  // set by the one caller using the pool
+    pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;  // guards what follows
+    pthread_cond_t wake = PTHREAD_COND_INITIALIZER, finished = PTHREAD_COND_INITIALIZER;
     size_t started = 0;
     const std::function<void()>* job = nullptr;
     uint64_t generation = 0;
