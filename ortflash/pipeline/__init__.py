@@ -4,6 +4,8 @@
   choose each block's form, report;
 - ``target_choice``: which target ``--target auto`` / ``--ep`` takes, with the load check;
 - ``forms``: the measured cost tables and the per-block choice of form (never slower);
+- ``length_dispatch``: an ``If`` on the run's key length around a block whose length is known only at
+  run time: the fused form past its crossover, the original ops below;
 - ``fused_rows``: what each fused node proves for its report row;
 - ``tune``: ``--tune``, the forms timed on this machine;
 - ``opset``: the default-domain opset raised op by op (for ``--target onnx``);

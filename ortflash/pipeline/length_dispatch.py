@@ -188,7 +188,7 @@ def _plan(
         seen.add(id(node))
         original.append(node)
         todo += [i for i in node.input if i]
-        todo += [i for sub in sorted(_subgraph_reads(node)) for i in [sub]]
+        todo += sorted(_subgraph_reads(node))
     order = {id(n): i for i, n in enumerate(graph_o.node)}
     original.sort(key=lambda n: order[id(n)])
     if any(name not in {o for n in original for o in n.output} for name, _ in outputs):
@@ -364,11 +364,10 @@ def _names_read(nodes: Iterable[onnx.NodeProto]) -> set[str]:
 
 
 def _topological(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """nodes in an order where each comes after what it reads (its subgraphs' outer reads included)."""
+    """nodes in an order where each comes after what it reads (subgraphs' outer reads too), in any process."""
     ready = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
     producer = {o: k for k, n in enumerate(nodes) for o in n.output}
-    # sorted: a set of names iterates in a per-process order, and the written order must not vary
-    reads = [[i for i in (*n.input, *sorted(_subgraph_reads(n))) if i in producer] for n in nodes]
+    reads = [[i for i in (*n.input, *sorted(_subgraph_reads(n))) if i in producer] for n in nodes]  # sorted: stable
     done: list[bool] = [False] * len(nodes)
     order: list[onnx.NodeProto] = []
     for start in range(len(nodes)):
