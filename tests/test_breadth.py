@@ -197,10 +197,13 @@ GPT2_ORDER = {
 def test_causal_where_then_padding_bias_fuses_in_the_graphs_order(fill, bias, target):
     model = projected_block("Identity", opset=17, causal_where=fill, padding_bias=bias)
     out, report = ortflash.optimize(model, softmax="naive", target=target)
-    assert report.fused == 1, report.blocks[0].reason
     absorbed = GPT2_ORDER[(fill, bias)]
-    assert ("bias after mask" in report.blocks[0].mask) is not absorbed
-    if target != "ortflash" and absorbed:
+    if target == "ortflash" or absorbed:
+        assert report.fused == 1, report.blocks[0].reason
+        assert ("bias after mask" in report.blocks[0].mask) is not absorbed
+    else:  # a named portable target lowers the block or keeps its original ops (issue 33 item 1)
+        assert report.fused == 1 or "not lowered to" in report.blocks[0].reason, report.blocks[0].reason
+    if target != "ortflash":
         assert spec.OP_TYPE not in op_types(out), report.blocks[0].reason
     f = _decoder_feeds(model, np.random.default_rng(3))
     np.testing.assert_allclose(run(out, f), run(model, f), rtol=1e-4, atol=1e-5)
