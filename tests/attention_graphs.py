@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -472,3 +473,17 @@ def keras_einsum_block(
         helper.make_node("Einsum", ["p", "v"], ["out"], equation=pv_eq),
     ]
     return model_of(nodes, inputs, [initializer("scale", 8**-0.5, np.float32)])
+
+
+def batch_one_only(tmp_path: Any) -> tuple[str, str]:
+    """A model whose Reshape fixes the batch at 1 (an export traced at batch 1), saved in tmp_path,
+    and its fused model (--target ortflash) beside it: (path, fused path)."""
+    import ortflash
+
+    model = projected_block(upstream="Identity")
+    split = next(i for i in model.graph.initializer if i.name == "split")
+    split.CopyFrom(onnx.numpy_helper.from_array(np.array([1, 0, 2, 16], np.int64), "split"))
+    path, fused = str(tmp_path / "b1.onnx"), str(tmp_path / "b1.flash.onnx")
+    onnx.save(model, path)
+    onnx.save(ortflash.optimize(path, target="ortflash")[0], fused)
+    return path, fused

@@ -7,21 +7,10 @@ import os
 import numpy as np
 import onnx
 import pytest
-from attention_graphs import Variant, broadcast_block, build, projected_block
+from attention_graphs import Variant, batch_one_only, broadcast_block, build, projected_block
 
 import ortflash
 from ortflash.cli import main
-
-
-def _batch_one_only(tmp_path) -> tuple[str, str]:
-    """A model whose Reshape fixes the batch at 1 (an export traced at batch 1), and its fused model."""
-    model = projected_block(upstream="Identity")
-    split = next(i for i in model.graph.initializer if i.name == "split")
-    split.CopyFrom(onnx.numpy_helper.from_array(np.array([1, 0, 2, 16], np.int64), "split"))
-    path, fused = str(tmp_path / "b1.onnx"), str(tmp_path / "b1.flash.onnx")
-    onnx.save(model, path)
-    onnx.save(ortflash.optimize(path, target="ortflash")[0], fused)
-    return path, fused
 
 
 @pytest.mark.parametrize("location", ["model.onnx.data", "weights/model.data"])
@@ -49,7 +38,7 @@ def test_ort_message_keeps_its_end_and_hints_at_batch_one(tmp_path, capsys):
     """Item 1: the message was cut at 300 characters inside the C++ signature ORT puts before the
     cause; the cause (the shapes) is at its end. Issue 22 item 2: verify with random inputs tries
     batch 1 before giving up, and says in one line which dim was the problem."""
-    path, fused = _batch_one_only(tmp_path)
+    path, fused = batch_one_only(tmp_path)
     assert main(["verify", path, fused]) == 0
     out = capsys.readouterr().out
     notes = [line for line in out.splitlines() if line.startswith("note: ran at batch 1")]

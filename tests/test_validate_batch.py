@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
 import pytest
-from attention_graphs import projected_block
+from attention_graphs import batch_one_only as batch_one_only_model
 
 import ortflash
 from ortflash.cli import main
@@ -18,13 +17,7 @@ from ortflash.cli import main
 @pytest.fixture()
 def batch_one_only(tmp_path) -> tuple[str, str]:
     """A model whose Reshape fixes the batch at 1, and its fused model."""
-    model = projected_block(upstream="Identity")
-    split = next(i for i in model.graph.initializer if i.name == "split")
-    split.CopyFrom(onnx.numpy_helper.from_array(np.array([1, 0, 2, 16], np.int64), "split"))
-    path, fused = str(tmp_path / "b1.onnx"), str(tmp_path / "b1.flash.onnx")
-    onnx.save(model, path)
-    onnx.save(ortflash.optimize(path, target="ortflash")[0], fused)
-    return path, fused
+    return batch_one_only_model(tmp_path)
 
 
 @pytest.mark.parametrize("optimized", [True, False])
