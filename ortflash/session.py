@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -11,9 +11,9 @@ import onnx
 import onnxruntime as ort
 
 from .kernels.config import DEFAULT_BACKEND, KernelConfig, join_side_channel
-from .model_io import ModelLike, external_locations, graphs_of, load
+from .model_io import ModelLike, external_locations, load
 from .op import spec
-from .op.node import is_flash_attention
+from .op.node import flash_nodes
 from .op.policy import SoftmaxPolicy
 
 # ONNX Runtime's session option for its intra-op threads' busy-waiting (see session_options).
@@ -57,11 +57,6 @@ def _config_entry(so: ort.SessionOptions, key: str) -> str | None:
         return None
 
 
-def _flash_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for sub in graphs_of(graph):
-        yield from (n for n in sub.node if is_flash_attention(n))
-
-
 def _set_attribute(node: onnx.NodeProto, name: str, value: Any) -> None:
     for i, attr in enumerate(node.attribute):
         if attr.name == name:
@@ -81,7 +76,7 @@ def configure_model(
     """
     configured = onnx.ModelProto()
     configured.CopyFrom(model)
-    for node in _flash_nodes(configured.graph):
+    for node in flash_nodes(configured):
         if policy is not None:
             for name, value in policy.attributes().items():
                 _set_attribute(node, name, value)

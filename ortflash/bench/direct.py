@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from ..op import spec
-from ..op.node import is_flash_attention, node_attributes
+from ..op.node import flash_nodes, node_attributes
 from ..op.policy import SoftmaxPolicy
 
 # attributes that say how a node runs, not what it computes: the kernels take them as policy
@@ -39,7 +39,7 @@ class NodeCall:
 
 
 def _flash_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    return [n for n in model.graph.node if is_flash_attention(n)]
+    return flash_nodes(model, subgraphs=False)
 
 
 def exposing_inputs(model: onnx.ModelProto) -> onnx.ModelProto:

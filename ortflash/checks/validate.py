@@ -20,7 +20,7 @@ from ..errors import OrtflashError
 from ..kernels.config import DEFAULT_BACKEND, KernelConfig
 from ..model_io import graphs_of
 from ..op import spec
-from ..op.node import REPLACES, is_flash_attention, node_attributes
+from ..op.node import REPLACES, flash_nodes, node_attributes
 from ..op.policy import SoftmaxPolicy
 from .compare import compare, tolerance
 from .sessions import run_model
@@ -85,7 +85,7 @@ def _foreign_parts(original: onnx.ModelProto, optimized: onnx.ModelProto) -> str
     if foreign:
         return f"{len(foreign)} of its weights are not the original's (same name, shape and type): {', '.join(foreign[:3])}"
     values = {o for g in graphs_of(original.graph) for n in g.node for o in n.output}
-    fused = [n for n in optimized.graph.node if is_flash_attention(n)]
+    fused = flash_nodes(optimized, subgraphs=False)
     unknown = [n.name for n in fused if _replaced_name(n) not in values]
     if unknown:
         return f"its FlashAttention node(s) {', '.join(unknown[:3])} replace no value of the original graph"
@@ -122,7 +122,7 @@ def capture_model(
     original: onnx.ModelProto, optimized: onnx.ModelProto
 ) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
     """The original graph plus the rewrite's input preparation, exposing what validate needs."""
-    fused = [n for n in optimized.graph.node if is_flash_attention(n)]
+    fused = flash_nodes(optimized, subgraphs=False)
     model = onnx.ModelProto()
     model.CopyFrom(original)
     g = model.graph
@@ -162,8 +162,7 @@ def in_subgraphs(optimized: onnx.ModelProto) -> int:
     because ONNX Runtime gives no way to read a subgraph's intermediate values (verify checks them
     end to end)."""
 
-    every = sum(is_flash_attention(n) for g in graphs_of(optimized.graph) for n in g.node)
-    return every - sum(is_flash_attention(n) for n in optimized.graph.node)
+    return len(flash_nodes(optimized)) - len(flash_nodes(optimized, subgraphs=False))
 
 
 def _kernel(backend: str) -> Kernel:

@@ -27,8 +27,8 @@ import numpy as np
 import onnx
 
 from ..errors import OrtflashError
-from ..model_io import graphs_of, load
-from ..op.node import DISPATCH_KEY, is_flash_attention, node_attributes
+from ..model_io import load
+from ..op.node import DISPATCH_KEY, flash_nodes, node_attributes
 from ..op.policy import NODES_OWN, SoftmaxPolicy
 from ..session import InferenceSession
 from .compare import OutputDiff, compare_outputs, noise_text, shape_text, tolerance
@@ -154,7 +154,7 @@ def diff_dict(diff: OutputDiff) -> dict[str, Any]:
 
 def _fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The FlashAttention nodes of the main graph, the ones whose key length can be read."""
-    return [n for n in model.graph.node if is_flash_attention(n)]
+    return flash_nodes(model, subgraphs=False)
 
 
 def _inner_fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -166,8 +166,7 @@ def _inner_fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     main graph's nodes are never told apart by id(): protobuf's node wrappers are made on each
     access and freed, so their ids repeat (a BERT of 259 nodes showed one FlashAttention node
     inside a body it does not have)."""
-    bodies = list(graphs_of(model.graph))[1:]
-    return [n for g in bodies for n in g.node if is_flash_attention(n)]
+    return flash_nodes(model)[len(flash_nodes(model, subgraphs=False)) :]
 
 
 def _fixed_softmax(policy: SoftmaxPolicy) -> str | None:
@@ -288,7 +287,7 @@ def _exposing_dispatch(model: onnx.ModelProto) -> dict[str, _Dispatch]:
             continue
         info = json.loads(meta[DISPATCH_KEY])
         branch = next(a.g for a in node.attribute if a.name == "then_branch")
-        nodes = tuple(n for g in graphs_of(branch) for n in g.node if is_flash_attention(n))
+        nodes = tuple(flash_nodes(branch))
         found[node.name] = _Dispatch(info["condition"], info["keys"], int(info["key_len"]), nodes)
         for name in (info["condition"], info["keys"]):
             if name not in present:

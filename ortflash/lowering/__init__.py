@@ -97,7 +97,7 @@ from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..model_io import graphs_of
 from ..op import spec
-from ..op.node import BLOCK_ID, is_flash_attention
+from ..op.node import BLOCK_ID, flash_nodes
 from ..pipeline.opset import raise_default_opset
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .head_count import with_given_head_counts
@@ -150,7 +150,7 @@ def lower(
     record = REGISTRY.get(target)
     if record is None:
         raise OrtflashError(f"unknown lowering target {target!r}: use one of {', '.join(TARGETS)}")
-    kept = [_kept_note(n, i) for i, n in enumerate(_flash_attention_protos(model))]
+    kept = [_kept_note(n, i) for i, n in enumerate(flash_nodes(model))]
     if not kept:
         return model, []
     write = record.write
@@ -181,7 +181,7 @@ def lower(
     notes: list[LoweringNote] = []
     stem = _fresh_stem(irm)
     # every graph's nodes (If branches, Loop and Scan bodies too); each written into its own graph
-    for index, node in enumerate([n for n in graph.all_nodes() if is_flash_attention(n)]):
+    for index, node in enumerate(flash_nodes(graph)):
         name = node.name or f"{spec.OP_TYPE}_{index}"
         block = node.metadata_props.get(BLOCK_ID)
         owner = node.graph
@@ -214,11 +214,6 @@ def lower(
     return out, notes
 
 
-def _flash_attention_protos(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The FlashAttention nodes of every graph of model, main graph first."""
-    return [n for g in graphs_of(model.graph) for n in g.node if is_flash_attention(n)]
-
-
 def _kept_note(node: onnx.NodeProto, index: int) -> LoweringNote:
     block = next((p.value for p in node.metadata_props if p.key == BLOCK_ID), None)
     return LoweringNote(node.name or f"{spec.OP_TYPE}_{index}", False, "", spec.OP_TYPE, block)
@@ -227,8 +222,8 @@ def _kept_note(node: onnx.NodeProto, index: int) -> LoweringNote:
 def _restore_metadata(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
     """The version converter drops node metadata; copy it back onto the FlashAttention nodes,
     which it keeps with their (unique) names."""
-    props = {n.name: n.metadata_props for n in _flash_attention_protos(original) if n.name}
-    for node in _flash_attention_protos(converted):
+    props = {n.name: n.metadata_props for n in flash_nodes(original) if n.name}
+    for node in flash_nodes(converted):
         if node.name in props and not node.metadata_props:
             node.metadata_props.extend(props[node.name])
 

@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
-from ..op.node import BLOCK_ID, GIVEN_HEADS, is_flash_attention
+from ..op.node import BLOCK_ID, GIVEN_HEADS, flash_nodes
 
 
 def encode(num_heads: int, inputs: list[int]) -> str:
@@ -30,7 +30,7 @@ def with_given_head_counts(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with every marked operand reshaped to its given head count; the model itself
     where no node is marked (the input is never modified)."""
     irm = ir.serde.deserialize_model(model)
-    marked = [n for n in irm.graph.all_nodes() if is_flash_attention(n) and GIVEN_HEADS in n.metadata_props]
+    marked = [n for n in flash_nodes(irm.graph) if GIVEN_HEADS in n.metadata_props]
     if not marked:
         return model
     opset = u.default_opset(model)

@@ -5,7 +5,7 @@ the lowering adds what its native ops refuse (lowering/read.py), the checks take
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import onnx
@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
+from ..model_io import graphs_of
 from . import spec
 from .call import FlashAttentionCall
 from .policy import SoftmaxPolicy
@@ -31,8 +32,8 @@ DISPATCH_KEY = "ortflash.length_dispatch"
 
 _ACCUMULATOR = ir.DataType.FLOAT
 
-# A constant bias (mask) below this many elements that is all zeros (all true) counts as absent:
-# the bridge's placeholders are scalars; a larger constant is not worth reading.
+# A constant bias (mask) of at most this many elements that is all zeros (all true) counts as
+# absent: the bridge's placeholders are scalars; a larger constant is not worth reading.
 _MAX_CONSTANT_PLACEHOLDER = 2**20
 
 
@@ -66,6 +67,36 @@ def is_flash_attention(node: ir.Node | onnx.NodeProto) -> bool:
     return node.domain == spec.DOMAIN and node.op_type == spec.OP_TYPE
 
 
+@overload
+def flash_nodes(
+    model_or_graph: onnx.ModelProto | onnx.GraphProto, *, subgraphs: bool = True
+) -> list[onnx.NodeProto]: ...
+@overload
+def flash_nodes(model_or_graph: ir.Model | ir.Graph, *, subgraphs: bool = True) -> list[ir.Node]: ...
+def flash_nodes(
+    model_or_graph: onnx.ModelProto | onnx.GraphProto | ir.Model | ir.Graph, *, subgraphs: bool = True
+) -> list[onnx.NodeProto] | list[ir.Node]:
+    """The FlashAttention nodes of a model or graph: with ``subgraphs``, those of every graph below
+    it too (If branches, Loop and Scan bodies); a proto's main graph first, then each body in turn
+    (model_io.graphs_of), an ir graph's in ``all_nodes`` order."""
+    graph = model_or_graph.graph if isinstance(model_or_graph, (onnx.ModelProto, ir.Model)) else model_or_graph
+    if isinstance(graph, onnx.GraphProto):
+        graphs = graphs_of(graph) if subgraphs else (graph,)
+        return [n for g in graphs for n in g.node if is_flash_attention(n)]
+    return [n for n in (graph.all_nodes() if subgraphs else graph) if is_flash_attention(n)]
+
+
+def is_placeholder(value: ir.Value) -> bool:
+    """Whether a FlashAttention node's bias or mask input stands for an absent one: a constant
+    (at most 2**20 elements) of the neutral value, 0 for a bias, true for a (bool) mask. The
+    bridge cannot take a missing input and writes a neutral scalar in its place (spec.INPUTS);
+    the kernels, which see only arrays, read the scalar alone (spec.absent_as_none)."""
+    arr = u.const_array(value)
+    if arr is None or arr.size > _MAX_CONSTANT_PLACEHOLDER:
+        return False
+    return bool(np.all(arr)) if arr.dtype == np.bool_ else not np.any(arr)
+
+
 def node_attributes(node: ir.Node | onnx.NodeProto) -> dict[str, Any]:
     """A FlashAttention node's attributes as the kernels take them: the side channel resolved
     (exact floats, the undeclared attributes), defaults filled in; SpecError for a bad value."""
@@ -91,10 +122,8 @@ def read_node(node: ir.Node) -> FlashAttentionCall:
         raise NodeOutsideContract(f"attributes outside the FlashAttention contract: {exc}") from None
     q, k, v, bias, mask = node.inputs
     assert q is not None and k is not None and v is not None and bias is not None and mask is not None
-    arr = u.const_array(bias)
-    kept_bias = None if arr is not None and arr.size <= _MAX_CONSTANT_PLACEHOLDER and not np.any(arr) else bias
-    arr = u.const_array(mask)
-    kept_mask = None if arr is not None and arr.size <= _MAX_CONSTANT_PLACEHOLDER and np.all(arr) else mask
+    kept_bias = None if is_placeholder(bias) else bias
+    kept_mask = None if is_placeholder(mask) else mask
     return FlashAttentionCall(
         q=q,
         k=k,

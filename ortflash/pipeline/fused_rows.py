@@ -13,7 +13,7 @@ from ..errors import OrtflashError
 from ..graph import ir_utils as u
 from ..graph import shapes
 from ..lowering import head_count as given_heads
-from ..op.node import BLOCK_ID, GIVEN_HEADS, is_flash_attention
+from ..op.node import BLOCK_ID, GIVEN_HEADS, flash_nodes, is_placeholder
 from ..report import Report
 from . import forms
 
@@ -29,8 +29,8 @@ def prove_heads(graph: ir.Graph, report: Report, num_heads: int | None, per_batc
     take the count as a number, writes it there (lowering/head_count.py). ``per_batch_head``:
     the rows whose scores are per batch·head (fusion/driver.Fused), whose heads stay None.
     """
-    for node in list(graph):
-        if not is_flash_attention(node) or BLOCK_ID not in node.metadata_props:
+    for node in flash_nodes(graph, subgraphs=False):
+        if BLOCK_ID not in node.metadata_props:
             continue
         row = int(node.metadata_props[BLOCK_ID])
         block = report.blocks[row]
@@ -66,8 +66,7 @@ def _mask_kind(node: ir.Node) -> str:
     """The cost table's row for a fused node (forms.MASK_KINDS): what it reads besides Q, K and V."""
     rows: list[int | None] = []
     for value in node.inputs[3:5]:
-        constant = u.const_array(value)
-        if value is None or (constant is not None and constant.size == 1):
+        if value is None or is_placeholder(value):
             continue  # absent, or the neutral scalar the bridge needs in its place (spec.INPUTS)
         rows.append(_query_rows(value))
     causal = node.attributes.get("is_causal")
