@@ -215,12 +215,14 @@ def main(argv: list[str] | None = None) -> int:
                     "crossover": crossover(cpu_ratios if args.metric == "cpu" else ratios),
                 }
             key = "cpu_speedup" if args.metric == "cpu" else "speedup"
+            # each head dim as it ends: a long run on a shared machine keeps what it measured
+            print(head_dim, json.dumps({f: doc["forms"][f][str(head_dim)] for f in FORMS}), flush=True)
             if args.no_if_dispatch:
                 continue
             doc.setdefault("if_dispatch", {})[str(head_dim)] = {
                 str(s): by_length.get(str(s), {}).get("if_dispatch", {}).get(key) for s in seq_lens
             }
-            print(head_dim, {f: doc["forms"][f][str(head_dim)] for f in FORMS}, flush=True)
+    doc["machine"]["load_average_end"] = os.getloadavg()  # a shared machine: what ran beside the benchmark
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -228,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         f"# Crossovers on the CPU ({doc['date']})",
         "",
         f"Machine: {machine['model']}, {machine['cores']} cores, AVX-512 {machine['avx512f']}, AVX2 {machine['avx2']}, "
-        f"kernel build {machine['kernel_isa']}, load average at start {tuple(round(x, 2) for x in machine['load_average'])}.",
+        f"kernel build {machine['kernel_isa']}, load average at start {tuple(round(x, 2) for x in machine['load_average'])}, "
+        f"at end {tuple(round(x, 2) for x in machine['load_average_end'])}.",
         f"Model: 2-layer attention stack, {HEADS} heads, mask `{args.stack}`, batch 1 (benchmarks/cpu_attention.py), "
         f"through `ortflash bench`, {args.rounds} rounds alternating, {args.repeats} timed runs each, "
         f"{args.threads or 'default'} thread(s) per worker; ratio = original time / form time in the same run "

@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx
 import pytest
 from attention_graphs import Variant, build
+from conftest import PINNED_CPU_CLASS
 
 from ortflash.op.policy import SoftmaxPolicy
 from ortflash.pipeline import forms
@@ -32,28 +33,105 @@ def _static(length: int, head_dim: int = 32) -> onnx.ModelProto:
 def _a_measured_crossover(kind: str = "none") -> tuple[str, int, int]:
     """A (form, head dim, crossover) the table has for blocks of ``kind`` (the test graphs' blocks
     have no mask), for the tests that need a form that wins."""
-    for form, by_dim in forms.CPU_CROSSOVERS[kind].items():
+    for form, by_dim in forms.CPU_CROSSOVERS[PINNED_CPU_CLASS][kind].items():
         for dim, at in by_dim.items():
             if at is not None and form in ("naive", "online"):
                 return form, dim, at
     pytest.skip("no FlashAttention form beat the original ops at any measured length on the table's machine")
 
 
-def test_the_table_in_code_is_the_committed_benchmark_results():
-    """Per mask kind, form and head dim: the largest crossover of the kind's runs (CPU time, and
-    wall time where the kind has its own run, else the padding stack's wall-time run)."""
-    assert set(forms.CPU_CROSSOVERS) == set(forms.MASK_KINDS) == set(forms.RESULTS_FILES)
-    for kind, by_form in forms.CPU_CROSSOVERS.items():
-        names = list(forms.RESULTS_FILES[kind])
-        if len(names) == 1:
-            names.append(forms.WALL_FOR_ALL)
-        runs = [json.loads((RESULTS_DIR / f"{name}.json").read_text()) for name in names]
+@pytest.mark.parametrize("cpu_class", ["avx512", "avx2"])
+def test_each_class_table_in_code_is_its_committed_benchmark_results(cpu_class):
+    """Per CPU class, mask kind, form and head dim: the largest crossover of the kind's runs, each
+    run measured on a machine of that class (its kernel build), unless the kind is borrowed."""
+    table = forms.CPU_CROSSOVERS[cpu_class]
+    assert set(table) == set(forms.MASK_KINDS) == set(forms.RESULTS_FILES[cpu_class])
+    for kind, by_form in table.items():
+        runs = [json.loads((RESULTS_DIR / f"{name}.json").read_text()) for name in forms.RESULTS_FILES[cpu_class][kind]]
+        measured_on = forms.BORROWED.get(cpu_class, {}).get(kind, cpu_class)
+        assert {run["machine"]["kernel_isa"] for run in runs} == {measured_on}, (cpu_class, kind)
         for form, by_dim in by_form.items():
             for dim, at in by_dim.items():
                 measured = [run["forms"][form][str(dim)]["crossover"] for run in runs]
-                assert at == (None if None in measured else max(measured)), (kind, form, dim, measured)
+                assert at == (None if None in measured else max(measured)), (cpu_class, kind, form, dim, measured)
         assert {int(d) for d in runs[0]["forms"]["naive"]} == set(by_form["naive"]), kind
         assert max(runs[0]["seq_lens"]) == forms.MEASURED_UP_TO, kind
+    for kind, lender in forms.BORROWED.get(cpu_class, {}).items():  # a borrowed row is the lender's, whole
+        assert table[kind] == forms.CPU_CROSSOVERS[lender][kind]
+
+
+def test_the_generic_table_is_the_later_crossover_of_the_measured_classes():
+    """The build for a CPU without AVX2 was not measured: it fuses only where both classes did."""
+    generic = forms.CPU_CROSSOVERS["generic"]
+    for kind, by_form in generic.items():
+        for form, by_dim in by_form.items():
+            for dim, at in by_dim.items():
+                values = [forms.CPU_CROSSOVERS[c][kind][form][dim] for c in forms.GENERIC_FROM]
+                assert at == (None if None in values else max(values)), (kind, form, dim)  # type: ignore[type-var]
+
+
+def _a_crossover_the_classes_disagree_on() -> tuple[int, str, int, int]:
+    """(head dim, form, AVX-512 crossover, AVX2 crossover) of the no-mask row where both classes
+    have one and they differ."""
+    fast, slow = forms.CPU_CROSSOVERS["avx512"]["none"], forms.CPU_CROSSOVERS["avx2"]["none"]
+    for form in ("naive", "online"):
+        for dim in (32, 64):
+            a, b = fast[form][dim], slow[form][dim]
+            if a != b:
+                return dim, form, a, b  # type: ignore[return-value]
+    raise AssertionError("the AVX-512 and AVX2 tables agree on every no-mask FlashAttention entry")
+
+
+def test_the_cpu_class_asked_for_decides_the_form_and_the_row_says_which_table():
+    """The same block, at a length between the two classes' crossovers: fused by the table of the
+    class that wins there, kept by the other's; each row's detail names the table it read."""
+    dim, form, a, b = _a_crossover_the_classes_disagree_on()
+    winner, loser = ("avx512", "avx2") if (b is None or (a is not None and a < b)) else ("avx2", "avx512")
+    at = min(x for x in (a, b) if x is not None)
+    _, fused = optimize(_static(at, dim), softmax=form, cpu_class=winner, **NO_CHECK)
+    _, kept = optimize(_static(at, dim), softmax=form, cpu_class=loser, **NO_CHECK)
+    assert fused.fused == 1 and kept.fused == 0, (dim, form, a, b)
+    names = {"avx512": "the AVX-512 CPU table", "avx2": "the AVX2 CPU table"}
+    assert names[winner] in fused.blocks[0].detail and names[loser] in kept.blocks[0].detail
+
+
+def test_without_a_class_the_running_machines_table_decides(monkeypatch):
+    """optimize() reads the class of the kernel build it runs (conftest pins it for the suite)."""
+    dim, form, a, b = _a_crossover_the_classes_disagree_on()
+    at = min(x for x in (a, b) if x is not None)
+    answers = {}
+    for cpu_class in ("avx512", "avx2"):
+        monkeypatch.setattr(forms, "running_cpu_class", lambda c=cpu_class: c)
+        _, report = optimize(_static(at, dim), softmax=form, **NO_CHECK)
+        _, asked = optimize(_static(at, dim), softmax=form, cpu_class=cpu_class, **NO_CHECK)
+        answers[cpu_class] = report.fused
+        assert report.fused == asked.fused and report.blocks[0].detail == asked.blocks[0].detail
+    assert answers["avx512"] != answers["avx2"]
+    monkeypatch.undo()  # the real one: the kernel build's class
+    from ortflash.kernels import cpu
+
+    assert forms.running_cpu_class() == forms.cpu_class_of(cpu.isa()) in forms.CPU_CLASSES
+    assert [forms.cpu_class_of(i) for i in ("avx512", "avx2", "generic", "reference")] == [
+        "avx512",
+        "avx2",
+        "generic",
+        "generic",
+    ]
+
+
+def test_a_kind_not_measured_on_the_class_says_whose_row_it_read():
+    policy = SoftmaxPolicy.for_new_nodes()
+    detail = forms.choose("ortflash", policy, 64, [16], "causal", cpu_class="avx512").detail
+    assert "its causal row is the AVX2 measurement: not measured on AVX-512" in detail
+    assert "AVX2 measurement" not in forms.choose("ortflash", policy, 64, [16], "padding", cpu_class="avx512").detail
+    assert "not measured apart" in forms.choose("ortflash", policy, 64, [16], "padding", cpu_class="generic").detail
+
+
+def test_an_unknown_cpu_class_is_refused():
+    from ortflash.errors import OrtflashError
+
+    with pytest.raises(OrtflashError, match="cpu_class must be one of avx512, avx2, generic"):
+        optimize(_static(16), cpu_class="sse2", **NO_CHECK)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +190,7 @@ def test_a_dynamic_length_block_dispatches_on_the_length_unless_the_lengths_are_
 
 
 def test_a_dynamic_length_block_no_form_beats_keeps_the_original_ops_and_says_why():
-    never = [d for d, at in forms.CPU_CROSSOVERS["none"]["online"].items() if at is None]
+    never = [d for d, at in forms.CPU_CROSSOVERS[PINNED_CPU_CLASS]["none"]["online"].items() if at is None]
     if not never:
         pytest.skip("online beats the original ops at some length at every measured head dim")
     model = build(Variant(head_dim=never[0]))
@@ -135,11 +213,12 @@ def test_a_block_at_or_past_its_crossover_is_fused_and_says_why():
     [(16, {32}), (32, {32}), (48, {32, 64}), (64, {64}), (128, {64}), (None, {32, 64})],
 )
 def test_a_head_dim_between_measured_ones_takes_the_slower_of_its_neighbours(head_dim, expected):
-    for kind, by_form in forms.CPU_CROSSOVERS.items():
-        for form, by_dim in by_form.items():
-            values = [by_dim[d] for d in expected]
-            want = None if any(v is None for v in values) else max(values)  # type: ignore[type-var]
-            assert forms.crossover(form, head_dim, kind) == want, (kind, form, head_dim)
+    for cpu_class, table in forms.CPU_CROSSOVERS.items():
+        for kind, by_form in table.items():
+            for form, by_dim in by_form.items():
+                values = [by_dim[d] for d in expected]
+                want = None if any(v is None for v in values) else max(values)  # type: ignore[type-var]
+                assert forms.crossover(form, head_dim, kind, cpu_class=cpu_class) == want, (kind, form, head_dim)
 
 
 def test_auto_runs_the_online_softmax_from_min_seq_len_so_its_form_follows_the_length():

@@ -156,6 +156,15 @@ def add_num_heads(p: argparse.ArgumentParser) -> None:
 
 
 def add_seq_lens(p: argparse.ArgumentParser) -> None:
+    """The options the cost table reads: --seq-lens, and --cpu-class (which CPU's table)."""
+    from ..pipeline.forms import CPU_CLASSES
+
+    p.add_argument(
+        "--cpu-class",
+        choices=CPU_CLASSES,
+        help="whose measured CPU cost table decides where --target is left open: avx512, avx2 or generic "
+        "(default: the class of the kernel build this machine runs); each row's detail names the table",
+    )
     p.add_argument(
         "--seq-lens",
         type=positive_ints,
@@ -179,11 +188,12 @@ def check_target_and_ep(args: argparse.Namespace, auto: str) -> None:
 
 def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
     """What ortflash.optimize takes beyond the policy and the target: --num-heads, where given,
-    --no-causal-proof and --seq-lens."""
+    --no-causal-proof, --seq-lens and --cpu-class."""
     return {
         "num_heads": getattr(args, "num_heads", None),
         "prove_causal": not getattr(args, "no_causal_proof", False),
         "seq_lens": getattr(args, "seq_lens", None),
+        "cpu_class": getattr(args, "cpu_class", None),
     }
 
 

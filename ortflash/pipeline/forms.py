@@ -3,7 +3,8 @@ where the model runs, by a measured cost table, never a form predicted to be slo
 original ops.
 
 The tables come from committed benchmarks, one per execution provider (``TABLES``): the CPU EP's
-(``CPU_CROSSOVERS``, ``benchmarks/crossover.py``, a row per mask kind) and the WebGPU EP's
+(``CPU_CROSSOVERS``, ``benchmarks/crossover.py``, one per CPU class: AVX-512, AVX2 and the generic
+build, chosen per optimize call, default the running kernel build's; a row per mask kind) and the WebGPU EP's
 (``WEBGPU_CROSSOVERS``, ``benchmarks/crossover_webgpu.py``), measured in float32 and taken for
 every element type; and the CUDA EP's, one per element type (``CUDA_CROSSOVERS``,
 ``benchmarks/crossover_cuda.py``). Each gives, per form and head dim, the
@@ -15,7 +16,10 @@ length is written as an ONNX ``If`` on the run's length (pipeline/length_dispatc
 from the crossover, the original ops below, one condition per distinct length shared by the blocks;
 its cost in benchmarks/results/length_dispatch.md), on the CPU EP where ortflash's op runs; a block
 whose form wins at no measured length keeps the original ops. The row says which form was chosen
-and why in one sentence; ``FormChoice.detail`` says it whole.
+and why in one sentence; ``FormChoice.detail`` says it whole, and which CPU table it read.
+
+Over 400 lines because the tables are data with their provenance beside each (machine, date,
+results files, what was borrowed), which the choice reads directly; the rest is the choice itself.
 """
 
 from __future__ import annotations
@@ -31,38 +35,67 @@ from ..op.policy import SoftmaxPolicy
 # most a padding part: the kernels skip the tiles past the diagonal); a full bias or mask with a
 # row per query ([B, H, Sq, Sk], T5's position bias), which the kernels read whole.
 MASK_KINDS = ("none", "padding", "causal", "bias")
-# mask kind -> the stack of benchmarks/crossover.py that measured it, and its results files: the
-# CPU-time run (one thread per worker) and, where one was made, the wall-time run (the libraries'
-# own threads).
-RESULTS_FILES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+# The CPU classes the CPU EP's table has a row set for, by the kernel build that runs
+# (ortflash.kernels.cpu.isa()): the crossovers move with the vector unit (the fused kernel gains
+# more from AVX-512 than ONNX Runtime's unfused ops do), so a table measured on one class does not
+# decide for the other. ``generic``: the build for a CPU with neither (or the numpy reference kernel).
+CPU_CLASSES = ("avx512", "avx2", "generic")
+_CLASS_OF_ISA = {"avx512": "avx512", "avx2": "avx2", "generic": "generic", "reference": "generic"}
+_CLASS_NAMES = {"avx512": "AVX-512", "avx2": "AVX2", "generic": "generic (no AVX2)"}
+
+
+def cpu_class_of(isa: str) -> str:
+    """The CPU table's class for a kernel build name (``ortflash.kernels.cpu.isa()``)."""
+    return _CLASS_OF_ISA.get(isa, "generic")
+
+
+def running_cpu_class() -> str:
+    """The class of the kernel build this process runs: the table ``optimize`` takes where the
+    caller names none (``cpu_class=``, ``--cpu-class``)."""
+    from ..kernels import cpu
+
+    return cpu_class_of(cpu.isa())
+
+
+# CPU class -> mask kind -> the results files of benchmarks/crossover.py whose crossovers the
+# table's row is the larger of (CPU-time runs at one thread per worker; where listed, a wall-time
+# run at the libraries' own threads). A kind never measured on a class takes another class's
+# files and row (BORROWED); the generic class has no files of its own (the slower of the others).
+_AVX2_FILES = MappingProxyType(
     {
         "padding": ("crossover_cpu", "crossover_cpu_wall"),
-        "none": ("crossover_cpu_nomask",),
-        "causal": ("crossover_cpu_causal_mask",),
-        "bias": ("crossover_cpu_bias",),
+        "none": ("crossover_cpu_nomask", "crossover_cpu_wall"),
+        "causal": ("crossover_cpu_causal_mask", "crossover_cpu_wall"),
+        "bias": ("crossover_cpu_bias", "crossover_cpu_wall"),
     }
 )
-# The wall-time run of the padding stack bounds the kinds that have none: threads are what
-# separates the two measurements (ONNX Runtime's unfused ops spread over cores better than the
-# kernel does at short lengths), and that holds for every mask.
-WALL_FOR_ALL = "crossover_cpu_wall"
+RESULTS_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "avx2": _AVX2_FILES,
+        "avx512": MappingProxyType(
+            {
+                "padding": ("crossover_cpu_avx512", "crossover_cpu_avx512_run2"),
+                "none": ("crossover_cpu_avx512_nomask",),
+                "causal": _AVX2_FILES["causal"],
+                "bias": _AVX2_FILES["bias"],
+            }
+        ),
+    }
+)
+# class -> kind -> the class whose measurement the row is, where the kind was not measured on it
+BORROWED: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {"avx512": MappingProxyType({"causal": "avx2", "bias": "avx2"})}
+)
+# The generic build is slower than both vector builds, and was not measured: it takes, per entry,
+# the later crossover of the two classes (never, where either never wins).
+GENERIC_FROM = ("avx512", "avx2")
 
 
-def results_path(kind: str) -> str:
-    return f"benchmarks/results/{RESULTS_FILES[kind][0]}.md"
+def results_path(kind: str, cpu_class: str = "avx2") -> str:
+    files = RESULTS_FILES.get(cpu_class, RESULTS_FILES["avx2"])[kind]
+    return f"benchmarks/results/{files[0]}.md"
 
 
-# mask kind -> form -> head dim -> the least key length from which the form ran faster than the
-# original ops on the CPU EP in every run that measured it, on this project's 2-core AMD EPYC with
-# AVX2 (no AVX-512), 2026-12-01 (RESULTS_FILES, and WALL_FOR_ALL for kinds with no wall-time run of
-# their own): the largest of their crossovers, so a form is chosen only where no measurement says
-# it is slower. None: at no measured length up to MEASURED_UP_TO in one of them.
-# The table does not carry across CPU classes, nor across kernel versions: on the 2-core AVX-512
-# Xeon with the kernel of issue 30 items 1-2 (worker pool, direct path to 64 rows), the padding
-# stack's naive and online forms won from S = 64 (D = 32) and 16 (D = 64) in two runs, contrib and
-# onnx at none below 1024 (benchmarks/results/crossover_cpu_avx512{,_run2,_nomask}.md; one round
-# each, CPU time). A row per CPU class,
-# chosen by ortflash.kernels.cpu.isa(), needs every kind re-measured on both classes first.
 def _rows(
     naive: Mapping[int, int | None],
     online: Mapping[int, int | None],
@@ -77,16 +110,59 @@ def _rows(
     )
 
 
-CPU_CROSSOVERS: Mapping[str, Mapping[str, Mapping[int, int | None]]] = MappingProxyType(
+Table = Mapping[str, Mapping[str, Mapping[int, int | None]]]  # mask kind -> form -> head dim -> crossover
+
+
+def _slower(*tables: Table) -> Table:
+    """Per entry, the later crossover of ``tables`` (None where any is None)."""
+
+    def later(values: list[int | None]) -> int | None:
+        return None if any(v is None for v in values) else max(v for v in values if v is not None)
+
+    first = tables[0]
+    return MappingProxyType(
+        {
+            kind: MappingProxyType(
+                {
+                    form: MappingProxyType({dim: later([t[kind][form][dim] for t in tables]) for dim in by_dim})
+                    for form, by_dim in by_form.items()
+                }
+            )
+            for kind, by_form in first.items()
+        }
+    )
+
+
+# mask kind -> form -> head dim -> the least key length from which the form ran faster than the
+# original ops on the CPU EP in every run of RESULTS_FILES: the largest of their crossovers, so a
+# form is chosen only where no measurement says it is slower. None: at no measured length up to
+# MEASURED_UP_TO in one of them.
+# AVX2: this project's 2-core AMD EPYC (Zen 3, no AVX-512), 2026-12-01, two rounds per run, with the
+# kernel before issue 30 items 1-2 (worker pool, buffer reuse, direct path to 64 rows).
+_AVX2 = MappingProxyType(
     {
         "padding": _rows({32: 2048, 64: 512}, {32: 2048, 64: 512}, {32: None, 64: None}, {32: None, 64: None}),
-        # no padded key tile to skip: the kernel does the unfused graph's work, and loses to its sgemm
         "none": _rows({32: None, 64: None}, {32: 2048, 64: None}, {32: None, 64: None}, {32: None, 64: 1024}),
         "causal": _rows({32: 2048, 64: 512}, {32: 2048, 64: 1024}, {32: None, 64: None}, {32: None, 64: None}),
-        # a [1, H, S, S] bias read whole by every form: none beat the original at any measured length
         "bias": _rows({32: None, 64: None}, {32: None, 64: None}, {32: None, 64: None}, {32: None, 64: None}),
     }
 )
+# AVX-512: a 2-core Intel Xeon, 2026-12-01, with the kernel of items 1-2, CPU time at one thread,
+# S = 16, 64, 256, 512, 1024, 2048, one round per run (padding: two runs; no mask: one);
+# its causal and bias rows are the AVX2 ones (BORROWED): those kinds were not measured on AVX-512.
+_AVX512 = MappingProxyType(
+    {
+        "padding": _rows({32: 64, 64: 16}, {32: 64, 64: 16}, {32: None, 64: None}, {32: None, 64: None}),
+        # no padded key tile to skip: the kernel does the unfused graph's work
+        "none": _rows({32: None, 64: 256}, {32: None, 64: 512}, {32: 1024, 64: 512}, {32: None, 64: 512}),
+        "causal": _AVX2["causal"],
+        "bias": _AVX2["bias"],
+    }
+)
+CPU_CROSSOVERS: Mapping[str, Table] = MappingProxyType(
+    {"avx512": _AVX512, "avx2": _AVX2, "generic": _slower(_AVX512, _AVX2)}
+)
+CPU_EPS = (None, "cpu")  # the execution provider names whose blocks the CPU table decides
 
 # The same for ONNX Runtime's WebGPU EP (the onnxruntime-ep-webgpu 0.4.0 plugin, Dawn on Vulkan, on
 # an NVIDIA H200; wall time; benchmarks/crossover_webgpu.py -> WEBGPU_RESULTS): the `webgpu`
@@ -140,27 +216,39 @@ CUDA_CROSSOVERS: Mapping[str, Mapping[str, Mapping[str, Mapping[int, int | None]
 # A block whose element type is not known (or has no table of its own: bfloat16) takes this one's:
 # its crossovers are at least every other's (tests/test_forms.py holds them to it).
 CUDA_UNKNOWN_DTYPE = "float32"
-# execution provider (None: none named, so the CPU EP) -> element type ("*": any) -> its table
+# execution provider -> element type ("*": any) -> its table; the CPU EP's (CPU_EPS) by CPU class
 ANY_DTYPE = "*"
-TABLES: Mapping[str | None, Mapping[str, Mapping[str, Mapping[str, Mapping[int, int | None]]]]] = MappingProxyType(
-    {
-        None: MappingProxyType({ANY_DTYPE: CPU_CROSSOVERS}),
-        "cpu": MappingProxyType({ANY_DTYPE: CPU_CROSSOVERS}),
-        "webgpu": MappingProxyType({ANY_DTYPE: WEBGPU_CROSSOVERS}),
-        "cuda": CUDA_CROSSOVERS,
-    }
+TABLES: Mapping[str, Mapping[str, Table]] = MappingProxyType(
+    {"webgpu": MappingProxyType({ANY_DTYPE: WEBGPU_CROSSOVERS}), "cuda": CUDA_CROSSOVERS}
 )
 _UNKNOWN_DTYPE_TAKES = {"cuda": CUDA_UNKNOWN_DTYPE}
 _RESULTS = {"webgpu": WEBGPU_RESULTS, "cuda": CUDA_RESULTS}
 
 
-def table(ep: str | None, dtype: str | None) -> Mapping[str, Mapping[str, Mapping[int, int | None]]]:
+def table(ep: str | None, dtype: str | None, cpu_class: str | None = None) -> Table:
     """The cost table of ``ep`` for blocks of element type ``dtype`` ("float32", "float16"; None or ""
-    where not known): mask kind -> form -> head dim -> crossover."""
-    by_dtype = TABLES[ep]
+    where not known) and, on the CPU EP, of ``cpu_class`` (None: the running machine's): mask kind
+    -> form -> head dim -> crossover."""
+    if ep in CPU_EPS:
+        return CPU_CROSSOVERS[cpu_class or running_cpu_class()]
+    by_dtype = TABLES[ep or ""]
     if ANY_DTYPE in by_dtype:
         return by_dtype[ANY_DTYPE]
-    return by_dtype.get(dtype or "", by_dtype[_UNKNOWN_DTYPE_TAKES[ep or "cpu"]])
+    return by_dtype.get(dtype or "", by_dtype[_UNKNOWN_DTYPE_TAKES[ep or ""]])
+
+
+def cpu_table_says(kind: str, cpu_class: str) -> str:
+    """Which CPU table a row was read from, for its detail: the class, and where the kind's row is
+    another class's measurement (or the slower of both), that too."""
+    if cpu_class == "generic":
+        return "the generic (no AVX2) CPU table: the later crossover of the AVX-512 and AVX2 rows, not measured apart"
+    said = f"the {_CLASS_NAMES[cpu_class]} CPU table"
+    lender = BORROWED.get(cpu_class, {}).get(kind)
+    if lender is not None:
+        said += (
+            f" (its {kind} row is the {_CLASS_NAMES[lender]} measurement: not measured on {_CLASS_NAMES[cpu_class]})"
+        )
+    return said
 
 
 MEASURED_UP_TO = 2048  # the CPU and WebGPU tables' longest key length; the CUDA table's below
@@ -214,12 +302,17 @@ def mask_kind(is_causal: bool, bias_query_rows: tuple[int | None, ...]) -> str:
 
 
 def crossover(
-    form: str, head_dim: int | None, kind: str = "padding", ep: str | None = None, dtype: str | None = None
+    form: str,
+    head_dim: int | None,
+    kind: str = "padding",
+    ep: str | None = None,
+    dtype: str | None = None,
+    cpu_class: str | None = None,
 ) -> int | None:
-    """The form's crossover on ``ep`` for this head dim, mask kind and element type: the measured
-    dims around it (the larger crossover of the two, None if either never wins); every dim's where
-    the head dim is unknown."""
-    by_dim = table(ep, dtype)[kind][form]
+    """The form's crossover on ``ep`` for this head dim, mask kind, element type and CPU class (on
+    the CPU EP; None: the running machine's): the measured dims around it (the larger crossover of
+    the two, None if either never wins); every dim's where the head dim is unknown."""
+    by_dim = table(ep, dtype, cpu_class)[kind][form]
     dims = sorted(by_dim)
     if head_dim is None:
         around = dims
@@ -242,30 +335,41 @@ def choose(
     ep: str | None = None,
     dtype: str | None = None,
     can_dispatch: bool = False,
+    cpu_class: str | None = None,
 ) -> FormChoice:
     """Fused, or the original ops kept, for one block of ``target``, mask ``kind`` and element type
     ``dtype`` (None: not known) that runs at ``key_lens`` (None: the length is known only at run
     time) on ``ep`` (None: the CPU EP, where ortflash's own op runs). ``can_dispatch``: the block
     can be written as an If on its run's length (it stays a FlashAttention node in the main graph):
     then a length known only at run time takes the fused form from the crossover
-    (``FormChoice.dispatch_from``) wherever the table has one."""
-    if ep not in TABLES:
+    (``FormChoice.dispatch_from``) wherever the table has one. ``cpu_class``: which CPU table
+    decides on the CPU EP (``CPU_CLASSES``; None: the running machine's); the detail names it."""
+    if ep in CPU_EPS:
+        cpu_class = cpu_class or running_cpu_class()
+    elif ep not in TABLES:
         return FormChoice(True, f"fused as the target writes it: no measured cost table for the {ep} EP")
+    else:
+        cpu_class = None  # another EP's table decides
     longest = CUDA_MEASURED_UP_TO if ep == "cuda" else MEASURED_UP_TO
     probe = form_at(target, policy, longest)
-    if probe is None or probe not in table(ep, dtype)[kind]:
+    if probe is None or probe not in table(ep, dtype, cpu_class)[kind]:
         return FormChoice(True, f"fused as asked: no measured cost table for {target} on the {ep or 'cpu'} EP")
     dim = ("an unproved head dim" if head_dim is None else f"head dim {head_dim}") + f", {_KIND_NAMES[kind]}"
-    if ANY_DTYPE not in TABLES[ep]:
+    if cpu_class is not None:
+        dim += f", {cpu_table_says(kind, cpu_class)}"
+        sources = GENERIC_FROM if cpu_class == "generic" else (cpu_class,)
+        results = " and ".join(results_path(kind, c) for c in sources)
+    else:
+        results = _RESULTS[ep or ""]
+    if ep not in CPU_EPS and ANY_DTYPE not in TABLES[ep or ""]:
         dim += (
             f", {dtype}"
-            if dtype in TABLES[ep]
-            else f", an element type without a table of its own (as {_UNKNOWN_DTYPE_TAKES[ep or 'cpu']})"
+            if dtype in TABLES[ep or ""]
+            else f", an element type without a table of its own (as {_UNKNOWN_DTYPE_TAKES[ep or '']})"
         )
-    results = _RESULTS.get(ep or "", results_path(kind))
     if key_lens is None:
-        lowest = crossover(probe, head_dim, kind, ep, dtype)
-        start = _fused_from(target, policy, head_dim, kind, ep, dtype, lowest)
+        lowest = crossover(probe, head_dim, kind, ep, dtype, cpu_class)
+        start = _fused_from(target, policy, head_dim, kind, ep, dtype, lowest, cpu_class)
         if start is not None and can_dispatch and ep in DISPATCH_EPS:
             return _dispatched(target, policy, start, dim, results)
         where = (
@@ -288,7 +392,7 @@ def choose(
     for key_len in key_lens:
         form = form_at(target, policy, key_len)
         assert form is not None
-        at = crossover(form, head_dim, kind, ep, dtype)
+        at = crossover(form, head_dim, kind, ep, dtype, cpu_class)
         if at is None or key_len < at:
             beats = f"from {at}" if at is not None else f"at no measured length up to {longest}"
             wins = f"wins only from {at} keys" if at is not None else "wins at no measured length"
@@ -314,6 +418,7 @@ def _fused_from(
     ep: str | None,
     dtype: str | None,
     lowest: int | None,
+    cpu_class: str | None,
 ) -> int | None:
     """The least key length from which every form the block runs (auto: naive below min_seq_len,
     online from it) beats the original ops: ``lowest``, the longest form's crossover, raised to the
@@ -323,7 +428,7 @@ def _fused_from(
     start = lowest
     form = form_at(target, policy, start)
     if form is not None and form != form_at(target, policy, MEASURED_UP_TO):
-        at = crossover(form, head_dim, kind, ep, dtype)
+        at = crossover(form, head_dim, kind, ep, dtype, cpu_class)
         switch = policy.min_seq_len if policy.mode == "auto" and policy.min_seq_len is not None else MEASURED_UP_TO
         start = max(start, at) if at is not None else max(start, switch)
     return start

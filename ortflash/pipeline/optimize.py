@@ -56,6 +56,7 @@ def optimize(
     load_check: LoadCheck | None = None,
     prove_causal: bool = True,
     seq_lens: Sequence[int] | None = None,
+    cpu_class: str | None = None,
 ) -> tuple[onnx.ModelProto, Report]:
     """Fuse every provable attention block into FlashAttention, in every graph of the model
     (If branches, Loop and Scan bodies included: their rows are named ``If_0.then_branch/...``).
@@ -84,7 +85,9 @@ def optimize(
     table says it beats the original ops at the block's key length (its static length, else
     every one of ``seq_lens``), else the original ops, with the reason on its row. A target
     asked for by name is written as asked (a block a portable target cannot lower keeps its original ops). ``ortflash.pipeline.tune.optimize_tuned`` (``--tune``) times
-    the candidates on this machine instead, and keeps the fastest.
+    the candidates on this machine instead, and keeps the fastest. ``cpu_class``: which CPU class's
+    table decides on the CPU EP (``forms.CPU_CLASSES``: avx512, avx2, generic; None: the class of
+    the kernel build this process runs); each row's detail names the table it read.
     """
     if policy is None:
         try:
@@ -94,6 +97,8 @@ def optimize(
     if target is None and ep is not None:
         target = AUTO  # naming the execution provider is asking for the target that fits it
     _check_target(target, ep)
+    if cpu_class is not None and cpu_class not in forms.CPU_CLASSES:
+        raise OrtflashError(f"cpu_class must be one of {', '.join(forms.CPU_CLASSES)}, got {cpu_class!r}")
     if num_heads is not None and num_heads < 1:
         raise OrtflashError(f"num_heads must be a positive integer, got {num_heads}")
     proto = load(model_or_path)
@@ -127,7 +132,11 @@ def optimize(
         model, report = choose_default(run, check)
     if seq_lens is not None and (not seq_lens or min(seq_lens) < 1):
         raise OrtflashError(f"seq_lens must be positive key lengths, got {list(seq_lens)}")
-    return _fastest_forms(proto, shaped, policy, num_heads, prove_causal, (model, report), seq_lens, check, ep, folder)
+    table_class = cpu_class or forms.running_cpu_class()  # the CPU table is chosen once per call
+    chosen = (model, report)
+    return _fastest_forms(
+        proto, shaped, policy, num_heads, prove_causal, chosen, seq_lens, check, ep, folder, table_class
+    )
 
 
 def _fastest_forms(
@@ -141,6 +150,7 @@ def _fastest_forms(
     check: LoadCheck,
     ep: str | None,
     folder: str | None,
+    cpu_class: str,
 ) -> tuple[onnx.ModelProto, Report]:
     """The chosen target's model with every block the cost table says is slower fused than as it
     was left as it was (fused again without them), and every block whose length is known only at
@@ -161,7 +171,15 @@ def _fastest_forms(
         # an If on the length is written around a FlashAttention node of the main graph
         can_dispatch = block.lowered_to is None and "/" not in _scope_of(block.name)
         choice = forms.choose(
-            form, policy, block.head_dim, lengths, block.mask_kind or "padding", ep, block.dtype or None, can_dispatch
+            form,
+            policy,
+            block.head_dim,
+            lengths,
+            block.mask_kind or "padding",
+            ep,
+            block.dtype or None,
+            can_dispatch,
+            cpu_class,
         )
         details[block.name] = choice.detail
         if choice.dispatch_from is not None:
