@@ -21,7 +21,7 @@ def test_online_and_naive_agree_numerically():
 
 
 def test_long_sequence_picks_online_when_option_on():
-    policy = SoftmaxPolicy.from_option(True, min_seq_len=512)
+    policy = SoftmaxPolicy.for_new_nodes(online_softmax=True, min_seq_len=512)
     assert policy.mode == "auto"
     assert policy.choose(512) == "online"
     assert policy.choose(4096) == "online"
@@ -34,7 +34,7 @@ def test_short_sequence_uses_naive_under_auto():
 
 
 def test_option_off_means_naive_everywhere():
-    policy = SoftmaxPolicy.from_option(False)
+    policy = SoftmaxPolicy.for_new_nodes(online_softmax=False)
     assert policy.mode == "naive"
     assert {policy.choose(n) for n in (1, 1024, 1 << 20)} == {"naive"}
 

@@ -14,9 +14,9 @@ import onnx
 
 from ..arg_types import console_for
 from ..errors import OrtflashError
-from ..lowering import TARGETS
+from ..lowering.targets import EP_ORDER, REGISTRY, TARGETS
 from ..model_io import load
-from ..pipeline.optimize import AUTO, EP_TARGETS, EXECUTION_PROVIDERS, optimize, save
+from ..pipeline.optimize import AUTO, EXECUTION_PROVIDERS, optimize, save
 from ..pipeline.tune import TuneSettings, default_cache_dir, optimize_tuned
 from ..report import Report, result_document
 from .args import (
@@ -58,9 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--target",
         choices=(*TARGETS, AUTO),
         default=None,
-        help="ortflash: FlashAttention nodes (run with ortflash.session_options()); contrib: ONNX Runtime's "
-        "com.microsoft MultiHeadAttention/GroupQueryAttention; onnx: ONNX Attention (opset 23); webgpu: per "
-        "block the form ONNX Runtime's WebGPU EP runs on the GPU and right. A block no "
+        help="; ".join(f"{t.name}: {t.summary}" for t in REGISTRY.values()) + ". A block no "
         "native op computes exactly stays FlashAttention. auto (with --ep): per model, the first target that "
         "runs natively on that EP, lowers every block and loads (default: ortflash, or contrib / onnx where "
         "fused blocks feed a quantizer)",
@@ -70,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=EXECUTION_PROVIDERS,
         help="the ONNX Runtime execution provider the model is for; without --target, or with --target auto, "
         "it picks the target "
-        "(in order: " + "; ".join(f"{ep}: {', '.join(order)}" for ep, order in EP_TARGETS.items()) + ")",
+        "(in order: " + "; ".join(f"{ep}: {', '.join(order)}" for ep, order in EP_ORDER.items()) + ")",
     )
     p.add_argument(
         "--verify",

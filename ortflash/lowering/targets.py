@@ -1,9 +1,9 @@
 """The targets a fused model can be written for: one record each, and the order per execution provider.
 
 Everything the pipeline knows about a target lives in its record: the writer that lowers one
-FlashAttention node (None: the node stays), the opset and IR version its ops need, the domain it
-imports, the execution providers its ops run on natively, and whether the written model still
-needs ortflash at run time. ``optimize`` fuses once and then lowers the same fused model for each
+FlashAttention node (None: the node stays), its one line for ``--target --help``, the opset and
+IR version its ops need, the domain it imports, and whether the written model still needs
+ortflash at run time. ``optimize`` fuses once and then lowers the same fused model for each
 candidate target; nothing upstream of the lowering reads a target's name.
 """
 
@@ -30,11 +30,10 @@ Writer = Callable[[Emitter, FlashAttentionCall, ir.Value], tuple[str, str]]
 class Target:
     name: str
     write: Writer | None  # None: FlashAttention nodes stay as they are
-    summary: str  # one line for --help and the README
+    summary: str  # its one line in --target --help (cli/optimize.py)
     min_opset: int | None = None  # the default-domain opset its ops are written in
     domain: tuple[str, int] | None = None  # the opset import its ops need
     ir_version: int | None = None  # the least IR version its ops load with (a higher one is kept)
-    native_eps: tuple[str, ...] = ()  # execution providers that run its ops with their own kernels
     # ONNX Runtime's own kernels compute the whole block, as the original ops did (the choice for
     # blocks that feed a quantizer, where a rounding difference can flip an integer downstream)
     ort_kernels: bool = False
@@ -66,7 +65,6 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
                 "ONNX Runtime's com.microsoft MultiHeadAttention / GroupQueryAttention",
                 min_opset=MIN_CONTRIB_OPSET,
                 domain=(CONTRIB_DOMAIN, CONTRIB_VERSION),
-                native_eps=("cpu", "cuda", "webgpu"),
                 ort_kernels=True,
             ),
             Target(
@@ -75,7 +73,6 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
                 "the standard ONNX Attention op (opset 23)",
                 min_opset=ONNX_ATTENTION_OPSET,
                 ir_version=ONNX_IR_VERSION,
-                native_eps=("cpu", "cuda"),
                 ort_kernels=True,
             ),
             Target(
@@ -85,7 +82,6 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
                 "(benchmarks/results/cuda_capabilities.md)",
                 min_opset=MIN_CONTRIB_OPSET,
                 domain=(CONTRIB_DOMAIN, CONTRIB_VERSION),
-                native_eps=("cuda",),
             ),
             Target(
                 "webgpu",
@@ -93,7 +89,6 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
                 "the forms ONNX Runtime's WebGPU EP runs on the GPU and right (benchmarks/results/webgpu_capabilities.md)",
                 min_opset=MIN_CONTRIB_OPSET,
                 domain=(CONTRIB_DOMAIN, CONTRIB_VERSION),
-                native_eps=("webgpu",),
             ),
         )
     }
@@ -121,8 +116,3 @@ EXECUTION_PROVIDERS = tuple(EP_ORDER)
 # For blocks that feed a quantizer, in order: the targets whose ops are ONNX Runtime's own kernels.
 ORT_KERNEL_TARGETS = tuple(t.name for t in REGISTRY.values() if t.ort_kernels)
 DEFAULT_TARGET = ORTFLASH.name
-
-
-def target_named(name: str) -> Target:
-    """The record of a target, or KeyError."""
-    return REGISTRY[name]

@@ -35,11 +35,6 @@ class SoftmaxPolicy:
         spec.validate(self.attributes())
 
     @classmethod
-    def from_option(cls, online_softmax: bool, **kw: Any) -> SoftmaxPolicy:
-        """The proposal's switch: off -> naive everywhere; on -> auto."""
-        return cls(mode="auto" if online_softmax else "naive", **kw)
-
-    @classmethod
     def from_options(
         cls,
         softmax: str | None = None,

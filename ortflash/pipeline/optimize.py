@@ -37,9 +37,8 @@ from .length_dispatch import Threshold, dispatch
 from .native_attention import native_attention_note
 from .target_choice import AUTO, LoadCheck, choose_default, choose_for_ep
 
-__all__ = ["AUTO", "EP_TARGETS", "EXECUTION_PROVIDERS", "LoadCheck", "OrtflashError", "load", "optimize", "save"]
+__all__ = ["AUTO", "EXECUTION_PROVIDERS", "LoadCheck", "OrtflashError", "load", "optimize", "save"]
 
-EP_TARGETS = EP_ORDER  # the name the CLI and earlier releases use
 
 
 def optimize(

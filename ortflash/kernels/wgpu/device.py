@@ -42,7 +42,7 @@ from .pipelines import Pipelines
 from .plan import Plan, check_kernel, plan
 from .probes import probe_subgroup_size, timestamp_period
 from .resident import DeviceTensor, padded_host_array
-from .tiles import FlashTile, choose_flash_tile, flash_tiles
+from .tiles import FlashTile, flash_tiles
 from .tuner import TileCache, TuneKey
 
 if TYPE_CHECKING:
@@ -140,10 +140,6 @@ class Runner:
             "max_invocations": self.limits.get("max-compute-invocations-per-workgroup"),
             "max_storage_binding": self.limits.get("max-storage-buffer-binding-size"),
         }
-
-    def flash_tile(self, d: int, dv: int, sq: int = 4096, io: str = "f32") -> FlashTile:
-        """The flash tile this adapter runs for head dims d, dv, Sq query rows and io (f32/f16)."""
-        return choose_flash_tile(-(-d // 4), -(-dv // 4), sq, io, self.device_limits, self.subgroup_size)
 
     def _fits(self, tile: FlashTile, d4: int) -> bool:
         return (

@@ -55,19 +55,6 @@ def shifts(offset: int) -> tuple[int, int]:
     return (offset, 0) if offset >= 0 else (0, -offset)
 
 
-def causal_shifts(is_causal: int, seq_q: int, seq_k: int) -> tuple[int, int]:
-    """(row shift, key shift) of the causal test ``key + key_shift > row + row_shift`` (masked).
-
-    is_causal 1 (top-left): query i sees keys j <= i. is_causal 2 (bottom-right):
-    query i sees keys j <= i + (Sk - Sq); the offset is split into two unsigned
-    shifts so that Sq > Sk (the first Sq - Sk rows see no key) needs no signed
-    arithmetic in the shader.
-    """
-    if is_causal != 2:
-        return 0, 0
-    return shifts(seq_k - seq_q)
-
-
 def causal_tiles_skippable(attrs: Mapping[str, Any], bias: np.ndarray | None) -> bool:
     """True when key tiles wholly right of the causal diagonal add exactly nothing.
 

@@ -25,7 +25,7 @@ struct Params {
     neg_inf: f32,     // -inf, given at run time: a WGSL constant may not be infinite
     empty_row: f32,   // what a fully masked row yields: NaN (masked_rows=nan) or 0
     // Causal: key is masked when key + causal_key_shift > row + causal_row_shift
-    // (params.py causal_shifts: both 0 top-left; Sk - Sq or Sq - Sk bottom-right).
+    // (params.py shifts of the causal offset: both 0 top-left; Sk - Sq or Sq - Sk bottom-right).
     causal_row_shift: u32,
     causal_key_shift: u32,
     // Window: key is masked when key + window_key_shift < row + window_row_shift
