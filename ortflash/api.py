@@ -167,7 +167,7 @@ def verify(
     original_source, optimized_source = _source(original), _source(optimized)
     if weights_dir is None and isinstance(original_source, str) and not isinstance(optimized_source, str):
         weights_dir = os.path.dirname(os.path.abspath(original_source))
-    verification = _verify.prove(
+    verification = _verify.verify_every_softmax(
         original_source,
         optimized_source,
         feeds=None if feeds is None else dict(feeds),

@@ -18,7 +18,7 @@ import pytest
 
 import ortflash
 from ortflash.checks.feeds import decoder_cases, make_feeds
-from ortflash.checks.verify import prove
+from ortflash.checks.verify import verify_every_softmax
 from ortflash.model_shapes import with_shapes
 from ortflash.op.node import DISPATCH_KEY
 from ortflash.op.policy import SoftmaxPolicy
@@ -134,7 +134,7 @@ def test_both_sides_are_verified_against_the_original_on_padded_inputs():
     _, start = _crossover("padding")
     model = _stack()
     out, _ = optimize(model, online_softmax=True, **NO_CHECK)
-    result = prove(model, out)
+    result = verify_every_softmax(model, out)
     assert result.ok
     sides = [set(run.dispatch.values()) for run in result.runs]
     assert {"original ops"} in sides and {"fused"} in sides

@@ -13,7 +13,7 @@ from attention_graphs import Variant, build
 import ortflash
 from ortflash.checks import sessions
 from ortflash.checks.sessions import ORT_OPT_LEVELS
-from ortflash.checks.verify import VERIFY_OPT_LEVEL, prove
+from ortflash.checks.verify import VERIFY_OPT_LEVEL, verify_every_softmax
 from ortflash.cli import main
 
 
@@ -43,7 +43,7 @@ def levels_opened(monkeypatch) -> list[ort.GraphOptimizationLevel]:
 
 
 def test_the_default_is_optimizations_disabled_on_both_models(pair, levels_opened):
-    result = prove(*pair)
+    result = verify_every_softmax(*pair)
     assert result.ok and result.ort_opt_level == VERIFY_OPT_LEVEL == "disable"
     assert len(levels_opened) >= 2  # the original and the optimized model
     assert set(levels_opened) == {ort.GraphOptimizationLevel.ORT_DISABLE_ALL}

@@ -9,7 +9,7 @@ import os
 import pytest
 
 import ortflash
-from ortflash.checks.verify import _inner_fused_nodes, prove
+from ortflash.checks.verify import _inner_fused_nodes, verify_every_softmax
 from ortflash.op.node import is_flash_attention
 
 MODELS = os.path.join(os.path.dirname(__file__), os.pardir, "models")
@@ -32,6 +32,6 @@ def test_a_merged_decoders_branches_hold_its_fused_nodes():
 @pytest.mark.parametrize("softmax", ["auto", "naive"])
 def test_verify_names_no_if_loop_scan_body_the_model_does_not_have(softmax):
     fused, _ = ortflash.optimize(BERT, target="ortflash", softmax=softmax)
-    result = prove(BERT, fused)
+    result = verify_every_softmax(BERT, fused)
     assert result.ok
     assert not [n for n in result.notes if "If/Loop/Scan" in n]

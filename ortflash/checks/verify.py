@@ -414,7 +414,7 @@ def _nodes_text(nodes: list[str]) -> str:
     return f"{len(nodes)} fused node{'s' if len(nodes) != 1 else ''}"
 
 
-def prove(
+def verify_every_softmax(
     original: ModelSource,
     optimized: ModelSource,
     *,

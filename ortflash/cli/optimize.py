@@ -33,7 +33,7 @@ from .args import (
 )
 from .inputs import check_dims, check_seq_lens
 from .output import print_report, write_json
-from .verify import prove
+from .verify import verify_and_print
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         return finish(EXIT_MISMATCH, None)
     verification = None
     if args.verify:  # each fused node as written, the policy just chosen
-        verification = prove(args.model, model, None, args, console, weights_dir=source_dir)
+        verification = verify_and_print(args.model, model, None, args, console, weights_dir=source_dir)
         if not verification.ok:
             unverified = _unverified_path(out_path)
             save(model, unverified, source_dir=source_dir)

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_opt_level(p)
 
 
-def prove(
+def verify_and_print(
     original: str,
     optimized: str | onnx.ModelProto,
     policy: SoftmaxPolicy | None,
@@ -44,10 +44,10 @@ def prove(
 ) -> Verification:
     """Compare, each fused node in every softmax it runs deployed, and print what was run and found."""
     from ..checks.feeds import read_feeds
-    from ..checks.verify import prove, run_summary
+    from ..checks.verify import run_summary, verify_every_softmax
 
     feeds = read_feeds(args.feeds) if args.feeds else None
-    result = prove(
+    result = verify_every_softmax(
         original,
         optimized,
         feeds=feeds,
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     console = console_for(args)
     original, _ = load(args.original), load(args.optimized)  # one-line errors for bad files, before any work
     check_dims(args, original)
-    result = prove(args.original, args.optimized, policy_from_args(args), args, console)
+    result = verify_and_print(args.original, args.optimized, policy_from_args(args), args, console)
     code = EXIT_OK if result.ok else EXIT_MISMATCH
     write_json(
         args, result_document("verify", code, model=args.original, output=args.optimized, verification=result.to_dict())

@@ -2,7 +2,7 @@
 
 One model file is one unit of work (its targets share the original and its inputs); ``jobs > 1``
 runs files in that many worker processes. Every check is made through the public pipeline and
-the checks the CLI runs (``ortflash.optimize``, ``pipeline.first_run``, ``checks.verify.prove``,
+the checks the CLI runs (``ortflash.optimize``, ``pipeline.first_run``, ``checks.verify.verify_every_softmax``,
 ``ortflash.bench``), so a row here fails exactly where ``ortflash optimize --verify`` would.
 """
 
@@ -21,7 +21,7 @@ import onnx
 
 from ..checks.compare import OutputDiff
 from ..checks.feeds import make_feeds, read_feeds
-from ..checks.verify import prove
+from ..checks.verify import verify_every_softmax
 from ..errors import OrtflashError
 from ..model_io import load
 from ..pipeline.first_run import first_run
@@ -99,7 +99,7 @@ def _count_blocks(row: CheckResult, report: Report, target: str) -> None:
 def _compare(row: CheckResult, check: ModelCheck, optimized: onnx.ModelProto, case: InputCase | None) -> None:
     """One case: prove the optimized model against the original, every fused node in each softmax it runs."""
     user_feeds = read_feeds(check.feeds) if check.feeds else None
-    verification = prove(
+    verification = verify_every_softmax(
         check.file,
         optimized,
         feeds=user_feeds,
