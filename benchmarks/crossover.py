@@ -144,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-if-dispatch", action="store_true", help="skip timing the If-dispatch variant")
     parser.add_argument(
+        "--forms",
+        default=",".join(FORMS),
+        help=f"which of {','.join(FORMS)} to time against the original (default all)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -165,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     from ortflash.bench.sweep import bench
 
     seq_lens = [int(s) for s in args.seq_lens.split(",")]
+    forms = tuple(f for f in FORMS if f in args.forms.split(","))
     name = args.name or ("crossover_cpu" if args.stack == "padding" else f"crossover_cpu_{args.stack}")
     machine = _cpu()
     doc: dict[str, Any] = {
@@ -176,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         "metric": args.metric,
         "stack": args.stack,
         "seq_lens": seq_lens,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
         "forms": {},
     }
     with tempfile.TemporaryDirectory() as work:
@@ -183,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(work) / f"stack_{head_dim}.onnx"
             stack = build_model(layers=2, stack=args.stack, heads=HEADS, head_dim=head_dim)
             onnx.save(stack, path)
-            variants: tuple[str, ...] = ("original", *FORMS)
+            variants: tuple[str, ...] = ("original", *forms)
             if not args.no_if_dispatch:
                 dispatching = Path(work) / f"stack_{head_dim}_if.onnx"
                 onnx.save(with_length_dispatch(stack), dispatching)
@@ -202,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 name=f"crossover_d{head_dim}",
             )
             by_length = bench_ratios(results)
-            for form in FORMS:
+            for form in forms:
                 ratios: dict[int, float | None] = {}
                 cpu_ratios: dict[int, float | None] = {}
                 for s in seq_lens:
@@ -216,40 +224,46 @@ def main(argv: list[str] | None = None) -> int:
                 }
             key = "cpu_speedup" if args.metric == "cpu" else "speedup"
             # each head dim as it ends: a long run on a shared machine keeps what it measured
-            print(head_dim, json.dumps({f: doc["forms"][f][str(head_dim)] for f in FORMS}), flush=True)
+            print(head_dim, json.dumps({f: doc["forms"][f][str(head_dim)] for f in forms}), flush=True)
             if args.no_if_dispatch:
                 continue
             doc.setdefault("if_dispatch", {})[str(head_dim)] = {
                 str(s): by_length.get(str(s), {}).get("if_dispatch", {}).get(key) for s in seq_lens
             }
     doc["machine"]["load_average_end"] = os.getloadavg()  # a shared machine: what ran beside the benchmark
-    out = Path(args.out)
+    write_results(doc, Path(args.out), name)
+    return 0
+
+
+def write_results(doc: dict[str, Any], out: Path, name: str) -> None:
+    """``out/name.json`` and ``out/name.md`` from a run's ``doc`` (its ``notes``, where any, say
+    what else went into it: a second run's entries, the command lines)."""
+    machine, seq_lens, cpu = doc["machine"], doc["seq_lens"], doc["metric"] == "cpu"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    loads = [tuple(round(x, 2) for x in machine[k]) for k in ("load_average", "load_average_end") if k in machine]
     lines = [
         f"# Crossovers on the CPU ({doc['date']})",
         "",
         f"Machine: {machine['model']}, {machine['cores']} cores, AVX-512 {machine['avx512f']}, AVX2 {machine['avx2']}, "
-        f"kernel build {machine['kernel_isa']}, load average at start {tuple(round(x, 2) for x in machine['load_average'])}, "
-        f"at end {tuple(round(x, 2) for x in machine['load_average_end'])}.",
-        f"Model: 2-layer attention stack, {HEADS} heads, mask `{args.stack}`, batch 1 (benchmarks/cpu_attention.py), "
-        f"through `ortflash bench`, {args.rounds} rounds alternating, {args.repeats} timed runs each, "
-        f"{args.threads or 'default'} thread(s) per worker; ratio = original time / form time in the same run "
-        f"(higher is better), read from {'CPU' if args.metric == 'cpu' else 'wall'} time.",
-        f"Crossover: the least S where the form is >= {WIN}x and >= 1x at every larger measured S.",
+        f"kernel build {machine['kernel_isa']}, load average at start / end {' / '.join(map(str, loads))}.",
+        f"Model: 2-layer attention stack, {doc['heads']} heads, mask `{doc['stack']}`, batch 1 (benchmarks/cpu_attention.py), "
+        f"through `ortflash bench`, {doc.get('rounds', '?')} rounds alternating, {doc.get('repeats', '?')} timed runs each, "
+        f"{doc['threads'] or 'default'} thread(s) per worker; ratio = original time / form time in the same run "
+        f"(higher is better), read from {'CPU' if cpu else 'wall'} time.",
+        f"Crossover: the least S where the form is >= {doc['win']}x and >= 1x at every larger measured S.",
+        *(f"\n{note}" for note in doc.get("notes", [])),
         "",
         "| form | head dim | " + " | ".join(f"S={s}" for s in seq_lens) + " | crossover |",
         "|---|---|" + "---|" * len(seq_lens) + "---|",
     ]
     for form, by_dim in doc["forms"].items():
-        for dim, row in by_dim.items():
-            shown = row["cpu_time_ratios"] if args.metric == "cpu" else row["ratios"]
+        for dim, row in sorted(by_dim.items()):
+            shown = row["cpu_time_ratios"] if cpu else row["ratios"]
             cells = " | ".join("-" if shown[str(s)] is None else f"{shown[str(s)]:.2f}" for s in seq_lens)
             lines.append(f"| {form} | {dim} | {cells} | {row['crossover'] or 'none measured'} |")
-    lines += (
-        []
-        if args.no_if_dispatch
-        else [
+    if doc.get("if_dispatch"):
+        lines += [
             "",
             "The cost of dispatching on the length: the original stack with each attention block inside an ONNX `If` "
             "whose both branches are the block's original ops (benchmarks/crossover.py `with_length_dispatch`), "
@@ -258,13 +272,11 @@ def main(argv: list[str] | None = None) -> int:
             "| head dim | " + " | ".join(f"S={s}" for s in seq_lens) + " |",
             "|---|" + "---|" * len(seq_lens),
         ]
-    )
     for dim, row in doc.get("if_dispatch", {}).items():
         lines.append(
             f"| {dim} | " + " | ".join("-" if row[str(s)] is None else f"{row[str(s)]:.2f}" for s in seq_lens) + " |"
         )
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
