@@ -8,9 +8,10 @@ every graph (If branches, Loop and Scan bodies, model functions) is carried over
 - other domains (com.microsoft, ai.onnx.ml, custom) are left alone;
 - an op whose schema is the same at both opsets carries over as it is;
 - an op whose schema changed carries over through each version step between the two: a step
-  that only widens the types (or narrows them where the node's own types stay allowed), a step
-  that adds an attribute or input whose absence is the old behaviour (``_SAME_MEANING``), or a
-  step written out here (``_REWRITES``: axes and split attributes become inputs, Softmax-13's
+  that only changes the types, where the node's own types fit the new ones (bound to one type
+  where the new schema binds them), a step of the named table ``_SAME_MEANING`` (each with why:
+  new attributes whose defaults keep the old meaning, new optional inputs), for a node that leaves
+  the new attributes at those defaults and whose types fit, or a step written out here (``_REWRITES``: axes and split attributes become inputs, Softmax-13's
   axis, Clip-11, Pad-11, Resize-13, inference Dropout-12, BatchNormalization-14,
   LayerNormalization-17);
 - anything else raises OpsetNotRaised naming the op, its node and the step.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,36 +37,89 @@ from ..errors import NotLowered
 __all__ = ["OpsetNotRaised", "raise_default_opset"]
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+_OPTIONAL, _VARIADIC = 1, 2  # FormalParameterOption's values (Single is 0), ONNX's and ONNX Runtime's
 
 
 class OpsetNotRaised(NotLowered):
     """A default-domain node that cannot be carried over to the target opset exactly."""
 
 
-# (op, the version that changed it) -> why its new attribute or input, absent, is the old behaviour.
+_ABSENT = object()  # an attribute that has no default: only its absence is the old behaviour
+
+
+@dataclass(frozen=True)
+class _Same:
+    """A version step whose schema change keeps the meaning for a node that leaves the step's new
+    attributes at ``defaults`` (the value each one has when absent, or _ABSENT where only absence
+    is the old behaviour). Every other difference of the schemas still refuses the node (the schema
+    diff in _Raiser._step_misfit): what is named here is all the step may change."""
+
+    why: str
+    defaults: dict[str, object] = field(default_factory=dict)
+
+
+# (op, the version that changed it) -> why the step keeps the meaning, and the defaults that do.
 _SAME_MEANING = {
-    ("ArgMax", 12): "select_last_index defaults to 0, the first index as before",
-    ("ArgMin", 12): "select_last_index defaults to 0, the first index as before",
-    ("AveragePool", 10): "ceil_mode defaults to 0",
-    ("AveragePool", 19): "dilations default to 1",
-    ("MaxPool", 10): "ceil_mode defaults to 0 and dilations to 1",
-    ("Cast", 19): "saturate applies only to float8 targets, which no earlier Cast has",
-    ("CastLike", 19): "saturate applies only to float8 targets, which no earlier CastLike has",
-    ("Constant", 11): "sparse_value is one more way to write the value",
-    ("Constant", 12): "value_float(s), value_int(s), value_string(s) are more ways to write the value",
-    ("DepthToSpace", 11): "mode defaults to DCR, the only mode before",
-    ("GatherND", 12): "batch_dims defaults to 0",
-    ("Gemm", 11): "C becomes optional",
-    ("Identity", 14): "sequence types are added",
-    ("Pad", 18): "axes, absent, pads every axis as before",
-    ("Pow", 12): "the exponent may have its own type",
-    ("Reshape", 14): "allowzero defaults to 0, the old reading of a 0",
-    ("ScatterElements", 16): "reduction defaults to none",
-    ("ScatterND", 16): "reduction defaults to none",
-    ("Shape", 15): "start and end default to the whole shape",
-    ("TopK", 11): "largest and sorted default to 1, the old behaviour",
-    ("BatchNormalization", 15): "scale, bias, mean and variance may have their own types",
-    ("Resize", 18): "antialias 0, all axes and the stretch policy are the old behaviour",
+    ("ArgMax", 12): _Same("select_last_index defaults to 0, the first index as before", {"select_last_index": 0}),
+    ("ArgMin", 12): _Same("select_last_index defaults to 0, the first index as before", {"select_last_index": 0}),
+    ("AveragePool", 10): _Same("ceil_mode defaults to 0", {"ceil_mode": 0}),
+    ("AveragePool", 19): _Same("dilations default to 1", {"dilations": _ABSENT}),
+    ("MaxPool", 10): _Same("ceil_mode defaults to 0 and dilations to 1", {"ceil_mode": 0, "dilations": _ABSENT}),
+    ("LpPool", 18): _Same("ceil_mode defaults to 0 (floor) and dilations to 1", {"ceil_mode": 0, "dilations": _ABSENT}),
+    ("Cast", 19): _Same("saturate applies only to float8 targets, which no earlier Cast has", {"saturate": 1}),
+    ("CastLike", 19): _Same("saturate applies only to float8 targets, which no earlier CastLike has", {"saturate": 1}),
+    ("Constant", 11): _Same("sparse_value is one more way to write the value", {"sparse_value": _ABSENT}),
+    ("Constant", 12): _Same(
+        "value_float(s), value_int(s), value_string(s) are more ways to write the value",
+        {f"value_{k}": _ABSENT for k in ("float", "floats", "int", "ints", "string", "strings")},
+    ),
+    ("DepthToSpace", 11): _Same("mode defaults to DCR, the only mode before", {"mode": b"DCR"}),
+    ("GatherND", 12): _Same("batch_dims defaults to 0", {"batch_dims": 0}),
+    ("Gemm", 11): _Same("C becomes optional"),
+    ("Identity", 14): _Same("sequence types are added"),
+    ("Pad", 18): _Same("axes, absent, pads every axis as before"),
+    ("Pow", 12): _Same("the exponent may have its own type"),
+    ("Reshape", 14): _Same("allowzero defaults to 0, the old reading of a 0", {"allowzero": 0}),
+    ("ScatterElements", 16): _Same("reduction defaults to none", {"reduction": b"none"}),
+    ("ScatterND", 16): _Same("reduction defaults to none", {"reduction": b"none"}),
+    ("Shape", 15): _Same("start and end default to the whole shape", {"start": 0, "end": _ABSENT}),
+    ("TopK", 11): _Same("largest and sorted default to 1, the old behaviour", {"largest": 1, "sorted": 1}),
+    ("BatchNormalization", 15): _Same("scale, bias, mean and variance may have their own types"),
+    ("Resize", 18): _Same(
+        "antialias 0, all axes and the stretch policy are the old behaviour",
+        {"antialias": 0, "axes": _ABSENT, "keep_aspect_ratio_policy": b"stretch"},
+    ),
+    **{
+        (rnn, 14): _Same("layout defaults to 0, the [seq, batch, ...] shapes of before", {"layout": 0})
+        for rnn in ("GRU", "LSTM", "RNN")
+    },
+    # Quantization (issue 33 item 2): what ONNX Runtime's quantizer writes at opsets 13-21.
+    **{
+        (op, 13): _Same(
+            "axis reads a 1-D scale, and before 13 the scale is a scalar (per tensor), where axis means nothing",
+            {"axis": 1},
+        )
+        for op in ("QuantizeLinear", "DequantizeLinear")
+    },
+    ("QuantizeLinear", 19): _Same(
+        "saturate applies only to float8 outputs, which no earlier QuantizeLinear has; the scale takes x's "
+        "type, which the node's types must show",
+        {"saturate": 1},
+    ),
+    ("DequantizeLinear", 21): _Same(
+        "block_size 0 is per-tensor or per-axis dequantization, the only kind before", {"block_size": 0}
+    ),
+    ("QuantizeLinear", 21): _Same(
+        "block_size 0 is per-tensor or per-axis quantization, the only kind before; output_dtype 0 takes the "
+        "zero point's type (uint8 without one), the old typing",
+        {"block_size": 0, "output_dtype": 0},
+    ),
+    ("DequantizeLinear", 23): _Same("output_dtype 0 gives y the scale's type, the old typing", {"output_dtype": 0}),
+    ("QuantizeLinear", 23): _Same(
+        "precision 0 divides in the scale's type, which before 23 is x's type, as before; the scale may have "
+        "its own type",
+        {"precision": 0},
+    ),
 }
 
 _REDUCE_AXES_INPUT = {"ReduceSum": 13} | {
@@ -159,26 +214,39 @@ def _chain(op: str, source: int, target: int) -> tuple[list[Any], str] | None:
     return None
 
 
-def _signature(schema: Any) -> tuple:
-    """What a node of the op may say: attributes with defaults, inputs and outputs, arities."""
+def _params(ps: Any) -> list[tuple[Any, ...]]:
+    """An input or output list's arities (single, optional, variadic) and homogeneity, not its types."""
+    return [(int(p.option), _attr(p, "is_homogeneous", "isHomogeneous")) for p in ps]
 
-    def params(ps: Any) -> list[tuple]:
-        return [
-            (p.name, int(p.option), _attr(p, "is_homogeneous", "isHomogeneous"), _attr(p, "type_str", "typeStr"))
-            for p in ps
-        ]
 
-    attrs = {k: (int(a.type), a.required, a._default_value) for k, a in schema.attributes.items()}
-    return attrs, params(schema.inputs), params(schema.outputs), schema.min_input, schema.max_input
+def _attributes(schema: Any) -> dict[str, tuple[int, bool, bytes]]:
+    return {k: (int(a.type), a.required, a._default_value) for k, a in schema.attributes.items()}
 
 
 def _attr(obj: Any, name: str, other: str) -> Any:
     return getattr(obj, name) if hasattr(obj, name) else getattr(obj, other)
 
 
-def _types(schema: Any) -> list[set[str]]:
-    bound = {t.type_param_str: set(t.allowed_type_strs) for t in schema.type_constraints}
-    return [bound.get(t, {t}) for t in (_attr(p, "type_str", "typeStr") for p in [*schema.inputs, *schema.outputs])]
+def _is_default(attr: onnx.AttributeProto, default: object) -> bool:
+    """The node's attribute says its default (a function's reference to its caller's is unknown)."""
+    if default is _ABSENT or attr.ref_attr_name:
+        return False
+    return bool(helper.get_attribute_value(attr) == default)
+
+
+def _bound_types(schema: Any) -> dict[str, set[str]]:
+    return {t.type_param_str: set(t.allowed_type_strs) for t in schema.type_constraints}
+
+
+def _slots(schema: Any, node: onnx.NodeProto) -> list[tuple[str, str]]:
+    """(value name, the schema's type string for it) for every input and output the node gives."""
+    slots = []
+    for params, names in ((schema.inputs, list(node.input)), (schema.outputs, list(node.output))):
+        for at, param in enumerate(params):
+            variadic = param.option == param.option.Variadic
+            type_str = _attr(param, "type_str", "typeStr")
+            slots += [(name, type_str) for name in (names[at:] if variadic else names[at : at + 1]) if name]
+    return slots
 
 
 # ---------------------------------------------------------------- the pass
@@ -228,31 +296,74 @@ class _Raiser:
             if step in _REWRITES:
                 pre, node, post = _REWRITES[step](self, node)
                 before, after = before + pre, post + after
-            elif step in _SAME_MEANING or self._widens(node, old, new):
-                continue
-            else:
+            elif misfit := self._step_misfit(node, old, new, _SAME_MEANING.get(step)):
                 raise OpsetNotRaised(
                     f"{where} changed at opset {new.since_version} ({registry} schema "
-                    f"{old.since_version} -> {new.since_version}) in a way ortflash does not convert"
+                    f"{old.since_version} -> {new.since_version}) in a way ortflash does not convert: {misfit}"
                 )
         return before + [node] + after
 
-    def _widens(self, node: onnx.NodeProto, old: Any, new: Any) -> bool:
-        """The step only changes types, and the node's own types are allowed after it."""
-        if _signature(old) != _signature(new) or new.deprecated:
-            return False
-        allowed_before, allowed_after = _types(old), _types(new)
-        params = [*[(p, list(node.input)) for p in old.inputs], *[(p, list(node.output)) for p in old.outputs]]
-        position = {id(p): i for ps in (old.inputs, old.outputs) for i, p in enumerate(ps)}
-        for (param, names), was, now in zip(params, allowed_before, allowed_after):
-            if was <= now:
-                continue
-            at = position[id(param)]
-            bound = names[at:] if param.option == param.option.Variadic else names[at : at + 1]
-            kinds = {_type_string(self.elem.get(name)) for name in bound if name}
-            if None in kinds or not kinds <= now:  # the node's types unknown, or no longer allowed
-                return False
-        return True
+    def _step_misfit(self, node: onnx.NodeProto, old: Any, new: Any, same: _Same | None) -> str:
+        """Why ``node`` may not mean the same after the step old -> new; '' where it does. The schemas
+        may differ only in new attributes ``same`` names (the node leaving each at its default), new
+        optional inputs and outputs the node does not give, and types; the node's own types must
+        fit the new ones."""
+        if new.deprecated:
+            return "the op is deprecated there"
+        before, after = _attributes(old), _attributes(new)
+        given = {a.name: a for a in node.attribute}
+        for name, had in before.items():
+            has = after.get(name)
+            made_optional = bool(same and has and had[1] and not has[1] and name in given and has[0] == had[0])
+            if has != had and not made_optional:  # an attribute the node must give becomes optional: same
+                return f"its attribute {name} {'is removed' if has is None else 'changes'}"
+        for name in sorted(set(after) - set(before)):
+            if same is None or name not in same.defaults:
+                return f"it gains the attribute {name}, which no entry of ortflash's table says keeps the meaning"
+            if name in given and not _is_default(given[name], same.defaults[name]):
+                value = helper.get_attribute_value(given[name])
+                return f"the node sets the new attribute {name} ({value!r}), where only its default keeps the meaning"
+        for what, was_params, now_params, count in (
+            ("input", old.inputs, new.inputs, len(node.input)),
+            ("output", old.outputs, new.outputs, len(node.output)),
+        ):
+            was, now = _params(was_params), _params(now_params)
+            added = now[len(was) :]
+            # Single -> Optional, and new optional inputs, only where the table names the step
+            kept = all(w == n or (same and n[0] == _OPTIONAL and w[0] != _VARIADIC) for w, n in zip(was, now))
+            if len(now) < len(was) or not kept or (added and (same is None or any(a[0] != _OPTIONAL for a in added))):
+                return f"its {what}s change"
+            if count > len(was) and (not was or was[-1][0] != _VARIADIC):
+                return f"the node gives {what}s the old schema does not have"
+        if same is None and (old.min_input, old.max_input) != (new.min_input, new.max_input):
+            return "its number of inputs changes"
+        if new.min_input > len([n for n in node.input if n]) or new.max_input < len(node.input):
+            return "its number of inputs changes"
+        return self._types_misfit(node, old, new)
+
+    def _types_misfit(self, node: onnx.NodeProto, old: Any, new: Any) -> str:
+        """Why the node's types may not fit the new schema; '' where they do. A value whose type is
+        unknown fits where the step only widens what it may be and ties it to no value it was not
+        tied to before (two values of one fixed type, tensor(float), count as tied)."""
+        old_bound, new_bound = _bound_types(old), _bound_types(new)
+        was_slots, now_slots = _slots(old, node), _slots(new, node)
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for (name, was), (_, now) in zip(was_slots, now_slots):
+            kind = _type_string(self.elem.get(name))
+            allowed = new_bound.get(now, {now})
+            if kind is not None and kind not in allowed:
+                return f"{name} is {kind}, which the new schema does not allow"
+            if kind is None and not old_bound.get(was, {was}) <= allowed:
+                return f"the type of {name} is unknown and the new schema narrows what it may be"
+            if now in new_bound:
+                groups.setdefault(now, []).append((was, kind or ""))
+        for now, members in groups.items():
+            kinds = {kind for _, kind in members}
+            if len(kinds - {""}) > 1:
+                return f"values the new schema binds to one type ({now}) have types {sorted(kinds - {''})}"
+            if "" in kinds and len({was for was, _ in members}) > 1:
+                return f"the new schema binds values of unknown types to one type ({now}), which the old did not"
+        return ""
 
     def fresh(self, base: str) -> str:
         name, n = base, 1
