@@ -4,7 +4,9 @@ back to Q's type."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,6 +141,20 @@ def additive_bias(
 
     avoid_lowest: no element may be float32-lowest (ONNX Runtime's Attention takes a row whose
     maximum is lowest for fully masked); lowest becomes the next float up, the same for softmax."""
+    bias = bias_before_expand(e, call, lengths, fold_causal, avoid_lowest)
+    return None if bias is None else expand_to_scores(e, bias, lengths)
+
+
+def expand_to_scores(e: Emitter, bias: ir.Value, lengths: SeqLengths) -> ir.Value:
+    """bias broadcast to [.., Sq, Sk], the shape the native ops' attention_bias must have."""
+    sizes = e.node("Concat", [e.i64([1, 1]), lengths.of(e, "q"), lengths.of(e, "k")], axis=0)
+    return e.node("Expand", [bias, sizes])
+
+
+def bias_before_expand(
+    e: Emitter, call: FlashAttentionCall, lengths: SeqLengths, fold_causal: bool, avoid_lowest: bool
+) -> ir.Value | None:
+    """additive_bias's values before their Expand to [.., Sq, Sk] (broadcastable to it)."""
     fill = call.mask_fill
     keep = call.mask
     if fold_causal and (call.is_causal or call.window_left >= 0 or call.window_right >= 0):
@@ -158,10 +174,7 @@ def additive_bias(
         fill = _F32_ABOVE_LOWEST
     if keep is not None:
         bias = e.node("Where", [keep, bias if bias is not None else e.f32(0.0), e.f32(fill)])
-    if bias is None:
-        return None
-    sizes = e.node("Concat", [e.i64([1, 1]), lengths.of(e, "q"), lengths.of(e, "k")], axis=0)
-    return e.node("Expand", [bias, sizes])
+    return bias
 
 
 def cast_back(e: Emitter, out: ir.Value, call: FlashAttentionCall) -> tuple[ir.Value, str]:
@@ -242,3 +255,139 @@ def write_out_masked_rows(
         out4 = e.node("Where", [e.node("IsNaN", [out4]), e.f32(0.0), out4])
         guard += "; NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)"
     return e.reshape(out4, [0, 0, -1]), guard
+
+
+# ------------------------------------------------------------------------------------------------
+# What a bias can hold, for the guards of fully masked rows (lowering/webgpu.py)
+
+_VALUE_SET_LIMIT = 16  # distinct values followed through arithmetic; more: not known
+_SAME_VALUES = ("Identity", "Reshape", "Expand", "Unsqueeze", "Squeeze", "Transpose", "Flatten", "Slice", "Tile")
+
+
+def value_set(x: ir.Value | None, depth: int = 12) -> frozenset[float] | None:
+    """A finite superset of the float values x's elements can take, where the graph fixes one: a
+    constant's values, Where of two such, a bool Cast to a number ({0, 1}), the shape and copy
+    ops (their output holds some of their input's values) and elementwise arithmetic of two
+    known sets; None where not known, or where a NaN could arise (no guard is then left out)."""
+    if x is None or depth == 0:
+        return None
+    found = u.const_array(x)
+    if found is not None:
+        values = np.unique(np.asarray(found, np.float64))
+        return _finite_set(values) if values.size <= _VALUE_SET_LIMIT else None
+    node = x.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    op = node.op_type
+    if op == "Cast":
+        src = u.operand(node, 0)
+        to = ir.DataType(u.attr_int(node, "to", 0))
+        inner = frozenset({0.0, 1.0}) if src.dtype == ir.DataType.BOOL else value_set(src, depth - 1)
+        if inner is None or not to.is_floating_point():
+            return None
+        return _finite_set(np.asarray(sorted(inner), np.float64).astype(to.numpy()).astype(np.float64))
+    if op == "Where":
+        a, b = value_set(node.inputs[1], depth - 1), value_set(node.inputs[2], depth - 1)
+        return None if a is None or b is None else _finite_set(np.asarray(sorted(a | b)))
+    if op in _SAME_VALUES or op == "Gather":
+        return value_set(node.inputs[0], depth - 1)
+    if op == "Concat":
+        parts = [value_set(v, depth - 1) for v in node.inputs]
+        if any(p is None for p in parts):
+            return None
+        return _finite_set(np.asarray(sorted(frozenset().union(*parts))))  # type: ignore[arg-type]
+    if op in ("Add", "Sub", "Mul") and len(node.inputs) == 2:
+        a, b = value_set(node.inputs[0], depth - 1), value_set(node.inputs[1], depth - 1)
+        if a is None or b is None or len(a) * len(b) > _VALUE_SET_LIMIT:
+            return None
+        dtype = (x.dtype or ir.DataType.FLOAT).numpy()
+        fa, fb = np.asarray(sorted(a), dtype), np.asarray(sorted(b), dtype)
+        with np.errstate(all="ignore"):
+            fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op]
+            out = fn(fa[:, None], fb[None, :]).astype(np.float64)
+        return _finite_set(out)
+    return None
+
+
+def _finite_set(values: np.ndarray) -> frozenset[float] | None:
+    """values as a set, None where one is NaN (or +inf: a score no fill absorbs)."""
+    flat = np.asarray(values, np.float64).reshape(-1)
+    if np.isnan(flat).any() or np.isposinf(flat).any() or np.unique(flat).size > _VALUE_SET_LIMIT:
+        return None
+    return frozenset(float(v) for v in flat)
+
+
+def bias_value_set(call: FlashAttentionCall, fold_causal: bool = True) -> frozenset[float] | None:
+    """The values additive_bias's tensor can hold (the bias as float32 where kept, mask_fill where
+    masked out), or None where not known (and for bias_after_mask, whose sums it does not follow)."""
+    if call.bias_after_mask:
+        return None
+    masks = call.mask is not None or (
+        fold_causal and (call.is_causal != 0 or call.window_left >= 0 or call.window_right >= 0)
+    )
+    kept: frozenset[float] | None = frozenset({0.0})
+    if call.bias is not None:
+        found = value_set(call.bias)
+        kept = None if found is None else _finite_set(np.asarray(sorted(found), np.float32).astype(np.float64))
+    if kept is None:
+        return None
+    return kept | {float(np.float32(call.mask_fill))} if masks else kept
+
+
+def dead_values(values: frozenset[float]) -> frozenset[float]:
+    """The values of a bias at which a score is absorbed (at or below ABSORBING_FILL, -inf too): a
+    row of only these sees no key."""
+    return frozenset(v for v in values if v <= ABSORBING_FILL)
+
+
+def sees_a_key_by_position(call: FlashAttentionCall, sq: object, sk: object) -> bool:
+    """Whether every query row keeps a key by its causal and window bounds alone (no mask tensor):
+    Sq == Sk proved, so query i keeps key i (j <= i + 0 for either alignment, and i lies inside
+    any window around position i); with no bounds at all, every key."""
+    if call.mask is not None:
+        return False
+    bounded = call.is_causal != 0 or call.window_left >= 0 or call.window_right >= 0
+    return not bounded or shapes.same_dim(sq, sk)  # type: ignore[arg-type]
+
+
+def structural_key(x: ir.Value, depth: int = 8) -> str | None:
+    """A string equal for two values that the graph provably computes alike: the same graph input
+    or initializer, the same constant, or the same deterministic op with the same attributes over
+    inputs with equal keys (what the fusion writes per block over one mask, a Cast of it, say);
+    None past ``depth`` nodes or for values without a name."""
+    found = u.const_array(x)
+    if found is not None and found.size <= 64:
+        return f"const:{found.dtype.str}:{list(found.shape)}:{found.tobytes().hex()}"
+    node = x.producer()
+    if node is None or depth == 0 or node.op_type.startswith("Random") or node.op_type == "Multinomial":
+        return f"value:{x.name}" if x.name and node is None else None
+    parts = []
+    for v in node.inputs:
+        key = "-" if v is None else structural_key(v, depth - 1)
+        if key is None:
+            return None
+        parts.append(key)
+    attrs = ",".join(
+        f"{k}={a.value!r}" for k, a in sorted(node.attributes.items()) if not isinstance(a.value, ir.Graph)
+    )
+    if any(isinstance(a.value, ir.Graph) for a in node.attributes.values()):
+        return None
+    index = next(i for i, o in enumerate(node.outputs) if o is x)
+    return f"{node.domain}:{node.op_type}({attrs})[{';'.join(parts)}]#{index}"
+
+
+def shared(e: Emitter, key: str, build: Callable[[], ir.Value]) -> ir.Value:
+    """The value build() writes, written once per graph for blocks that compute the same thing: a
+    node named after key written before this block's anchor is reused (an earlier block wrote
+    it, from the same inputs); otherwise build() writes it here and its node takes that name."""
+    name = "ortflash_shared/" + hashlib.sha1(key.encode()).hexdigest()[:16]
+    for node in e.graph:
+        if node is e.anchor:
+            break
+        if node.name == name:
+            return node.outputs[0]
+    value = build()
+    producer = value.producer()
+    if producer is not None and e.made_here(value):
+        producer.name = name
+    return value

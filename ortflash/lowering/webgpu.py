@@ -28,16 +28,18 @@ additive bias, the same float32 computation between casts for float16 blocks.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import onnx_ir as ir
 
 from ..errors import NotLowered
+from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
 from . import layout, native
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .measured import Capability, CapabilityTable
-from .read import ABSORBING_FILL, aligned_batch, call_dims
+from .read import ABSORBING_FILL, CallDims, aligned_batch, call_dims
 
 # (form, case) -> what the WebGPU EP did, measured 2026-11-30 on an NVIDIA H200 with onnxruntime
 # 1.32.0 + onnxruntime-ep-webgpu 0.4.0 (benchmarks/results/webgpu_capabilities.md). Forms and cases
@@ -98,16 +100,15 @@ def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tupl
     parts = [f"{hq} query / {hkv} key-value heads"] + ([broadcast] if broadcast else [])
     if use_gqa:
         op = OP_GQA
+        # Row i keeps keys 0..i: no row is fully masked, so masked_rows "zero" changes nothing
+        # (for finite inputs: the contrib target's IsNaN guard is exact only for those too).
         out = native.gqa_own_causal(e, call, q, k, v, hq, hkv, reuse)
-        if call.masked_rows == "zero":
-            out = e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out])
-        parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask)")
+        parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask; no row fully masked)")
     else:
         op = OP_MHA
-        out, guard = _multi_head_attention(e, call, q, k, v, hq, hkv, reuse, parts)
+        out, guard = _multi_head_attention(e, call, q, k, v, (hq, hkv), reuse, parts, dims)
         parts += layout.mask_parts(call, causal_folded=True)
-        if guard:
-            parts.append(guard)
+        parts.append(guard)
     if f16:
         out, note = layout.cast_back(e, out, call)
         parts.append(note)
@@ -127,19 +128,195 @@ def _multi_head_attention(
     q: ir.Value,
     k: ir.Value,
     v: ir.Value,
-    hq: int,
-    hkv: int,
+    heads: tuple[int, int],
     reuse: bool,
     parts: list[str],
+    dims: CallDims,
 ) -> tuple[ir.Value, str]:
-    """MultiHeadAttention [B, Sq, Hq·Dv] with every mask in attention_bias, and the -inf rows guard."""
-    q3, k3, v3, bias = native.mha_operands(e, call, q, k, v, hq, hkv, reuse, parts)
-    inputs = [q3, k3, v3] + ([None, None, bias] if bias is not None else [])
+    """MultiHeadAttention [B, Sq, Hq·Dv] with every mask in attention_bias, and what fully masked
+    rows need (guard_rows)."""
+    hq, hkv = heads
+    q3 = layout.to_bsd(e, q, hq, reuse)
+    if hkv != hq:
+        k3, v3 = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
+    else:
+        k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
+    lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
+    key = _share_key(call, dims)
+    masks = call.bias is not None or call.mask is not None or _bounded(call)
+    pre = expanded = None
+    if masks:
+        # One bias per graph for the blocks that read the same mask at the same lengths (every
+        # layer of an export): the WebGPU EP pays per node, and the causal part's Range and int64
+        # compares run on the CPU.
+        pre = _maybe_shared(
+            e, key, "bias", lambda: layout.bias_before_expand(e, call, lengths, fold_causal=True, avoid_lowest=False)
+        )
+        assert pre is not None
+        expanded = _maybe_shared(e, key, "expanded", lambda: layout.expand_to_scores(e, pre, lengths))
+    inputs = [q3, k3, v3] + ([None, None, expanded] if expanded is not None else [])
     out = e.node("MultiHeadAttention", inputs, domain=CONTRIB_DOMAIN, num_heads=hq, scale=call.scale)
-    if bias is None:
-        if call.masked_rows == "zero":  # no fully masked rows; the guard as the contrib target writes it
-            return e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out]), "NaN guard -> Where(IsNaN(out), 0, out)"
-        return out, ""
+    if pre is None or expanded is None:
+        return out, "no mask or bias: no row is fully masked, no guard"
+    return guard_rows(e, call, dims, out, (pre, expanded, v3), hq, key)
+
+
+def _bounded(call: FlashAttentionCall) -> bool:
+    return call.is_causal != 0 or call.window_left >= 0 or call.window_right >= 0
+
+
+def _share_key(call: FlashAttentionCall, dims: CallDims) -> str | None:
+    """What the bias of a block is a function of, where two blocks with equal keys provably compute
+    the same bias: the mask and bias tensors, the fills and bounds, and Sq and Sk as static or
+    named dims (None, no sharing, where a length is an unnamed dim)."""
+    if not all(isinstance(d, (int, str)) for d in (dims.sq, dims.sk)):
+        return None
+    names = [layout.structural_key(x) if x is not None else "-" for x in (call.bias, call.mask)]
+    if any(n is None for n in names):
+        return None
+    return "|".join(
+        [
+            *(n or "-" for n in names),
+            repr(call.mask_fill),
+            str(call.is_causal),
+            str(call.window_left),
+            str(call.window_right),
+        ]
+        + [str(int(call.bias_after_mask)), repr(dims.sq), repr(dims.sk)]
+    )
+
+
+def _maybe_shared(e: Emitter, key: str | None, what: str, build: Callable[[], ir.Value | None]) -> ir.Value | None:
+    if key is None:
+        return build()
+    return layout.shared(e, f"webgpu|{what}|{key}", lambda: _required(build()))
+
+
+def _required(x: ir.Value | None) -> ir.Value:
+    assert x is not None
+    return x
+
+
+def guard_rows(
+    e: Emitter,
+    call: FlashAttentionCall,
+    dims: CallDims,
+    out: ir.Value,
+    tensors: tuple[ir.Value, ir.Value, ir.Value],
+    hq: int,
+    key: str | None,
+) -> tuple[ir.Value, str]:
+    """out [B, Sq, Hq·Dv] with the rows whose keys are all masked written out, in as few nodes as
+    the mask's values allow. tensors: the bias before and after its Expand, and V [B, Sk, Hq·Dv].
+
+    FlashAttention gives such a row the mean of V where every score is one finite value at or
+    below -2**127 (float32-lowest, transformers' fill), NaN where all are -inf (0 with
+    masked_rows "zero"). The WebGPU EP gets either wrong in some shapes (module docstring), so:
+    - no row can be fully masked (every row keeps a key by its causal and window bounds, Sq == Sk
+      proved, and no bias value absorbs a score; or no value at all absorbs one): no guard;
+    - the bias's values are known and only one of them absorbs (layout.value_set: a padding mask
+      ``Where(mask, 0, lowest)`` folded with a causal fill of the same value): a row is fully masked
+      exactly where its maximum is that value, and is then uniform: Where(ReduceMax <= -2**127,
+      mean of V, or NaN / 0, out), the row maxima shared by the blocks of one bias;
+    - otherwise the general guard (_general_guard)."""
+    pre, expanded, v3 = tensors
+    values = layout.bias_value_set(call)
+    own = layout.bias_value_set(call, fold_causal=False) if call.mask is None else None
+    by_position = (
+        own is not None and not layout.dead_values(own) and layout.sees_a_key_by_position(call, dims.sq, dims.sk)
+    )
+    if by_position or (values is not None and not layout.dead_values(values)):
+        why = (
+            "every row keeps a key by its causal bounds (Sq == Sk proved)"
+            if by_position
+            else "no bias value absorbs a score"
+        )
+        return out, f"no row can be fully masked ({why}): no guard"
+    # The maxima of the bias before its Expand where that is 4D ([B, 1, 1, Sk] for a padding mask:
+    # a row per batch item); a causal part alone is [Sq, Sk], read after the Expand.
+    four_d = all(x is None or u.rank(x) == 4 for x in (call.bias, call.mask)) and (call.bias, call.mask) != (None, None)
+    rows = pre if four_d else expanded
+    dead = layout.dead_values(values) if values is not None else frozenset()
+    if call.bias_after_mask:
+        return _general_guard(e, call, out, (expanded, v3), hq)
+    if len(dead) != 1:
+        return _uniform_guard(e, call, out, (rows, v3), hq, key)
+    (value,) = dead
+
+    def row_dead() -> ir.Value:
+        row_max = e.transpose(layout.reduce_keepdims(e, "ReduceMax", rows), layout.SWAP_SH)  # [B|1, Sq|1, H|1, 1]
+        return e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)])
+
+    dead_rows = _maybe_shared(e, key, "dead_rows", row_dead)
+    assert dead_rows is not None
+    if math.isinf(value):
+        nan_rows = call.masked_rows != "zero"
+        fill_rows = e.f32(math.nan if nan_rows else 0.0)
+        what = "NaN" if nan_rows else "0 (masked_rows zero)"
+    else:
+        fill_rows = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+        what = "the mean of V"
+    out4 = e.node("Where", [dead_rows, fill_rows, e.reshape(out, [0, 0, hq, -1])])
+    return e.reshape(out4, [0, 0, -1]), (
+        f"fully masked rows written out: the bias's one absorbing value is {value:g}, so a row whose maximum is "
+        f"<= -2**127 is {what}, by Where (one ReduceMax per bias)"
+    )
+
+
+def _uniform_guard(
+    e: Emitter,
+    call: FlashAttentionCall,
+    out: ir.Value,
+    tensors: tuple[ir.Value, ir.Value],
+    hq: int,
+    key: str | None,
+) -> tuple[ir.Value, str]:
+    """The guard where the bias's values are not known, or several absorb a score: a row whose bias
+    is one value c <= -2**127 everywhere is the mean of V, a row whose maximum is -inf NaN (0 with
+    masked_rows "zero", for finite V). The row statistics are computed once per bias (shared by
+    the blocks that read it) in float compares and Where, no And (which the WebGPU EP leaves to
+    the CPU): t = Where(max == min, max, 0) is c on uniform rows and 0 elsewhere, -inf mapped to 0
+    too, so t <= -2**127 holds exactly on the uniform rows at a finite c."""
+    rows, v3 = tensors
+
+    def row_max() -> ir.Value:
+        return e.transpose(layout.reduce_keepdims(e, "ReduceMax", rows), layout.SWAP_SH)  # [B|1, Sq|1, H|1, 1]
+
+    top = _maybe_shared(e, key, "row_max", row_max)
+    assert top is not None
+
+    def uniform_rows() -> ir.Value:
+        low = e.transpose(layout.reduce_keepdims(e, "ReduceMin", rows), layout.SWAP_SH)
+        zero = e.f32(0.0)
+        t = e.node("Where", [e.node("Equal", [top, low]), top, zero])
+        t = e.node("Where", [e.node("Greater", [t, e.f32(-math.inf)]), t, zero])
+        return e.node("LessOrEqual", [t, e.f32(ABSORBING_FILL)])
+
+    def nan_term() -> ir.Value:  # 0 where the row maximum is finite, NaN where it is -inf
+        return e.node("Mul", [top, e.f32(0.0)])
+
+    uniform = _maybe_shared(e, key, "uniform_rows", uniform_rows)
+    nan_rows = _maybe_shared(e, key, "nan_term", nan_term)
+    assert uniform is not None and nan_rows is not None
+    mean_v = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+    out4 = e.node("Where", [uniform, mean_v, e.reshape(out, [0, 0, hq, -1])])
+    out4 = e.node("Add", [out4, nan_rows])
+    guard = (
+        "fully masked rows written out: one value <= -2**127 everywhere -> mean of V by Where, -inf everywhere -> "
+        "NaN by out + 0·max(bias row) (the EP gets either wrong in some shapes; the row statistics once per bias)"
+    )
+    if call.masked_rows == "zero":
+        out4 = e.node("Where", [e.node("IsNaN", [out4]), e.f32(0.0), out4])
+        guard += "; NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)"
+    return e.reshape(out4, [0, 0, -1]), guard
+
+
+def _general_guard(
+    e: Emitter, call: FlashAttentionCall, out: ir.Value, tensors: tuple[ir.Value, ir.Value], hq: int
+) -> tuple[ir.Value, str]:
+    """The guard for bias_after_mask blocks (GPT-Neo's): the masked mean over the keys at the row's
+    maximum, read from the expanded bias."""
+    bias, v3 = tensors
     # Rows with every key masked, written out by the lowering rather than left to the EP:
     # - a row whose bias is one value c <= -2**127 everywhere (float32-lowest: what transformers
     #   writes): FlashAttention's scores are all c (s + c rounds to c), so the row is the mean of V.
