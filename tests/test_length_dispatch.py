@@ -199,7 +199,8 @@ def test_a_decoder_with_a_kv_cache_dispatches_its_decode_steps_apart_from_its_pr
 def test_a_kept_row_is_one_sentence_with_its_mask_kind_and_the_explanation_once_under_the_table():
     from rich.console import Console
 
-    path = os.path.join(ROOT, "models", "bert_sdpa_dynamo.onnx")
+    # T5: the three blocks with a position bias (a full bias) are kept; its cross block's padding is fused
+    path = os.path.join(ROOT, "models", "t5_sdpa_dynamo.onnx")
     out, report = optimize(path, online_softmax=True, **NO_CHECK)
     kept = [b for b in report.blocks if not b.fused]
     assert kept and all(b.mask_kind for b in kept)  # --json's mask_kind filled for kept blocks

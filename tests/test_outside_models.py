@@ -205,10 +205,14 @@ def test_clip_position_table_cut_to_the_sequence_is_proved_causal() -> None:
 def test_decoder_with_cache_and_no_padding_mask_is_proved_causal() -> None:
     """BART decoder step with a self-attention cache and no decoder mask: the padding lookup
     indexes a flattened [B, past + new] all-ones mask at b * (past + new) + j; the self block
-    is bottom-right causal, the cross block has no causal mask."""
+    is bottom-right causal, the cross block has no causal mask (its encoder padding, expanded
+    over the queries, is fed as [B, 1, 1, Sk])."""
     report = _report("bart_decoder_cache_eager_torchscript.onnx")
     assert report.fused == 2
-    assert [b.reason.split(",")[0] for b in report.blocks] == ["causal (is_causal=2", ""]
+    assert [b.reason.split(",")[0] for b in report.blocks] == [
+        "causal (is_causal=2",
+        "the bias is constant over the queries: fed as ['batch'",
+    ]
 
 
 def test_small_exports_verify_on_their_own_inputs() -> None:

@@ -23,8 +23,8 @@ from ..graph.interpret import proved_dims
 from ..op.call import FlashAttentionCall
 from ..op.node import write_call
 from ..op.policy import SoftmaxPolicy
-from .causal.proof import CausalProof, NoFrontier, NotProved, prove
-from .causal.write import write_padding
+from .causal.proof import CausalProof, NotProved, prove
+from .causal.write import neutral_padding, write_padding
 from .driver import Written, dtype_name
 from .einsum_rules import ProbsEinsumV, QKEinsum
 from .softmax_rules import (
@@ -336,11 +336,9 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
             k=k,
             k_perm=k_perm,
         )
-    except NoFrontier:
-        return None  # no key position compared with a query position: not a causal mask
     except NotProved as why:
         if not _compares_positions(candidate):
-            return None
+            return f"kept as a full {'mask' if as_mask else 'bias'}: {why}"
         return f"not proved causal: {why}"
     return _Causal(proof, as_mask, marks_masked, candidate)
 
@@ -519,8 +517,7 @@ class SoftmaxFrontEnd:
         kept = scores_kept(block)
         notes = [f"scores also read by {', '.join(kept)}, kept" if kept else ""]
         if proof is not None:
-            window = f", window_left={proof.proof.window_left}" if proof.proof.window_left >= 0 else ""
-            notes.append(f"causal (is_causal={proof.proof.is_causal}{window}, proved from the mask subgraph)")
+            notes.append(_proof_note(proof))
         elif isinstance(causal, str):
             notes.append(causal)
         columns = describe(block)
@@ -530,5 +527,25 @@ class SoftmaxFrontEnd:
                 for x in list(block.biases) + [c for c, _ in block.masks]
                 if x is not proof.replaced
             ]
-            columns["mask"] = ", ".join([f"causal + padding {list(proof.proof.padding.dims)}", *others])
+            columns["mask"] = ", ".join(filter(None, [_proof_column(proof), *others])) or "none"
         return Written("; ".join(filter(None, notes)), columns)
+
+
+def _proof_note(causal: _Causal) -> str:
+    """The report's note on a proved mask: causal (with its flag), or padding expanded over the queries."""
+    proof = causal.proof
+    if proof.is_causal:
+        window = f", window_left={proof.window_left}" if proof.window_left >= 0 else ""
+        return f"causal (is_causal={proof.is_causal}{window}, proved from the mask subgraph)"
+    what = "mask" if causal.as_mask else "bias"
+    if neutral_padding(proof.padding):
+        return f"the {what} is one neutral constant: dropped"
+    return f"the {what} is constant over the queries: fed as {list(proof.padding.dims)}"
+
+
+def _proof_column(causal: _Causal) -> str:
+    """The report's mask column for the tensor a proof replaced."""
+    dims = list(causal.proof.padding.dims)
+    if causal.proof.is_causal:
+        return f"causal + padding {dims}"
+    return "" if neutral_padding(causal.proof.padding) else f"padding {dims}"

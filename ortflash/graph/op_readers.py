@@ -270,7 +270,14 @@ def _read_gather(r: TensorReader, node: ir.Node, depth: int) -> Abstract:
         length = r.dim_values.get(idx.dims[ja])
         if length is not None and dims_equal(idx.dims[ba], batch):
             prefix = (None, (idx.dims[ja], length))
-    if not _in_range(idx.dims, ba, batch) or (not _in_range(idx.dims, ja, keys) and prefix is None):
+    elif _in_range(idx.dims, ja, keys) and not _in_range(idx.dims, ba, batch) and ja != ba:
+        # b over [0, n), n a Range's length (TorchScript's: the embeddings' batch), not proved the
+        # mask's B; j over the whole row: the last index is n * S - 1, past the end unless n <= B,
+        # so wherever the graph runs it reads X[:n]
+        length = r.dim_values.get(idx.dims[ba])
+        if length is not None:
+            prefix = ((idx.dims[ba], length), None)
+    if (not _in_range(idx.dims, ba, batch) or not _in_range(idx.dims, ja, keys)) and prefix is None:
         raise NotProved("a Gather index whose range is not proved inside the mask")
     look = Look(source, (Lin.of({("x", ba): 1}), Lin.of({("x", ja): 1})), tuple(src_dims), prefix)
     return normalise(idx.dims + (1,), look, u.dtype(source))

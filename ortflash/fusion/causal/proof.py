@@ -25,6 +25,14 @@ whole batch), which ONNX Runtime refuses past the end, so wherever the graph run
 prefix ``attention_mask[:, :Sk]``, and the rewrite writes that Slice with the graph's own value
 of the Range's length.
 
+Padding expanded over the queries. BERT-, BART- and T5-style exports expand ``attention_mask``
+[B, Sk] to [B, 1, Sq, Sk] before the Add (masking_utils' only mention of the query index is
+``q_idx >= 0``, decided by the index's range). Where the read term, so decided, has no comparison
+of positions and does not mention i at all, the split has no frontier (offset None): the tensor
+is its [B, 1, 1, Sk] part broadcast over the queries, written from the same upstream tensors by
+the same ops, and the block keeps is_causal 0 and its own fill (the values added are the same,
+only broadcast later). A constant part that is neutral (0.0, True) is no mask at all.
+
 Exactness. For a bool mask ``where(T, s, fill)``: exact (the masked scores are ``fill`` either
 way). For an additive bias ``s + T`` with T = fill off the frontier: the op writes ``fill`` where
 the graph has ``s + fill``; equal for fill -inf and finite s, and for fill <= -2**127
@@ -48,17 +56,14 @@ from ...op.spec import ABSORBING_FILL
 from .write import write_term
 
 
-class NoFrontier(NotProved):
-    """The mask compares no key position with a query position: nothing causal to prove."""
-
-
 @dataclass(frozen=True)
 class CausalSplit:
     """T(b, h, i, j) == where(i + low < j <= i + offset, padding(b, h, j), fill), read from the graph
-    (low None: no lower frontier, a plain causal mask)."""
+    (low None: no lower frontier, a plain causal mask); offset None: no frontier at all, T(b, h, i, j)
+    == padding(b, h, j) (a padding mask expanded over the queries)."""
 
-    offset: Lin  # over symbolic dims (a cache's past length) and a constant
-    fill: Term  # a Num: the value outside the visible keys (False for a bool mask)
+    offset: Lin | None  # over symbolic dims (a cache's past length) and a constant
+    fill: Term | None  # a Num: the value outside the visible keys (False for a bool mask)
     padding: Abstract  # dims [.., .., 1, Sk]: no dependence on i
     dims: tuple[shapes.Dim, ...]  # of the original [B, H|1, Sq, Sk] tensor
     window_left: int = -1  # keys j >= i + offset - window_left; -1: no lower frontier
@@ -66,7 +71,8 @@ class CausalSplit:
 
 def split_causal(value: ir.Value, reader: Reader | None = None) -> CausalSplit:
     """Read value (a [B, 1|H, Sq, Sk] bias or bool mask) as causal x padding, or as a sliding
-    window (causal x a lower frontier) x padding, or raise NotProved."""
+    window (causal x a lower frontier) x padding, or as padding alone (constant over the query
+    axis: offset None), or raise NotProved."""
     x = (reader or Reader()).read(value)
     x = Abstract(x.dims, _decide_bounds(x.term), x.dtype)
     if len(x.dims) != 4:
@@ -91,8 +97,11 @@ def split_causal(value: ir.Value, reader: Reader | None = None) -> CausalSplit:
             frontier.append((atom, k.plus(Lin((), 1), -1), False))
         else:
             raise NotProved("a comparison of the query and key positions that is not j <= i + c")
-    if not frontier:
-        raise NoFrontier("no comparison of the key and query positions (j <= i + c) in the mask")
+    dims = x.dims[:i_axis] + (1,) + x.dims[i_axis + 1 :]
+    if not frontier:  # no atom mentions i (each one that does is a frontier or refused above)
+        if i_axis in axes_of(x.term):
+            raise NotProved("the mask depends on the query position")
+        return CausalSplit(None, None, Abstract(dims, x.term, x.dtype), x.dims)
     offsets = _ordered({o for _, o, _ in frontier})
 
     def region(left_of: int) -> Term:
@@ -123,7 +132,6 @@ def split_causal(value: ir.Value, reader: Reader | None = None) -> CausalSplit:
         raise NotProved("right of the causal frontier the mask is not one constant")
     if i_axis in axes_of(seen):
         raise NotProved("the padding part of the mask still depends on the query position")
-    dims = x.dims[:i_axis] + (1,) + x.dims[i_axis + 1 :]
     return CausalSplit(offset, hidden, Abstract(dims, seen, x.dtype), x.dims, window_left)
 
 
@@ -197,8 +205,9 @@ def absorbs_scores(fill: float) -> bool:
 
 @dataclass(frozen=True)
 class CausalProof:
-    """What a block becomes: is_causal, the op's window_left (-1: none), mask_fill and the
-    [B, 1, 1, Sk] padding part."""
+    """What a block becomes: is_causal (0: the tensor was constant over the queries, only its
+    padding part is fed), the op's window_left (-1: none), mask_fill and the [B, 1, 1, Sk]
+    padding part."""
 
     is_causal: int
     mask_fill: float
@@ -225,6 +234,14 @@ def prove(
         raise NotProved("the ranks of Q and K are not proved 4")
     sq, sk = q_dims[2], k_dims[2 if k_perm is None else k_perm[2]]
     _, _, mq, mk = split.dims
+    write_term(None, split.padding.term, split.padding.dtype, split.padding.dims)  # dry run: raises where it cannot
+    if split.offset is None:  # constant over the queries: the same values, broadcast by the op
+        # the key axis is the tensor's own, broadcast as before; its rows must be the scores' (a
+        # tensor of more rows than Q would have widened the block's output)
+        if not dims_equal(mq, sq):
+            raise NotProved(f"the mask's rows {mq} are not proved to be the scores' {sq}")
+        fill = -math.inf if block_fill is None else block_fill  # the block's own fill, as without the proof
+        return CausalProof(0, fill, split.padding)
     if not dims_equal(mq, sq) or not dims_equal(mk, sk):
         raise NotProved(f"the mask's rows and keys [{mq}, {mk}] are not proved to be the scores' [{sq}, {sk}]")
     is_causal = _causal_flag(split.offset, sq, sk)
@@ -242,14 +259,12 @@ def prove(
                 f"right of the causal frontier the bias is {fill:g}: s + {fill:g} is not {fill:g} "
                 "(exact only for -inf or fills <= -2**127)"
             )
-    write_term(None, split.padding.term, split.padding.dtype, split.padding.dims)  # dry run: raises where it cannot
     return CausalProof(is_causal, fill, split.padding, split.window_left)
 
 
 __all__ = [
     "CausalProof",
     "CausalSplit",
-    "NoFrontier",
     "NotProved",
     "absorbs_scores",
     "prove",

@@ -10,19 +10,52 @@ import onnx_ir as ir
 from ...graph import shapes
 from ...graph.dim_terms import dims_equal
 from ...graph.emitter import Emitter
-from ...graph.terms import Abstract, Look, NotProved, Num, Op, Term
+from ...graph.terms import Abstract, Look, NotProved, Num, Op, Term, axes_of
+
+
+def neutral_padding(padding: Abstract) -> bool:
+    """Whether the padding part is the neutral constant (0.0 for a bias, True for a mask)."""
+    term = padding.term
+    return isinstance(term, Num) and (
+        (padding.dtype == ir.DataType.BOOL and bool(term.value))
+        or (padding.dtype != ir.DataType.BOOL and term.value == 0)
+    )
 
 
 def write_padding(e: Emitter, padding: Abstract) -> ir.Value | None:
     """The padding part as a tensor of rank 4 (dims [B|1, H|1, 1, Sk|1]); None when it is the
     neutral constant (0.0 for a bias, True for a mask)."""
-    term = padding.term
-    if isinstance(term, Num) and (
-        (padding.dtype == ir.DataType.BOOL and bool(term.value))
-        or (padding.dtype != ir.DataType.BOOL and term.value == 0)
-    ):
+    if neutral_padding(padding):
         return None
-    return write_term(e, term, padding.dtype, padding.dims)
+    value = write_term(e, padding.term, padding.dtype, padding.dims)
+    assert value is not None
+    written = _written_dtype(padding.term, padding.dtype)
+    if value.shape is None and written is not None:  # written without inferred shapes: what is known
+        # the axes the term does not read are 1 (constants are [1, 1, 1, 1], a look-up's missing
+        # axes Unsqueezed), the query axis among them (the report's rows read it); the others as
+        # the graph runs them
+        read = axes_of(padding.term)
+        value.type = ir.TensorType(written)
+        value.shape = ir.Shape([None if a in read else 1 for a in range(4)])
+    return value
+
+
+_BOOL_OPS = ("And", "Or", "Not", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal")
+
+
+def _written_dtype(term: Term, dtype: ir.DataType | None) -> ir.DataType | None:
+    """The element type write_term gives term's tensor (None where it does not say)."""
+    if isinstance(term, Num):
+        return term.dtype if term.dtype is not None else dtype
+    if isinstance(term, Look):
+        return term.source.dtype
+    if isinstance(term, Op) and term.op == "Cast":
+        return ir.DataType(term.attr)
+    if isinstance(term, Op) and term.op in _BOOL_OPS:
+        return ir.DataType.BOOL
+    if isinstance(term, Op) and term.op in ("Where", "Add", "Sub", "Mul"):
+        return _written_dtype(term.args[1 if term.op == "Where" else 0], dtype)
+    return None
 
 
 # Ops of a padding term, written back as the same ONNX ops (so the same values).
