@@ -43,7 +43,7 @@ TARGET_RATIO = 3.0
 def node_model(kind: str, window: int, mode: str) -> onnx.ModelProto:
     """One FlashAttention node over q [1, H, S, D], k, v [1, Hkv, S, D] (kind: VARIANTS' first
     word); the window: the keys a query sees, itself included (window_left = window - 1)."""
-    from ortflash.op import spec
+    from ortflash.op import side_channel, spec
 
     attrs = spec.validate(
         {
@@ -55,7 +55,7 @@ def node_model(kind: str, window: int, mode: str) -> onnx.ModelProto:
         }
     )
     node_attrs = {name: attrs[name] for name in spec.DECLARED}
-    node_attrs["exact_floats"] = spec.exact_floats(attrs)
+    node_attrs["exact_floats"] = side_channel.SideChannel.of_attributes(attrs).encode()
     node_attrs.update({n: attrs[n] for n in spec.SIDE_CHANNEL_INTS if attrs[n] != spec.ATTRIBUTES[n].default})
     inputs = [
         helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, HEADS, "S", HEAD_DIM]),

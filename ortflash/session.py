@@ -10,11 +10,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .kernels.config import DEFAULT_BACKEND, KernelConfig, join_side_channel
+from .kernels.config import DEFAULT_BACKEND, KernelConfig
 from .model_io import ModelLike, external_locations, load
 from .op import spec
 from .op.node import flash_nodes
 from .op.policy import SoftmaxPolicy
+from .op.side_channel import SideChannel
 
 # ONNX Runtime's session option for its intra-op threads' busy-waiting (see session_options).
 SPINNING_KEY = "session.intra_op.allow_spinning"
@@ -81,8 +82,9 @@ def configure_model(
             for name, value in policy.attributes().items():
                 _set_attribute(node, name, value)
         if config is not None:
-            floats = next((a.s for a in node.attribute if a.name == "exact_floats"), b"")
-            _set_attribute(node, "exact_floats", join_side_channel(floats, config))
+            text = next((a.s for a in node.attribute if a.name == "exact_floats"), b"")
+            channel = SideChannel.decode(text).with_runtime(config.runtime_items())
+            _set_attribute(node, "exact_floats", channel.encode())
     return configured
 
 

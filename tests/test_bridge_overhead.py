@@ -34,7 +34,7 @@ def fused_and_feeds() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 @pytest.fixture()
 def cold_caches() -> None:
     cpu._resolve_cached.cache_clear()
-    ort_bridge._read_node_cached.cache_clear()
+    ort_bridge._node_call_cached.cache_clear()
     ort_bridge._cast_attributes.cache_clear()
 
 
@@ -62,7 +62,7 @@ def test_attributes_are_validated_once_per_attribute_set(fused_and_feeds, cold_c
         np.testing.assert_array_equal(session.run(None, f)[0], first)
     assert calls[0] == after_first  # and no later call does it again
     assert cpu._resolve_cached.cache_info().currsize == 1
-    bridge = ort_bridge._read_node_cached.cache_info()
+    bridge = ort_bridge._node_call_cached.cache_info()
     assert (bridge.currsize, bridge.misses, bridge.hits) == (1, 1, 5)
     assert ort_bridge._cast_attributes.cache_info().hits == 5
 
@@ -86,7 +86,7 @@ def test_two_configurations_in_one_process_keep_their_own(fused_and_feeds, cold_
         np.testing.assert_array_equal(other.run(None, f)[0], expected_other)
         np.testing.assert_array_equal(one.run(None, f)[0], expected_one)
     assert seen == [(1, "naive"), (2, "online")] + [(2, "online"), (1, "naive")] * 3
-    assert ort_bridge._read_node_cached.cache_info().currsize == 2
+    assert ort_bridge._node_call_cached.cache_info().currsize == 2
     assert cpu._resolve_cached.cache_info().currsize == 2
 
 

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 
 import ortflash
 from ortflash.kernels import reference
-from ortflash.op import spec
+from ortflash.op import side_channel, spec
 
 LOWEST = float(np.finfo(np.float32).min)
 B, H, S, D = 2, 2, 11, 8
@@ -192,7 +192,7 @@ def test_bridge_passes_bias_after_mask_and_bottom_right_causal():
     exact_floats side channel; is_causal=2 is a plain int attribute."""
     attrs = spec.validate({"scale": 0.5, "is_causal": 2, "mask_fill": -100.0, "bias_after_mask": 1})
     declared = {name: attrs[name] for name in spec.DECLARED}
-    declared["exact_floats"] = spec.exact_floats(attrs)
+    declared["exact_floats"] = side_channel.SideChannel.of_attributes(attrs).encode()
     assert "bias_after_mask=1" in declared["exact_floats"]
     node = helper.make_node(spec.OP_TYPE, ["q", "k", "v", "bias", "mask"], ["o"], domain=spec.DOMAIN, **declared)
     node.attribute.append(helper.make_attribute("bias_after_mask", 1))  # as the emitter writes it

@@ -59,7 +59,7 @@ def _feeds(heads: int, seq: int, dim: int) -> dict[str, np.ndarray]:
 def test_a_call_resolves_nothing_that_depends_on_the_attributes_alone(monkeypatch):
     """Before: every call went through cpu.flash_attention, which looked its KernelCall up
     (building a key of every attribute), re-read the CPU build and the affinity mask."""
-    ort_bridge._read_node_cached.cache_clear()
+    ort_bridge._node_call_cached.cache_clear()
     model = _block(2, 16, 32)
     f = _feeds(2, 16, 32)
     session = ortflash.InferenceSession(_fused(model), threads=1)
@@ -83,7 +83,7 @@ def test_a_call_resolves_nothing_that_depends_on_the_attributes_alone(monkeypatc
 
 def test_a_replaced_kernel_still_runs(monkeypatch):
     """The prepared calls stand for cpu.flash_attention: a replacement (a test's wrong kernel) is called."""
-    ort_bridge._read_node_cached.cache_clear()
+    ort_bridge._node_call_cached.cache_clear()
     session = ortflash.InferenceSession(_fused(_block(1, 16, 32)))
     f = _feeds(1, 16, 32)
     right = session.run(None, f)[0]

@@ -22,7 +22,7 @@ from ortflash.checks.verify import verify
 from ortflash.kernels import reference
 from ortflash.lowering import lower
 from ortflash.model_shapes import graphs_of
-from ortflash.op import spec
+from ortflash.op import side_channel, spec
 
 F32 = TensorProto.FLOAT
 LOWEST = float(np.finfo(np.float32).min)
@@ -33,7 +33,7 @@ def _flash_attrs(is_causal: int, mask_fill: float = -math.inf, bias_after_mask: 
     attrs: dict[str, Any] = spec.validate(
         {"scale": 0.3, "is_causal": is_causal, "softmax": "naive", "mask_fill": mask_fill}
     )
-    attrs["exact_floats"] = spec.exact_floats(attrs)
+    attrs["exact_floats"] = side_channel.SideChannel.of_attributes(attrs).encode()
     del attrs["bias_after_mask"]
     if bias_after_mask:
         attrs["bias_after_mask"] = 1
@@ -243,7 +243,7 @@ def _reference_attrs(model: onnx.ModelProto) -> dict[str, Any]:
     """The node's attributes as the kernels take them: exact floats and the side channel's ints."""
     node = next(n for n in model.graph.node if n.op_type == spec.OP_TYPE)
     raw = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    attrs = spec.resolve_exact_floats({k: (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()})
+    attrs = side_channel.resolve({k: (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()})
     attrs.pop("exact_floats")
     return attrs
 

@@ -297,3 +297,50 @@ def test_every_command_has_one_convention() -> None:
         assert isinstance(module.HELP, str) and module.HELP, name
         assert len(inspect.signature(module.add_arguments).parameters) == 1, name  # the parser
         assert len(inspect.signature(module.run).parameters) == 1, name  # the parsed arguments
+
+
+# The exact_floats side channel (issue 32 item 4): its text, items joined by ";", is split and
+# joined in one module, the op's codec; every other module that names the attribute holds a
+# SideChannel (a ";" elsewhere, in a module that never names it, is another text's).
+SIDE_CHANNEL_CODEC = "ortflash.op.side_channel"
+
+
+def side_channel_parsers(package_dir: Path) -> list[str]:
+    """Modules that name exact_floats and split or join text on ";" (the side channel's
+    separator), outside the codec."""
+    found = []
+    for module, path in module_names(package_dir).items():
+        text = path.read_text(encoding="utf-8")
+        if "exact_floats" not in text:
+            continue
+        for node in ast.walk(ast.parse(text, filename=str(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            func = node.func
+            splits = func.attr in ("split", "partition", "rsplit") and any(
+                isinstance(a, ast.Constant) and a.value == ";" for a in node.args
+            )
+            joins = func.attr == "join" and isinstance(func.value, ast.Constant) and func.value.value == ";"
+            if (splits or joins) and not module.endswith(".op.side_channel"):
+                found.append(module)
+                break
+    return sorted(found)
+
+
+def test_the_side_channel_rule_finds_a_second_parser(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "op").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "op" / "__init__.py").write_text("")
+    (pkg / "op" / "side_channel.py").write_text('def decode(a):\n    return a["exact_floats"].split(";")\n')
+    (pkg / "reader.py").write_text(
+        'def floats(a):\n    return [i.partition("=") for i in a["exact_floats"].split(";")]\n'
+    )
+    (pkg / "writer.py").write_text('def text(items):\n    return {"exact_floats": ";".join(items)}\n')
+    (pkg / "other.py").write_text('def dims(t):\n    return t.split(";")  # another text\n')
+    assert side_channel_parsers(pkg) == ["pkg.reader", "pkg.writer"]
+
+
+def test_the_op_codec_is_the_only_parser_of_exact_floats() -> None:
+    assert SIDE_CHANNEL_CODEC in module_names(PACKAGE_DIR)
+    assert side_channel_parsers(PACKAGE_DIR) == []

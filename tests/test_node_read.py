@@ -16,7 +16,7 @@ from onnx import helper as h
 from ortflash.errors import NotLowered
 from ortflash.lowering import lower
 from ortflash.lowering.read import read_call
-from ortflash.op import spec
+from ortflash.op import side_channel, spec
 from ortflash.op.node import NodeOutsideContract, is_flash_attention, node_attributes, read_node
 
 # float32's nearest to 1/sqrt(8), more digits than the bridge's 6 (the side channel carries them)
@@ -28,7 +28,7 @@ def _model(inputs: list[str] | None = None, bias: np.ndarray | None = None, **at
     the neutral placeholders (bias 0.0, mask True) for what is absent."""
     full = spec.validate({"scale": SCALE, **attrs})
     declared: dict[str, object] = {name: full[name] for name in spec.DECLARED}
-    declared["exact_floats"] = spec.exact_floats(full)
+    declared["exact_floats"] = side_channel.SideChannel.of_attributes(full).encode()
     names = inputs or ["q", "k", "v", "bias", "mask"]
     node = h.make_node(spec.OP_TYPE, names, ["o"], domain=spec.DOMAIN, name="fa", **declared)
     shape = [1, 2, 4, 8]

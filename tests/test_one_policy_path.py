@@ -52,5 +52,21 @@ def test_only_emit_writes_flash_attention_nodes():
 
 def test_only_the_node_module_reads_flash_attention_nodes_back():
     """A node's attributes are read back in one place, op/node.py (node_attributes, read_node), the
-    side channel resolved there; the ONNX Runtime bridge gets them from the runtime as a dict."""
-    assert set(_calls("resolve_exact_floats")) == {"op/node.py", "kernels/ort_bridge.py"}
+    side channel resolved there by the op's codec; the ONNX Runtime bridge gets them from the
+    runtime as a dict and decodes the channel itself, the session to replace its kernel choice."""
+    assert "op/node.py" in _calls("resolve")  # side_channel.resolve
+    assert set(_calls("decode")) >= {"op/side_channel.py", "kernels/ort_bridge.py", "session.py"}
+    assert set(_calls("resolved")) == {"op/side_channel.py", "kernels/ort_bridge.py"}
+
+
+def test_one_override_rule():
+    """A policy that overrides a node's own is applied in one place, SoftmaxPolicy.for_node
+    (the wgpu kernel had its own rule: a partial override then raised in choose)."""
+    assert set(_calls("applied_to")) == {"op/policy.py"}
+    assert set(_calls("for_node")) == {
+        "checks/verify.py",
+        "checks/validate.py",
+        "kernels/cpu.py",
+        "kernels/reference.py",
+        "kernels/wgpu/kernel.py",
+    }

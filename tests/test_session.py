@@ -17,8 +17,9 @@ import pytest
 from attention_graphs import Variant, build, feeds
 
 import ortflash
-from ortflash.kernels.config import ConfigError, KernelConfig, split_side_channel
+from ortflash.kernels.config import ConfigError, KernelConfig
 from ortflash.op import spec
+from ortflash.op.side_channel import SideChannel
 from ortflash.session import configure_model
 
 DIMS = {"B": 2, "S": 48, "T": 48}
@@ -79,25 +80,34 @@ def test_configure_model_writes_policy_and_runtime_on_a_copy(fused_and_feeds):
     node = next(n for n in configured.graph.node if n.op_type == spec.OP_TYPE)
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["softmax"] == b"online" and attrs["block_size"] == 32 and attrs["min_seq_len"] == 0
-    config, floats = split_side_channel(attrs["exact_floats"])
-    assert config == KernelConfig("reference", threads=3)
+    channel = SideChannel.decode(attrs["exact_floats"])
+    assert KernelConfig.of_side_channel(channel) == KernelConfig("reference", threads=3)
+    floats = channel.op_text
     original = next(n for n in fused.graph.node if n.op_type == spec.OP_TYPE)
     original_floats = onnx.helper.get_attribute_value(
         next(a for a in original.attribute if a.name == "exact_floats")
     ).decode()
     assert floats == original_floats and "backend" not in original_floats
+    # a second session's choice replaces the first's, the op's items kept as written
+    again = configure_model(configured, config=KernelConfig("cpu"))
+    text = next(
+        a.s for a in again.graph.node if a.op_type == spec.OP_TYPE for a in a.attribute if a.name == "exact_floats"
+    )
+    assert text.decode() == f"{original_floats};backend=cpu"
 
 
 def test_kernel_config_round_trips_and_rejects_bad_values():
     for config in (KernelConfig(), KernelConfig("wgpu"), KernelConfig("cpu", threads=2)):
-        assert KernelConfig.decode(config.encode()) == config
-    assert KernelConfig.decode("") == KernelConfig()
+        text = SideChannel(("scale=0.125",)).with_runtime(config.runtime_items()).encode()
+        assert KernelConfig.of_side_channel(SideChannel.decode(text)) == config
+    assert KernelConfig.of_side_channel(SideChannel.decode("")) == KernelConfig()
+    assert KernelConfig.of_side_channel(SideChannel.decode("scale=0.5;threads=2")) == KernelConfig(threads=2)
     with pytest.raises(ConfigError):
         KernelConfig("numpy")
     with pytest.raises(ConfigError):
         KernelConfig("cpu", threads=0)
     with pytest.raises(ConfigError):
-        KernelConfig.decode("backend=cpu;colour=blue")
+        KernelConfig.of_side_channel(SideChannel((), (("backend", "cpu"), ("colour", "blue"))))
     with pytest.raises(ConfigError):
         ortflash.InferenceSession(build(Variant()), backend="gpu")
 

@@ -21,7 +21,7 @@ from onnx import helper as h
 import ortflash
 from ortflash.kernels import cpu, reference
 from ortflash.lowering import lower
-from ortflash.op import spec
+from ortflash.op import side_channel, spec
 from ortflash.op.call import FlashAttentionCall  # noqa: F401  (the attributes' one writer, below)
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -66,9 +66,12 @@ def test_window_attributes_are_validated_and_travel_in_the_side_channel():
     attrs = spec.validate({"is_causal": 1, "window_left": 3})
     assert attrs["window_right"] == -1
     assert {"window_left", "window_right"} <= set(spec.SIDE_CHANNEL_INTS)  # not declared to the bridge
-    assert "window_left=3" in spec.exact_floats(attrs)
-    assert "window_right" not in spec.exact_floats(attrs)  # only away from its default
-    assert spec.resolve_exact_floats({"exact_floats": spec.exact_floats(attrs)})["window_left"] == 3
+    assert "window_left=3" in side_channel.SideChannel.of_attributes(attrs).encode()
+    assert "window_right" not in side_channel.SideChannel.of_attributes(attrs).encode()  # only away from its default
+    assert (
+        side_channel.resolve({"exact_floats": side_channel.SideChannel.of_attributes(attrs).encode()})["window_left"]
+        == 3
+    )
 
 
 @pytest.mark.parametrize("is_causal", [0, 1, 2])
@@ -168,7 +171,7 @@ def test_the_bridge_runs_the_window():
     """window_left reaches the kernel through the side channel of a node as the emitter writes it."""
     attrs = spec.validate({"scale": 0.5, "is_causal": 1, "window_left": 2})
     declared = {name: attrs[name] for name in spec.DECLARED}
-    declared["exact_floats"] = spec.exact_floats(attrs)
+    declared["exact_floats"] = side_channel.SideChannel.of_attributes(attrs).encode()
     node = h.make_node(spec.OP_TYPE, ["q", "k", "v", "bias", "mask"], ["o"], domain=spec.DOMAIN, **declared)
     node.attribute.append(h.make_attribute("window_left", 2))
     io = [h.make_tensor_value_info(x, TP.FLOAT, None) for x in ("q", "k", "v", "bias")]
@@ -316,7 +319,7 @@ def _fa_model(hq: int, hkv: int, d: int, attrs: dict, bias: bool = False) -> onn
     side channel carries the window), over q [B, Hq, S, D], k, v [B, Hkv, S, D]."""
     full = spec.validate(attrs)
     node_attrs = {name: full[name] for name in spec.DECLARED}
-    node_attrs["exact_floats"] = spec.exact_floats(full)
+    node_attrs["exact_floats"] = side_channel.SideChannel.of_attributes(full).encode()
     node_attrs.update({n: full[n] for n in spec.SIDE_CHANNEL_INTS if full[n] != spec.ATTRIBUTES[n].default})
     inputs = [
         h.make_tensor_value_info("q", TP.FLOAT, ["B", hq, "S", d]),

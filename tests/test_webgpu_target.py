@@ -26,7 +26,7 @@ from ortflash.checks.feeds import make_feeds
 from ortflash.checks.sessions import run_model
 from ortflash.lowering import OP_GQA, OP_MHA, TARGETS, lower
 from ortflash.lowering.webgpu import CAPABILITIES
-from ortflash.op import spec
+from ortflash.op import side_channel, spec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..")
@@ -51,7 +51,7 @@ def fa_model(hq=4, hkv=4, d=8, k_len="S", bias=None, mask=None, dtype=TP.FLOAT, 
             names.append(name)
     side = {k: attrs.pop(k) for k in list(attrs) if k in spec.SIDE_CHANNEL_INTS}
     node_attrs = spec.validate({**attrs, **side})
-    node_attrs["exact_floats"] = spec.exact_floats(node_attrs)
+    node_attrs["exact_floats"] = side_channel.SideChannel.of_attributes(node_attrs).encode()
     for k in spec.SIDE_CHANNEL_INTS:
         if k not in side:
             node_attrs.pop(k, None)

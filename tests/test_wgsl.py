@@ -359,11 +359,11 @@ def test_contract_features_through_an_ortflash_session():
     from onnx import TensorProto, helper
 
     import ortflash
-    from ortflash.op import spec
+    from ortflash.op import side_channel, spec
 
     attrs = spec.validate({"scale": 0.5, "is_causal": 2, "mask_fill": -100.0, "bias_after_mask": 1})
     declared = {name: attrs[name] for name in spec.DECLARED}
-    declared["exact_floats"] = spec.exact_floats(attrs)
+    declared["exact_floats"] = side_channel.SideChannel.of_attributes(attrs).encode()
     node = helper.make_node(spec.OP_TYPE, ["q", "k", "v", "bias", "mask"], ["o"], domain=spec.DOMAIN, **declared)
     node.attribute.append(helper.make_attribute("bias_after_mask", 1))
     io = [helper.make_tensor_value_info(x, TensorProto.FLOAT, None) for x in ("q", "k", "v", "bias")]
@@ -525,6 +525,10 @@ def test_policy_picks_the_shader(runner):
     wk.flash_attention(q, k, v, softmax="auto", min_seq_len=128)
     assert runner.last_plan["kernel"] == "naive"
     wk.flash_attention(q, k, v, policy=SoftmaxPolicy("online"), softmax="naive")
+    assert runner.last_plan["kernel"] == "flash"
+    # an override that sets only a size keeps the node's own mode (SoftmaxPolicy.for_node, as every
+    # kernel reads it); the wgpu kernel's own rule took the override whole and raised in choose
+    wk.flash_attention(q, k, v, policy=SoftmaxPolicy.from_options(block_size=32), softmax="online")
     assert runner.last_plan["kernel"] == "flash"
 
 

@@ -201,8 +201,7 @@ def validate(
     for node in fused:
         attrs = node_attributes(node)
         attrs.pop("exact_floats", None)
-        own = SoftmaxPolicy.from_attributes(attrs)
-        node_policy = policy.applied_to(own) if policy else own
+        node_policy = SoftmaxPolicy.for_node(attrs, policy)
         attrs.update(node_policy.attributes())
         q, k, v, bias_in, mask_in = (values[i] for i in node.input)
         bias, mask = spec.absent_as_none(bias_in, mask_in)

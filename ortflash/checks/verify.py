@@ -176,8 +176,7 @@ def _fixed_softmax(policy: SoftmaxPolicy) -> str | None:
 
 
 def _node_policy(node: onnx.NodeProto, override: SoftmaxPolicy | None) -> SoftmaxPolicy:
-    own = SoftmaxPolicy.from_attributes(node_attributes(node))
-    return override.applied_to(own) if override else own
+    return SoftmaxPolicy.for_node(node_attributes(node), override)
 
 
 def deployed_softmaxes(policy: SoftmaxPolicy) -> list[str]:

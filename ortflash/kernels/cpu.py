@@ -220,8 +220,7 @@ class KernelCall:
 
 def _resolve(attrs: dict[str, Any], policy: SoftmaxPolicy | None) -> KernelCall:
     attrs = spec.validate(attrs)
-    own = SoftmaxPolicy.from_attributes(attrs)
-    resolved = policy.applied_to(own) if policy is not None else own
+    resolved = SoftmaxPolicy.for_node(attrs, policy)
     return KernelCall(
         policy=resolved,
         scale=float(attrs["scale"]),

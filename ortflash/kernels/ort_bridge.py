@@ -21,8 +21,9 @@ import numpy as np
 from onnxruntime_extensions import PyCustomOpDef, _ocos, get_library_path, onnx_op
 
 from ..op import spec
+from ..op.side_channel import SideChannel
 from . import cpu
-from .config import KernelConfig, split_side_channel
+from .config import KernelConfig
 
 _ATTR_TYPES = {float: PyCustomOpDef.dt_float, int: PyCustomOpDef.dt_int64, str: PyCustomOpDef.dt_string}
 
@@ -63,34 +64,36 @@ class NodeCall:
         return kernel_for(self.config)(q, k, v, bias, mask, **self.attrs)
 
 
-def read_node(attrs: dict[str, Any]) -> NodeCall:
-    """A node's attributes split into its session's kernel configuration and the op's own
-    (SpecError where the compiled kernel's call cannot be resolved from them)."""
-    config, floats = split_side_channel(attrs.get("exact_floats"))
-    resolved = spec.resolve_exact_floats({**attrs, "exact_floats": floats})
+def node_call_of(attrs: dict[str, Any]) -> NodeCall:
+    """A node's attributes as the bridge delivers them, split into its session's kernel
+    configuration and the op's own (SpecError where the compiled kernel's call cannot be
+    resolved from them)."""
+    channel = SideChannel.decode(attrs.get("exact_floats"))
+    config = KernelConfig.of_side_channel(channel)
+    resolved = channel.resolved({**attrs, "exact_floats": channel.op_text})
     if config.backend != "cpu":
         return NodeCall(config, resolved)
     return NodeCall(config, resolved, cpu.prepare(resolved, threads=config.threads))
 
 
 @functools.lru_cache(maxsize=1024)
-def _read_node_cached(key: tuple[tuple[str, Any], ...]) -> NodeCall:
-    return read_node(dict(key))
+def _node_call_cached(key: tuple[tuple[str, Any], ...]) -> NodeCall:
+    return node_call_of(dict(key))
 
 
 def node_call(attrs: dict[str, Any]) -> NodeCall:
-    """:func:`read_node`, once per distinct attribute set.
+    """:func:`node_call_of`, once per distinct attribute set.
 
     The key is every attribute, the side channel included, so two sessions of one process
     with different kernel configurations (backend, threads) or policies read different
     entries. The bridge delivers the same attribute values on every call of a node.
     """
     try:
-        return _read_node_cached(tuple(attrs.items()))
+        return _node_call_cached(tuple(attrs.items()))
     except TypeError as error:  # an unhashable value: not from the bridge
         if "unhashable" not in str(error):
             raise
-        return read_node(attrs)
+        return node_call_of(attrs)
 
 
 def run_node(

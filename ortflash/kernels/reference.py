@@ -210,8 +210,7 @@ def flash_attention(
     empty = no_keys_output(q, k, v)
     if empty is not None:
         return empty
-    own = SoftmaxPolicy.from_attributes(attrs)
-    policy = policy.applied_to(own) if policy is not None else own
+    policy = SoftmaxPolicy.for_node(attrs, policy)
     attrs["block_size"] = policy.block_size
     qg, kg, vg, bias_g, mask_g, (b, hq, sq, sk) = _grouped(q, k, v, bias, mask)
     attrs["key_bounds"] = spec.key_bounds(attrs, sq, sk)

@@ -10,6 +10,7 @@ import onnx_ir as ir
 
 from . import spec
 from .policy import SoftmaxPolicy
+from .side_channel import SideChannel
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class FlashAttentionCall:
         )
         # The bridge hands float attributes to Python with 6 significant digits, and cannot pass
         # undeclared attributes: the side channel carries both.
-        attrs["exact_floats"] = spec.exact_floats(attrs)
+        attrs["exact_floats"] = SideChannel.of_attributes(attrs).encode()
         # An undeclared attribute is written only away from its default, so that nodes that do not
         # use it stay as earlier versions wrote them.
         for name in spec.SIDE_CHANNEL_INTS:

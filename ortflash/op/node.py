@@ -14,7 +14,7 @@ import onnx_ir as ir
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..model_io import graphs_of
-from . import spec
+from . import side_channel, spec
 from .call import FlashAttentionCall
 from .policy import SoftmaxPolicy
 
@@ -106,7 +106,7 @@ def node_attributes(node: ir.Node | onnx.NodeProto) -> dict[str, Any]:
         raw = {name: a.value for name, a in node.attributes.items()}
     # a NodeProto's strings come as bytes; the side channel is read as text
     raw = {name: value.decode() if isinstance(value, bytes) else value for name, value in raw.items()}
-    return spec.validate(spec.resolve_exact_floats(raw))
+    return spec.validate(side_channel.resolve(raw))
 
 
 def read_node(node: ir.Node) -> FlashAttentionCall:

@@ -92,6 +92,13 @@ class SoftmaxPolicy:
         values = {"softmax": self.mode, "block_size": self.block_size, "min_seq_len": self.min_seq_len}
         return {name: value for name, value in values.items() if value is not None}
 
+    @classmethod
+    def for_node(cls, attrs: dict[str, Any], override: SoftmaxPolicy | None) -> SoftmaxPolicy:
+        """The policy a node with these (validated) attributes runs under ``override``: the
+        override's fields where it sets them, the node's own elsewhere (None: the node's own)."""
+        own = cls.from_attributes(attrs)
+        return own if override is None else override.applied_to(own)
+
     def applied_to(self, own: SoftmaxPolicy) -> SoftmaxPolicy:
         """The policy a node whose own policy is ``own`` runs under this override."""
         return SoftmaxPolicy.from_attributes({**own.attributes(), **self.attributes()})

@@ -88,7 +88,7 @@ class Attribute:
     # Declared to the ONNX Runtime bridge. onnxruntime-extensions requires every declared
     # attribute on every node, so an attribute added after models were fused is not declared:
     # it is written on the node only when it differs from its default, and travels to the
-    # kernel through the exact_floats side channel (NAME=VALUE), see resolve_exact_floats.
+    # kernel through the exact_floats side channel (NAME=VALUE), see op/side_channel.py.
     declared: bool = True
 
 
@@ -104,7 +104,12 @@ ATTRIBUTES: dict[str, Attribute] = {
         Attribute("mask_fill", float, -math.inf, "score given to masked-out positions"),
         Attribute("masked_rows", str, "nan", "nan | zero: what a fully masked row yields"),
         Attribute("softcap", float, 0.0, "tanh soft cap on the scaled scores; 0 = none"),
-        Attribute("exact_floats", str, "", "bridge side channel: exact floats, and a session's kernel choice (below)"),
+        Attribute(
+            "exact_floats",
+            str,
+            "",
+            "bridge side channel: exact floats, and a session's kernel choice (op/side_channel.py)",
+        ),
         Attribute("bias_after_mask", int, 0, "1: the bias is added after the mask and causal fills", declared=False),
         Attribute(
             "window_left", int, -1, "keys j >= p - window_left (p: i + causal offset); -1 = unbounded", declared=False
@@ -124,55 +129,9 @@ SIDE_CHANNEL_INTS = tuple(name for name, a in ATTRIBUTES.items() if not a.declar
 # an ulp of 2**103), so a positive s rounds back to -2**127 only below half of that, 2**102.
 ABSORBING_FILL = -(2.0**127)
 
-# The ONNX Runtime bridge (onnxruntime-extensions) hands float attributes to Python
-# with 6 significant digits (0.17677669 arrives as 0.176777, float32's lowest as
-# -3.40282e+38, which then no longer equals a mask filled with the real lowest).
-# The rewrite therefore writes scale, mask_fill and softcap once more as exact
-# strings; a kernel takes the exact value only where it rounds to the float it got,
-# so an edited float attribute still wins.
-#
-# The bridge requires every declared attribute on every node, so no attribute can be
-# added without breaking models fused earlier. The same string therefore also carries,
-# on a session's in-memory copy only, which kernel runs the node: items named in
-# ortflash.kernels.config.RUNTIME_KEYS (backend=...;threads=...). They are not part of
-# the op's meaning, and saved models never carry them.
+# The floats the bridge rounds to 6 significant digits, written once more exactly in the
+# exact_floats side channel (op/side_channel.py, which says why and what else it carries).
 EXACT_FLOATS = ("scale", "mask_fill", "softcap")
-
-
-def exact_floats(attrs: dict[str, Any]) -> str:
-    """The side channel's text: the exact floats, then each undeclared attribute away from its default."""
-    items = [f"{name}={float(attrs[name])!r}" for name in EXACT_FLOATS]
-    items += [
-        f"{name}={int(attrs[name])}"
-        for name in SIDE_CHANNEL_INTS
-        if attrs.get(name, ATTRIBUTES[name].default) != ATTRIBUTES[name].default
-    ]
-    return ";".join(items)
-
-
-def resolve_exact_floats(attrs: dict[str, Any]) -> dict[str, Any]:
-    """attrs with float values replaced by their exact strings where those agree, and the
-    undeclared attributes the side channel carries added (the bridge cannot pass them)."""
-    text = attrs.get("exact_floats") or ""
-    out = dict(attrs)
-    for item in filter(None, text.split(";")):
-        name, _, value = item.partition("=")
-        if name in SIDE_CHANNEL_INTS:
-            try:
-                out[name] = int(value)
-            except ValueError:
-                pass  # left to validate's default; a garbled side channel is not the op's meaning
-            continue
-        if name not in EXACT_FLOATS or name not in attrs:
-            continue
-        try:
-            exact = float(value)
-        except ValueError:
-            continue
-        got = float(attrs[name])
-        if exact == got or float(f"{exact:.6g}") == float(f"{got:.6g}"):
-            out[name] = exact
-    return out
 
 
 class SpecError(ValueError):

@@ -121,7 +121,7 @@ def flash_attention(
     contract's attribute that the bridge passes as a keyword).
     """
     attrs = _validated(attrs, bias_after_mask)
-    policy = policy or SoftmaxPolicy.from_attributes(attrs)
+    policy = SoftmaxPolicy.for_node(attrs, policy)
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     empty = reference.no_keys_output(q, k, v)
     if empty is not None:  # no keys: zeros (spec.py), and no zero-size buffers for wgpu
@@ -173,6 +173,6 @@ def run_resident(
         result = to_host(o2)
     """
     attrs = _validated(attrs, bias_after_mask)
-    policy = policy or SoftmaxPolicy.from_attributes(attrs)
+    policy = SoftmaxPolicy.for_node(attrs, policy)
     kernel = "flash" if policy.choose(Problem.of(q, k, v).seq_k) == "online" else "naive"
     return runner().attention_resident(q, k, v, bias, mask, attrs=attrs, kernel=kernel, out=out)
