@@ -89,22 +89,74 @@ def run(folder: str, out_dir: str, budget_s: float) -> None:
         "by_stack": {stack: {FORM: v} for stack, v in forms.items()},
         "rows": rows,
     }
-    try:
-        import onnxruntime_ep_webgpu as wep
-
-        result["machine"]["onnxruntime_ep_webgpu"] = getattr(wep, "__version__", "?")
-    except ImportError:
-        pass
+    # the plugin module has no __version__; its EP device's metadata says it
+    result["machine"]["onnxruntime_ep_webgpu"] = next(
+        (dict(d.ep_metadata).get("version", "?") for d in ort.get_ep_devices() if d.ep_name == ep), "?"
+    )
     json.dump(result, open(os.path.join(out_dir, "crossover_webgpu.json"), "w"), indent=1)
 
 
-def table(json_path: str, md_path: str) -> None:
+# A table row's head dim bucket (forms.crossover reads a head dim <= 32 from the 32 row, one
+# between from both, >= 64 from the 64 row) and its stack: the kinds the stacks did not measure
+# take the padding row (forms.WEBGPU_CROSSOVERS), so an export's no-mask or full-bias block counts there.
+_STACK_OF_KIND = {"causal": "causal", "padding": "padding", "none": "padding", "bias": "padding"}
+
+
+def _buckets(head_dim: int | None) -> list[int]:
+    if head_dim is None:
+        return list(HEAD_DIMS)
+    if head_dim <= HEAD_DIMS[0]:
+        return [HEAD_DIMS[0]]
+    if head_dim >= HEAD_DIMS[-1]:
+        return [HEAD_DIMS[-1]]
+    return list(HEAD_DIMS)
+
+
+def fold_exports(data: dict[str, Any], exports: dict[str, Any], variant: str = FORM) -> None:
+    """Fold the held-out exports' ratios (benchmarks/webgpu_outside.py's JSON) into the stacks' rows:
+    per (stack, head dim) the least ratio any measurement gave at each length, and the crossover
+    of those (so a form is chosen only where no export and no stack measured it slower)."""
+    for r in exports["rows"]:
+        if "ms" not in r or not r.get("blocks") or r.get("lowered") == 0:
+            continue  # an export whose blocks all kept their ops measures no form
+        ratios = {s: ms["original"] / ms[variant] for s, ms in r["ms"].items() if variant in ms and "original" in ms}
+        for block in {(b["kind"], b["head_dim"]) for b in r["blocks"]}:
+            stack = _STACK_OF_KIND.get(block[0])
+            if stack is None or stack not in data["by_stack"]:
+                continue
+            # the causal stack's original is Attention-23, which the EP runs on the CPU: it stands for no
+            # export, so every causal export's ratios count in both of its rows (no export has D = 64)
+            for d in _buckets(None if stack == "causal" else block[1]):
+                row = data["by_stack"][stack][FORM].get(str(d))
+                if row is None:
+                    continue
+                row.setdefault("exports", {})[r["model"]] = {s: round(x, 3) for s, x in ratios.items()}
+    for by_form in data["by_stack"].values():
+        for row in by_form[FORM].values():
+            least: dict[int, float | None] = {int(s): x for s, x in row["ratios"].items()}
+            row["stack_crossover"] = crossover(least)
+            for got in row.get("exports", {}).values():
+                for s, x in got.items():
+                    s = int(s)
+                    least[s] = x if least.get(s) is None else min(x, least[s])  # type: ignore[type-var]
+            row["least_ratios"] = {str(s): least[s] for s in sorted(least)}
+            row["crossover"] = crossover(least)
+    data["forms"] = {FORM: data["by_stack"]["padding"][FORM]} if "padding" in data["by_stack"] else {}
+    data["exports"] = {"date": exports["date"], "machine": exports["machine"], "models": len(exports["rows"])}
+
+
+def table(json_path: str, md_path: str, exports_path: str | None = None) -> None:
     data = json.load(open(json_path))
+    if exports_path:
+        fold_exports(data, json.load(open(exports_path)))
+        json.dump(data, open(json_path, "w"), indent=1)
     lines = [
         "# Where `--target webgpu` beats the original on ONNX Runtime's WebGPU EP",
         "",
         f"- date: {data['date']}; {data['machine']}",
-        "- command: `benchmarks/cuda_gpu_run.sh webgpu` after `python benchmarks/crossover_webgpu.py make build/cuda_run/xwebgpu`",
+        "- command: `bash benchmarks/webgpu_gpu_run.sh stacks` (stock onnxruntime 1.31.1 + the plugin) after "
+        "`python benchmarks/crossover_webgpu.py make build/webgpu_run/xwebgpu`; with `--exports`: `python "
+        "benchmarks/crossover_webgpu.py table JSON --exports benchmarks/results/webgpu_outside.json`",
         f"- models: benchmarks/cpu_attention.py's stacks, {data['layers']} layers of {data['heads']} heads; batch 1; ratio = "
         f"original ms / webgpu ms, same process, alternating rounds; crossover: the least S with ratio >= {data['win']} "
         "there and >= 1 at every larger S",
@@ -115,7 +167,52 @@ def table(json_path: str, md_path: str) -> None:
     for stack, by_form in data["by_stack"].items():
         for d, row in by_form[FORM].items():
             cells = xg.ratio_cells(row, data["seq_lens"])
-            lines.append(f"| {stack} | {d} | " + " | ".join(cells) + f" | {row['crossover']} |")
+            lines.append(
+                f"| {stack} | {d} | " + " | ".join(cells) + f" | {row.get('stack_crossover', row['crossover'])} |"
+            )
+    if "exports" in data:
+        lines += [
+            "",
+            f"## With the held-out exports (benchmarks/results/webgpu_outside.md, {data['exports']['date']}, "
+            f"{data['exports']['models']} model runs)",
+            "",
+            "The table's crossover (forms.WEBGPU_CROSSOVERS): per length the least ratio of the stack and of every export "
+            "with a block of that kind and head dim (D <= 32 in the 32 row; no-mask and full-bias blocks in the padding row; "
+            "causal exports in both causal rows, since the causal stack's original, Attention-23, runs on the CPU), "
+            "then the rule above.",
+            "",
+            "| stack | head dim | exports | "
+            + " | ".join(
+                f"S={s}"
+                for s in sorted(
+                    {
+                        int(s)
+                        for by in data["by_stack"].values()
+                        for row in by[FORM].values()
+                        for s in row.get("least_ratios", {})
+                    }
+                )
+            )
+            + " | crossover |",
+        ]
+        lens = sorted(
+            {
+                int(s)
+                for by in data["by_stack"].values()
+                for row in by[FORM].values()
+                for s in row.get("least_ratios", {})
+            }
+        )
+        lines.append("|---|---|---|" + "---|" * (len(lens) + 1))
+        for stack, by_form in data["by_stack"].items():
+            for d, row in by_form[FORM].items():
+                least = row.get("least_ratios", {})
+                cells = [f"{least[str(s)]:.2f}" if least.get(str(s)) is not None else "-" for s in lens]
+                lines.append(
+                    f"| {stack} | {d} | {len(row.get('exports', {}))} | "
+                    + " | ".join(cells)
+                    + f" | {row['crossover']} |"
+                )
     lines += ["", "| stack | D | S | original ms | webgpu ms | max abs diff |", "|---|---|---|---|---|---|"]
     for r in data["rows"]:
         lines.append(
@@ -125,14 +222,14 @@ def table(json_path: str, md_path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return xg.main(
-        __doc__,
-        "benchmarks/results/crossover_webgpu.md",
+    steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/crossover_webgpu.md", device=None)
+    steps.run.add_argument("--budget-s", type=float, default=150.0)
+    steps.table.add_argument("--exports", help="benchmarks/webgpu_outside.py's JSON, folded into the rows")
+    return steps.call(
         argv,
-        make=lambda folder: xg.make(folder, CASES, FORM),
-        run=run,
-        table=table,
-        budget_s=150.0,
+        make=lambda args: xg.make(args.folder, CASES, FORM),
+        run=lambda args: run(args.folder, args.out, args.budget_s),
+        table=lambda args: table(args.json, args.md, args.exports),
     )
 
 
