@@ -11,7 +11,8 @@ Runtime and match the quantized original.
 ``<name>.qdq.onnx`` (quantize_static, QDQ format, per-tensor, calibrated on 4 random batches from
 ortflash.checks.feeds.make_feeds; it also quantizes attention's own MatMuls, so the Softmax sits
 between QuantizeLinear nodes and no block is fused) and ``<name>.qdqw.onnx`` (the same with
-attention's MatMuls, those of two computed operands, excluded: QDQ on the projections only).
+attention's MatMuls, those of two computed operands, excluded, and only MatMul/Gemm quantized:
+QDQ on the projections only, as a model quantized for its weights is).
 ``--kinds`` picks some. A model the quantizer fails on is skipped with its error.
 
 ``measure`` runs each model in its own process: ortflash.optimize(target="onnx"), then an
@@ -85,9 +86,17 @@ def build(paths: list[str], out: Path, kinds: list[str]) -> None:
                 if kind == "dyn":
                     quantize_dynamic(path, target)
                 else:
-                    excluded = _attention_matmuls(model) if kind == "qdqw" else []
+                    # qdqw: only the projections' MatMul/Gemm (a Softmax is quantized by default too)
+                    projections = {
+                        "nodes_to_exclude": _attention_matmuls(model),
+                        "op_types_to_quantize": ["MatMul", "Gemm"],
+                    }
                     quantize_static(
-                        path, target, Random(model), quant_format=QuantFormat.QDQ, nodes_to_exclude=excluded
+                        path,
+                        target,
+                        Random(model),
+                        quant_format=QuantFormat.QDQ,
+                        **(projections if kind == "qdqw" else {}),
                     )
                 print(f"{target}: written")
             except Exception as exc:  # noqa: BLE001 - the quantizer's own failures are a skipped model

@@ -76,6 +76,9 @@ class Report:
     # what the pipeline did to the model as a whole (an opset conversion), one sentence each
     notes: list[str] = field(default_factory=list)
     target: TargetChoice | None = None
+    # with nothing fused: the written model is not the input as it was (its IR version stamped, the
+    # FlashAttention nodes it already had lowered); the notes say how
+    rewritten: bool = False
 
     @property
     def fused(self) -> int:
@@ -83,7 +86,8 @@ class Report:
 
     def summary(self) -> str:
         if not self.blocks:
-            return f"{self.model}: no Softmax or Attention node, nothing to fuse; the model is written unchanged"
+            written = "as the notes below say" if self.rewritten else "unchanged"
+            return f"{self.model}: no Softmax or Attention node, nothing to fuse; the model is written {written}"
         return f"{self.model}: {self.fused} of {len(self.blocks)} attention blocks (Softmax or Attention nodes) fused"
 
     def to_dict(self) -> dict[str, Any]:

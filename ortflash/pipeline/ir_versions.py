@@ -17,7 +17,13 @@ from onnx import TensorProto, helper
 
 from ..errors import OrtflashError
 
-__all__ = ["IrVersionNeed", "ir_version_onnxruntime_loads", "least_ir_version", "stamp_loadable_ir_version"]
+__all__ = [
+    "IrVersionNeed",
+    "ir_version_onnxruntime_loads",
+    "least_ir_version",
+    "loadable_ir_version",
+    "stamp_loadable_ir_version",
+]
 
 IrVersionNeed = tuple[int, str]  # (IR version, the first thing in the model that needs it)
 
@@ -59,6 +65,21 @@ def stamp_loadable_ir_version(model: onnx.ModelProto, loads: int | None = None) 
     why = f"needs {needed} ({what})" if needed > 3 else "needs no newer one"
     note = f"IR version {model.ir_version} stamped {highest}, the newest ONNX Runtime {ort.__version__} loads (the model {why})"
     return out, note
+
+
+def loadable_ir_version(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
+    """``model`` stamped with the IR version ONNX Runtime loads where nothing in it needs a newer
+    one, the note saying so added to ``notes``; ``model`` itself where it is loadable as it is, or
+    needs the newer version (the load check then says ONNX Runtime cannot take it). optimize writes
+    every model through this, fused or not: a model with nothing to fuse is written at the IR
+    version a fused one would be (issue 33 item 6)."""
+    try:
+        out, stamped = stamp_loadable_ir_version(model)
+    except OrtflashError:
+        return model
+    if stamped is not None:
+        notes.append(stamped)
+    return out
 
 
 @functools.lru_cache(maxsize=1)

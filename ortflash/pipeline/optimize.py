@@ -32,13 +32,12 @@ from ..op.policy import SoftmaxPolicy
 from ..report import Report, TargetChoice
 from . import forms
 from .fused_rows import prove_heads
-from .ir_versions import stamp_loadable_ir_version
+from .ir_versions import loadable_ir_version
 from .length_dispatch import Threshold, dispatch
 from .native_attention import native_attention_note
 from .target_choice import AUTO, LoadCheck, choose_default, choose_for_ep
 
 __all__ = ["AUTO", "EXECUTION_PROVIDERS", "LoadCheck", "OrtflashError", "load", "optimize", "save"]
-
 
 
 def optimize(
@@ -61,7 +60,9 @@ def optimize(
     (If branches, Loop and Scan bodies included: their rows are named ``If_0.then_branch/...``).
 
     Returns the new model and a Report with one Block per Softmax; when nothing is fused, the
-    input model itself (never a rewritten copy). Shapes come from ONNX shape inference, or
+    input model itself, but for an IR version newer than ONNX Runtime loads (stamped, as a fused
+    model is) and FlashAttention nodes it already had, which a portable target lowers
+    (``Report.rewritten``; where they cannot be lowered, OrtflashError says so). Shapes come from ONNX shape inference, or
     ONNX Runtime's symbolic one where ONNX's leaves ranks unknown (``Report.shape_inference``).
     The softmax policy comes from ``policy``, else ``softmax`` (naive|online|auto), else the
     proposal's switch ``online_softmax`` (True -> auto, False/None -> naive).
@@ -121,6 +122,7 @@ def optimize(
             model, report = _unlowered_kept(
                 proto, shaped, policy, num_heads, prove_causal, (model, report), target, folder
             )
+        _refuse_flash_left(model, report, target)
         report.target = TargetChoice(requested=target, ep=ep, chosen=target, why="asked for")
         return model, report
     check = load_check or _default_load_check(model_or_path, proto)
@@ -386,7 +388,9 @@ def _lower_for(
     model file's, where its external data is."""
     report = copy.deepcopy(fusion_report)
     if not report.fused:
-        return original, report
+        out = loadable_ir_version(_lower_already_fused(original, report, target, folder), report.notes)
+        report.rewritten = out is not original
+        return out, report
     out = fused
     if not REGISTRY[target].needs_ortflash:
         # the lowering proves from the shapes the rules proved from (subgraphs' included)
@@ -403,13 +407,41 @@ def _lower_for(
         out.CopyFrom(fused)
     _strip_given_head_counts(out)
     _keep_declared_value_info(original, out)
-    try:  # onnx's make_model stamps IR versions newer than ONNX Runtime reads (ir_versions.py)
-        out, stamped = stamp_loadable_ir_version(out)
-    except OrtflashError:
-        stamped = None  # the model needs the newer IR version: the load check says ONNX Runtime cannot take it
-    if stamped is not None:
-        report.notes.append(stamped)
-    return out, report
+    # onnx's make_model stamps IR versions newer than ONNX Runtime reads (ir_versions.py)
+    return loadable_ir_version(out, report.notes), report
+
+
+def _lower_already_fused(model: onnx.ModelProto, report: Report, target: str, folder: str | None) -> onnx.ModelProto:
+    """The FlashAttention nodes a model with nothing left to fuse already has (an ortflash output
+    optimized again) lowered for a target that runs without ortflash, as ortflash.lower does
+    (issue 33 item 13: they were written back unchanged); a node the target cannot lower stays,
+    and optimize refuses the model for a target asked for by name (_refuse_flash_left)."""
+    if REGISTRY[target].needs_ortflash or not flash_nodes(model):
+        return model
+    out, notes = lower(model, target, folder)
+    lowered = [n.op for n in notes if n.lowered]
+    if lowered:
+        ops = ", ".join(f"{lowered.count(op)} {op}" for op in sorted(set(lowered)))
+        report.notes.append(f"the model's {len(lowered)} FlashAttention node(s) lowered for --target {target} ({ops})")
+    report.notes += [f"{_NOT_LOWERED}{n.node_name}: {n.reason}" for n in notes if not n.lowered]
+    return out
+
+
+_NOT_LOWERED = "a FlashAttention node the model already had was not lowered: "
+
+
+def _refuse_flash_left(model: onnx.ModelProto, report: Report, target: str) -> None:
+    """A portable target asked for by name never writes a FlashAttention node: those the input
+    already had and the target cannot lower make the model one to optimize from its original."""
+    left = flash_nodes(model)
+    if not left or REGISTRY[target].needs_ortflash:
+        return
+    why = next((n[len(_NOT_LOWERED) :] for n in report.notes if n.startswith(_NOT_LOWERED)), left[0].name)
+    raise OrtflashError(
+        f"the model already has {len(left)} FlashAttention node(s) (an ortflash output) that --target {target} "
+        f"cannot lower ({why.split('; ')[0]}): optimize the model from before ortflash with --target {target}, "
+        "or run this one with ortflash.session_options()"
+    )
 
 
 def _strip_given_head_counts(model: onnx.ModelProto) -> None:
