@@ -170,3 +170,13 @@ def test_vit_constant_bias_is_dropped() -> None:
         assert set(node.input[3:]) <= scalars, list(node.input)
     diffs = verify(model, fused, make_feeds(model, batch=2))
     assert all(d.ok for d in diffs)
+
+
+def test_a_causal_bias_filled_with_float16_lowest_is_refused_with_the_reason() -> None:
+    """Issue 33 item 18: s + -65504 is not -65504 (nor in float16 for |s| >= 16), and a row whose
+    visible keys are all padded weighs its hidden keys by their scores: not exact, refused."""
+    from test_causal_proof import _decoder
+
+    _, report = ortflash.optimize(_decoder(fill=float(np.finfo(np.float16).min)), target="ortflash")
+    assert [b.mask_kind for b in report.blocks] == ["bias", "bias"]
+    assert all("-65504 (float16's lowest)" in b.reason and "no unpadded key" in b.reason for b in report.blocks)
