@@ -17,9 +17,14 @@ the raw rows webgpu_capabilities.json, and tests/test_webgpu_target.py checks th
   by out + 0·ReduceMax(bias row); a row whose bias is one value <= -2**127 everywhere
   (float32-lowest, what transformers writes) is the mean of V, by Where. The probe found the EP
   right on such rows, but the zoo's GPT-2 and Llama blocks lowered to plain MultiHeadAttention
-  were wrong on it (benchmarks/results/webgpu_zoo.md, error 1.2 and 1.4, the fill float32-lowest
-  in every failing block, -inf in every passing causal one); whether the written-out rows make
-  them right there is not yet measured.
+  were wrong on it (error 1.2 and 1.4, the fill float32-lowest); with the rows written out all 8
+  GPT-2 and Llama exports are right on the EP (benchmarks/results/webgpu_zoo_decoders.md).
+- The guard costs nodes, and the EP pays per node (ORT's WebGPU EP has no And or IsNaN kernel:
+  those run on the CPU, behind a GPU->CPU copy), so it is written in as few as the mask allows
+  (guard_rows): none where no row can be fully masked, one Where on the row maximum where the
+  bias's values are known and one of them absorbs a score, and the bias with its row statistics
+  once per graph for the blocks that read the same mask (issue 31 item 2: held-out exports at
+  S=128 1.10x the original, were 0.59x; benchmarks/results/webgpu_outside.md).
 
 Every exactness argument of the contrib target (ortflash/lowering/__init__.py) holds here: the same
 additive bias, the same float32 computation between casts for float16 blocks.
