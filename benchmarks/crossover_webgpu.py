@@ -136,9 +136,9 @@ def fold_exports(data: dict[str, Any], exports: dict[str, Any], variant: str = F
             least: dict[int, float | None] = {int(s): x for s, x in row["ratios"].items()}
             row["stack_crossover"] = crossover(least)
             for got in row.get("exports", {}).values():
-                for s, x in got.items():
-                    s = int(s)
-                    least[s] = x if least.get(s) is None else min(x, least[s])  # type: ignore[type-var]
+                for length, x in got.items():
+                    seen = least.get(int(length))
+                    least[int(length)] = x if seen is None else min(x, seen)
             row["least_ratios"] = {str(s): least[s] for s in sorted(least)}
             row["crossover"] = crossover(least)
     data["forms"] = {FORM: data["by_stack"]["padding"][FORM]} if "padding" in data["by_stack"] else {}
@@ -148,7 +148,14 @@ def fold_exports(data: dict[str, Any], exports: dict[str, Any], variant: str = F
 def table(json_path: str, md_path: str, exports_path: str | None = None) -> None:
     data = json.load(open(json_path))
     if exports_path:
-        fold_exports(data, json.load(open(exports_path)))
+        runs = [json.load(open(p)) for p in exports_path.split(",")]
+        merged = dict(runs[0])
+        if len(runs) > 1:  # several runs of the same exports: each row counts, named by its run
+            merged["rows"] = [
+                dict(r, model=f"{r['model']} (run {i})") for i, d in enumerate(runs, 1) for r in d["rows"]
+            ]
+            merged["date"] = " and ".join(d["date"] for d in runs)
+        fold_exports(data, merged)
         json.dump(data, open(json_path, "w"), indent=1)
     lines = [
         "# Where `--target webgpu` beats the original on ONNX Runtime's WebGPU EP",
@@ -224,7 +231,9 @@ def table(json_path: str, md_path: str, exports_path: str | None = None) -> None
 def main(argv: list[str] | None = None) -> int:
     steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/crossover_webgpu.md", device=None)
     steps.run.add_argument("--budget-s", type=float, default=150.0)
-    steps.table.add_argument("--exports", help="benchmarks/webgpu_outside.py's JSON, folded into the rows")
+    steps.table.add_argument(
+        "--exports", help="benchmarks/webgpu_outside.py's JSON (several: comma-separated runs), folded into the rows"
+    )
     return steps.call(
         argv,
         make=lambda args: xg.make(args.folder, CASES, FORM),
