@@ -32,7 +32,7 @@ from .args import (
     pipeline_options,
 )
 from .inputs import check_dims, check_seq_lens
-from .output import print_report, write_json
+from .output import print_report, quantizer_caveat, write_json
 from .verify import verify_and_print
 
 if TYPE_CHECKING:
@@ -111,6 +111,18 @@ def _tune_settings(args: argparse.Namespace) -> TuneSettings | None:
         return None
     cache = args.tune_cache if args.tune_cache is not None else default_cache_dir()
     return TuneSettings(tuple(args.seq_lens or ()), cache_dir=None if cache == "none" else cache)
+
+
+def _verification_document(verification: Verification | None, caveat: str) -> dict | None:
+    """--json's verification; ``vouched`` false, with the reason as a note, where matching outputs
+    on random inputs do not vouch for the model (issue 33 item 3)."""
+    if verification is None:
+        return None
+    document = verification.to_dict()
+    document["vouched"] = bool(verification.ok and not caveat)
+    if caveat:
+        document["notes"] = [*document["notes"], f"not vouched for: {caveat}"]
+    return document
 
 
 def _unverified_path(out_path: str) -> str:
@@ -203,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
                 "ortflash (ortflash.session_options()) to run"
             )
     source_dir = os.path.dirname(os.path.abspath(args.model))
+    caveat = quantizer_caveat(report, args) if args.verify else ""
 
     def finish(code: int, output: str | None, verification: Verification | None = None) -> int:
         write_json(
@@ -213,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
                 model=args.model,
                 output=output,
                 report=report,
-                verification=verification.to_dict() if verification else None,
+                verification=_verification_document(verification, caveat),
             ),
         )
         return code
@@ -227,7 +240,9 @@ def run(args: argparse.Namespace) -> int:
         return finish(EXIT_MISMATCH, None)
     verification = None
     if args.verify:  # each fused node as written, the policy just chosen
-        verification = verify_and_print(args.model, model, None, args, console, weights_dir=source_dir)
+        verification = verify_and_print(
+            args.model, model, None, args, console, weights_dir=source_dir, unvouched=caveat
+        )
         if not verification.ok:
             unverified = _unverified_path(out_path)
             save(model, unverified, source_dir=source_dir)

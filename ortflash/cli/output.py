@@ -101,6 +101,20 @@ def print_report(report: Report, console: Console) -> None:
         )
 
 
+def quantizer_caveat(report: Report, args: argparse.Namespace) -> str:
+    """Why --verify on random inputs cannot vouch for this model ('' where it can): fused blocks feed
+    a quantizer, whose integers a float32 rounding difference can change on the user's inputs only
+    (Kokoro int8: 40,200 audio samples instead of 42,000, with random inputs matching), and no
+    --feeds gave those inputs. The rows are the ones print_report marks, whatever the target."""
+    marked = [b.name for b in report.blocks if b.fused and b.rounding]
+    if not marked or getattr(args, "feeds", None):
+        return ""
+    return (
+        f"{len(marked)} fused block(s) feed a quantizer, where a float32 rounding difference can become another "
+        "integer on real inputs: random inputs cannot vouch for it; verify with your inputs (--verify --feeds F.npz)"
+    )
+
+
 def write_error_json(command: str, json_path: str | None, model: str | None, code: int, message: str) -> None:
     """A run that ended in an error (exit 2: bad input or usage; 130: interrupted; 1: a bug in
     ortflash) still writes its --json document, of the same shape, so a script reading the file
