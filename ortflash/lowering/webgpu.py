@@ -47,7 +47,8 @@ from .measured import Capability, CapabilityTable
 from .read import ABSORBING_FILL, CallDims, aligned_batch, call_dims
 
 # (form, case) -> what the WebGPU EP did, measured 2026-11-30 on an NVIDIA H200 with onnxruntime
-# 1.32.0 + onnxruntime-ep-webgpu 0.4.0 (benchmarks/results/webgpu_capabilities.md). Forms and cases
+# 1.32.0 + onnxruntime-ep-webgpu 0.4.0, re-measured 2026-12-02 on onnxruntime 1.31.1 + the same
+# plugin, driver 580.159.04: all 67 rows the same (benchmarks/results/webgpu_capabilities.md). Forms and cases
 # are benchmarks/webgpu_capabilities.py's; only the rows the choices below read are copied here.
 CAPABILITIES = CapabilityTable(
     {
