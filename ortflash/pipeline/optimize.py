@@ -129,6 +129,15 @@ def optimize(
     if target == AUTO:
         assert ep is not None
         model, report = choose_for_ep(ep, run, check)
+        chosen_target = report.target.chosen if report.target is not None else None
+        if chosen_target in REGISTRY and not REGISTRY[chosen_target].needs_ortflash:
+            # an EP's portable target never leaves FlashAttention either: the EP cannot run it
+            # (gemma2's softcap blocks under --ep webgpu came out FlashAttention, exit 0)
+            choice = report.target
+            model, report = _unlowered_kept(
+                proto, shaped, policy, num_heads, prove_causal, (model, report), chosen_target, folder
+            )
+            report.target = choice
     else:
         model, report = choose_default(run, check)
     if seq_lens is not None and (not seq_lens or min(seq_lens) < 1):

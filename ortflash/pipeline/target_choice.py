@@ -62,12 +62,12 @@ def choose_for_ep(
     if staying == report.fused:
         why = (
             f"no target of {', '.join(candidates)} lowers any block: written for {candidate}, the first that loads, "
-            f"with all {staying} fused block(s) FlashAttention (they need ortflash, on the CPU)"
+            f"where those block(s) keep their original ops"
         )
     else:
         why = (
             f"no target of {', '.join(candidates)} lowers every block; {candidate} lowers the most, "
-            f"and {staying} block(s) stay FlashAttention (they need ortflash, on the CPU)"
+            f"and {staying} block(s) it cannot lower keep their original ops"
         )
     # the chosen one is said in `why`; `tried` lists the others passed over
     others = [t for t in tried if not t.startswith(f"{candidate}:")]
