@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from attention_graphs import Variant, batch_one_only, broadcast_block, build, projected_block
 
@@ -134,18 +135,20 @@ def test_wgpu_runs_with_a_private_runtime_dir_when_none_is_usable(tmp_path, give
 
 
 @pytest.mark.parametrize("target", [[], ["--target", "auto", "--ep", "cpu"]])
-def test_an_input_onnx_runtime_cannot_load_is_bad_input(tmp_path, capsys, target):
-    """Item 4: an IR version newer than ONNX Runtime reads (onnx 1.23's make_model writes 14) gave
-    exit 1 and "could not load the optimized model"; the input is the problem."""
+def test_an_input_at_an_ir_version_onnx_runtime_cannot_load_is_written_at_one_it_loads(tmp_path, capsys, target):
+    """Item 4 of an earlier round gave exit 1 and "could not load the optimized model" for an IR
+    version newer than ONNX Runtime reads (onnx 1.23's make_model writes 14); issue 33 item 6 then
+    asked that a model with nothing fused be treated as one with a block: written at the IR version
+    ONNX Runtime loads, with the note, exit 0, whatever the default does with the block."""
     model = build(Variant())
     model.ir_version = 14
     path, out = str(tmp_path / "ir14.onnx"), tmp_path / "out.onnx"
     onnx.save(model, path)
-    assert main(["optimize", path, "-o", str(out), *target]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"could not load the input model {path}" in err[0], err
-    assert "IR version: 14" in err[0] and err[0].endswith("nothing written")
-    assert not out.exists() and not os.path.exists(str(out).replace(".onnx", ".unverified.onnx"))
+    assert main(["optimize", path, "-o", str(out), *target]) == 0
+    written = onnx.load(str(out))
+    assert written.ir_version <= 13
+    ort.InferenceSession(written.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert "IR version" in capsys.readouterr().out
 
 
 def test_assert_fuses_says_fewer_or_more_blocks_than_expected():

@@ -129,7 +129,7 @@ def optimize(
     if target == AUTO:
         assert ep is not None
         model, report = choose_for_ep(ep, run, check)
-        chosen_target = report.target.chosen if report.target is not None else None
+        chosen_target = report.target.chosen if report.target is not None else ""
         if chosen_target in REGISTRY and not REGISTRY[chosen_target].needs_ortflash:
             # an EP's portable target never leaves FlashAttention either: the EP cannot run it
             # (gemma2's softcap blocks under --ep webgpu came out FlashAttention, exit 0)
