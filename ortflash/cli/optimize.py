@@ -58,8 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--target",
         choices=(*TARGETS, AUTO),
         default=None,
-        help="; ".join(f"{t.name}: {t.summary}" for t in REGISTRY.values()) + ". A block no "
-        "native op computes exactly stays FlashAttention. auto (with --ep): per model, the first target that "
+        help="; ".join(f"{t.name}: {t.summary}" for t in REGISTRY.values()) + ". Under a "
+        "portable target, a block its op cannot compute exactly keeps its original ops. auto (with --ep): per model, the first target that "
         "runs natively on that EP, lowers every block and loads (default: ortflash, or contrib / onnx where "
         "fused blocks feed a quantizer)",
     )
