@@ -175,11 +175,19 @@ def mha_operands(
     """MultiHeadAttention's query, key and value [B, S, H·D] (key/value heads repeated for
     grouped-query blocks) and its attention_bias with every mask and causality folded in (None
     where there is none), as the GPU targets write them."""
+    q3, k3, v3, lengths = bsd_operands(e, q, k, v, hq, hkv, reuse, parts)
+    bias = layout.additive_bias(e, call, lengths, fold_causal=True, avoid_lowest=False)
+    return q3, k3, v3, bias
+
+
+def bsd_operands(
+    e: Emitter, q: ir.Value, k: ir.Value, v: ir.Value, hq: int, hkv: int, reuse: bool, parts: list[str]
+) -> tuple[ir.Value, ir.Value, ir.Value, layout.SeqLengths]:
+    """Query, key and value as [B, S, H·D] (key/value heads repeated for grouped-query blocks),
+    and their lengths."""
     q3 = layout.to_bsd(e, q, hq, reuse)
     if hkv != hq:
         k3, v3 = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
     else:
         k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
-    lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
-    bias = layout.additive_bias(e, call, lengths, fold_causal=True, avoid_lowest=False)
-    return q3, k3, v3, bias
+    return q3, k3, v3, layout.SeqLengths(q=(q3, 1), k=(k3, 1))

@@ -142,12 +142,7 @@ def _multi_head_attention(
     """MultiHeadAttention [B, Sq, Hq·Dv] with every mask in attention_bias, and what fully masked
     rows need (guard_rows)."""
     hq, hkv = heads
-    q3 = layout.to_bsd(e, q, hq, reuse)
-    if hkv != hq:
-        k3, v3 = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
-    else:
-        k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
-    lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
+    q3, k3, v3, lengths = native.bsd_operands(e, q, k, v, hq, hkv, reuse, parts)
     key = _share_key(call, dims)
     masks = call.bias is not None or call.mask is not None or _bounded(call)
     pre = expanded = None
