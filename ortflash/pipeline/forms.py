@@ -4,7 +4,8 @@ original ops.
 
 The tables come from committed benchmarks, one per execution provider (``TABLES``): the CPU EP's
 (``CPU_CROSSOVERS``, ``benchmarks/crossover.py``, one per CPU class: AVX-512, AVX2 and the generic
-build, chosen per optimize call, default the running kernel build's; a row per mask kind) and the WebGPU EP's
+build, chosen per optimize call, default the running kernel build's; a row per mask kind, bounded
+where measured by real-size exports, ``benchmarks/crossover_real_size.py``) and the WebGPU EP's
 (``WEBGPU_CROSSOVERS``, ``benchmarks/crossover_webgpu.py``), measured in float32 and taken for
 every element type; and the CUDA EP's, one per element type (``CUDA_CROSSOVERS``,
 ``benchmarks/crossover_cuda.py``). Each gives, per form and head dim, the
@@ -86,6 +87,18 @@ RESULTS_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
 BORROWED: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {"avx512": MappingProxyType({"causal": "avx2", "bias": "avx2"})}
 )
+# CPU class -> mask kind -> the results files of benchmarks/crossover_real_size.py: the project's
+# real-size exports (models/real_size_exports.py: MiniLM-sized, a 6x64 BERT, a ViT-S) run with their
+# blocks fused. A stack's crossover does not always carry to a real export (AVX2: naive from the
+# stack's 256 keys ran 0.84x at S=256 on the 6-head BERT), so a row listed here takes, for the
+# FlashAttention forms (REAL_SIZE_FORMS), the later of the stack's crossover and the exports' bound:
+# the latest export crossover at that head dim, or, where an export won at no length it was run at,
+# the stack's next measured length past its longest (not checked on the exports there). The
+# contrib and onnx rows are the stack's: the exports ran ortflash's op only.
+REAL_SIZE_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {"avx2": MappingProxyType({"padding": ("crossover_real_size_avx2",)})}
+)
+REAL_SIZE_FORMS = ("naive", "online")
 # The generic build is slower than both vector builds, and was not measured: it takes, per entry,
 # the later crossover of the two classes (never, where either never wins).
 GENERIC_FROM = ("avx512", "avx2")
@@ -94,6 +107,12 @@ GENERIC_FROM = ("avx512", "avx2")
 def results_path(kind: str, cpu_class: str = "avx2") -> str:
     files = RESULTS_FILES.get(cpu_class, RESULTS_FILES["avx2"])[kind]
     return f"benchmarks/results/{files[0]}.md"
+
+
+def results_paths(kind: str, cpu_class: str) -> list[str]:
+    """The results files a row was read from: the stack's, then the real-size exports' where listed."""
+    exports = REAL_SIZE_FILES.get(cpu_class, {}).get(kind, ())
+    return [results_path(kind, cpu_class), *(f"benchmarks/results/{name}.md" for name in exports)]
 
 
 def _rows(
@@ -134,18 +153,21 @@ def _slower(*tables: Table) -> Table:
 
 
 # mask kind -> form -> head dim -> the least key length from which the form ran faster than the
-# original ops on the CPU EP in every run of RESULTS_FILES: the largest of their crossovers, so a
-# form is chosen only where no measurement says it is slower. None: at no measured length up to
-# MEASURED_UP_TO in one of them.
+# original ops on the CPU EP in every run of RESULTS_FILES (and, for REAL_SIZE_FORMS, of
+# REAL_SIZE_FILES): the largest of their crossovers, so a form is chosen only where no measurement
+# says it is slower. None: at no measured length up to MEASURED_UP_TO in one of them.
 # AVX2: this project's 2-core AMD EPYC (Zen 3, no AVX-512), CPU time at one thread, two rounds per
 # run, S = 16, 64, 256, 512, 1024, 2048, 2026-12-02, at load 7-17 (a shared machine), with the
 # kernel of issue 30 items 1-2 (worker pool, buffer reuse, direct path to 64 rows): with a padding
-# mask fused from 256 keys, where the older kernel won from 512-2048. The older kernel's wall-time
-# run (crossover_cpu_wall, 2026-12-01) no longer bounds the rows: wall time at this load measures
-# the other jobs.
+# mask the stack fused from 256 keys, where the older kernel won from 512-2048. The older kernel's
+# wall-time run (crossover_cpu_wall, 2026-12-01) no longer bounds the rows: wall time at this load
+# measures the other jobs. The padding row's FlashAttention entries are bounded by the real-size
+# exports (REAL_SIZE_FILES, a quiet run of the same day): from 512 at head dim 32 (MiniLM-L6 0.96x at
+# 256, 1.08x at 512) and 1024 at 64 (the 6x64 BERT 0.84x at 256, 0.93x at 512; 1024 is the stack's
+# next measured length, not run on the exports).
 _AVX2 = MappingProxyType(
     {
-        "padding": _rows({32: 256, 64: 256}, {32: 256, 64: 256}, {32: 1024, 64: None}, {32: None, 64: None}),
+        "padding": _rows({32: 512, 64: 1024}, {32: 512, 64: 1024}, {32: 1024, 64: None}, {32: None, 64: None}),
         "none": _rows({32: None, 64: 2048}, {32: 512, 64: 1024}, {32: 64, 64: 1024}, {32: None, 64: None}),
         "causal": _rows({32: 256, 64: 1024}, {32: 512, 64: 1024}, {32: 1024, 64: None}, {32: None, 64: None}),
         "bias": _rows({32: None, 64: None}, {32: None, 64: None}, {32: None, 64: None}, {32: None, 64: None}),
@@ -288,8 +310,15 @@ class FormChoice:
 CPU_DECODE_CROSSOVER: int | None = 8192
 DECODE_RESULTS = "benchmarks/results/decode_step.md"
 # The execution providers whose blocks may dispatch on the length at run time: ortflash's own op
-# runs on the CPU EP (pipeline/length_dispatch.py; its cost in benchmarks/results/length_dispatch.md).
-DISPATCH_EPS = (None, "cpu")
+# runs on the CPU EP (pipeline/length_dispatch.py; its cost in benchmarks/results/length_dispatch.md);
+# on the GPU EPs (LOWERED_DISPATCH_EPS) the If is written around the FlashAttention node and the
+# lowering then writes the EP's native form inside its fused branch, so no FlashAttention is left.
+DISPATCH_EPS = (None, "cpu", "cuda", "webgpu")
+LOWERED_DISPATCH_EPS = ("cuda", "webgpu")
+# The decode step on the GPU EPs: GPU EP -> the key length from which a one-query step takes the
+# lowered form (None: never, the original ops at every length). Not yet measured: the original ops.
+GPU_DECODE_CROSSOVERS: Mapping[str, int | None] = MappingProxyType({"cuda": None, "webgpu": None})
+GPU_DECODE_RESULTS = "benchmarks/results/decode_gpu.md"
 
 
 def form_at(target: str, policy: SoftmaxPolicy, key_len: int) -> str | None:
@@ -367,7 +396,7 @@ def choose(
     if cpu_class is not None:
         dim += f", {cpu_table_says(kind, cpu_class)}"
         sources = GENERIC_FROM if cpu_class == "generic" else (cpu_class,)
-        results = " and ".join(results_path(kind, c) for c in sources)
+        results = " and ".join(path for c in sources for path in results_paths(kind, c))
     else:
         results = _RESULTS[ep or ""]
     if ep not in CPU_EPS and ANY_DTYPE not in TABLES[ep or ""]:
@@ -380,7 +409,7 @@ def choose(
         lowest = crossover(probe, head_dim, kind, ep, dtype, cpu_class)
         start = _fused_from(target, policy, head_dim, kind, ep, dtype, lowest, cpu_class)
         if start is not None and can_dispatch and ep in DISPATCH_EPS:
-            return _dispatched(target, policy, start, dim, results)
+            return _dispatched(target, policy, start, dim, results, ep)
         where = (
             f"{probe} beats the original ops only from key length {lowest}"
             if lowest is not None
@@ -443,11 +472,15 @@ def _fused_from(
     return start
 
 
-def _dispatched(target: str, policy: SoftmaxPolicy, lowest: int, dim: str, results: str) -> FormChoice:
+def _dispatched(
+    target: str, policy: SoftmaxPolicy, lowest: int, dim: str, results: str, ep: str | None = None
+) -> FormChoice:
     """The choice for a block whose length is known only at run time and whose fused form wins from
-    ``lowest`` keys: the fused form from there, the original ops below, decided per run."""
+    ``lowest`` keys: the fused form from there, the original ops below, decided per run; a one-query
+    step by the EP's decode crossover."""
     form = form_at(target, policy, lowest)
-    decode = CPU_DECODE_CROSSOVER
+    on_gpu = ep in GPU_DECODE_CROSSOVERS
+    decode = GPU_DECODE_CROSSOVERS[ep or ""] if on_gpu else CPU_DECODE_CROSSOVER
     step = f"from {decode} keys" if decode is not None else "never"
     return FormChoice(
         True,
@@ -455,7 +488,8 @@ def _dispatched(target: str, policy: SoftmaxPolicy, lowest: int, dim: str, resul
         f"the key length is known only at run time: the model runs {form} from key length {lowest}, where it "
         f"beats the original ops ({dim}, {results}), and the original ops below, decided per run by an If on "
         f"the length (pipeline/length_dispatch.py); a one-query step against a KV cache takes it {step} "
-        f"({DECODE_RESULTS}); --seq-lens fixes the form for the lengths given, with no If",
+        f"({GPU_DECODE_RESULTS if on_gpu else DECODE_RESULTS}); --seq-lens fixes the form for the lengths given, "
+        "with no If",
         dispatch_from=lowest,
         decode_from=decode,
     )

@@ -19,7 +19,11 @@ block's new nodes named under ``ortflash/<front end>_<row>/``). Per dispatched b
 
 Each If carries ``DISPATCH_KEY`` in its metadata (the thresholds), which checks/verify.py reads to
 run the model on each side. ``witness=True`` writes the original ops in both branches: the If's
-own cost, measured by benchmarks/length_dispatch.py.
+own cost, measured by benchmarks/length_dispatch.py. On a GPU EP the If is written first and the
+lowering then writes the EP's op inside the fused branch (``branch_shapes``: the shapes it proves from).
+
+Over 400 lines because the branches' split, the shared conditions and the If are one construction
+over the same node tables.
 """
 
 from __future__ import annotations
@@ -63,11 +67,14 @@ def dispatch(
     *,
     witness: bool = False,
     share_conditions: bool = True,
+    branch_shapes: bool = False,
 ) -> Dispatched:
     """``fused`` with each block of ``thresholds`` (report row -> where it takes the fused form) in
     the main graph written as an If on its run's length. ``inferred``: the original with inferred
     shapes (value_info), whose dim names say which blocks share a length. ``share_conditions=False``
-    computes each block's condition from its own K (and Q): the alternative the benchmark measures."""
+    computes each block's condition from its own K (and Q): the alternative the benchmark measures.
+    ``branch_shapes``: the fused model's value_info of the values a branch computes moves into that
+    branch, for a lowering that runs after the dispatch (a GPU EP's) to prove from."""
     shapes = _shape_table(inferred if inferred is not None else original)
     graph_o, graph_f = original.graph, fused.graph
     # what the fused model's own nodes compute (fusion's new nodes may reuse a graph output's name)
@@ -103,7 +110,8 @@ def dispatch(
         hoisted, cond, key_len = conditions.condition(plan, threshold, row)
         plan.fused = [n for n in plan.fused if id(n) not in {id(h) for h in hoisted}]
         outer += hoisted
-        outer.append(_if_node(plan, (cond, key_len), row, threshold, shapes, witness))
+        known = {vi.name: vi for vi in graph_f.value_info} if branch_shapes else {}
+        outer.append(_if_node(plan, (cond, key_len), row, threshold, shapes, witness, known))
     outer += conditions.nodes
     # the outer consumers read each block's output by the original's name, the If's
     to_original = {f: x for plan in plans.values() for x, f in plan.outputs}
@@ -230,13 +238,17 @@ class _Conditions:
             if decode is None:
                 not_step = self._node("Not", [step], tag + "/prefill")
                 cond = self._node("And", [long, not_step], tag + "/cond")
-            else:  # long, and at a one-query step past the decode crossover too
-                step_long = self._node(
-                    "GreaterOrEqual", [keys[1], self._const(tag + "/decode_from", decode)], tag + "/decode_long"
-                )
+            else:
+                from_ = self._const(tag + "/decode_from", decode)
+                step_long = self._node("GreaterOrEqual", [keys[1], from_], tag + "/decode_long")
                 not_step = self._node("Not", [step], tag + "/prefill")
-                either = self._node("Or", [not_step, step_long], tag + "/step_ok")
-                cond = self._node("And", [long, either], tag + "/cond")
+                if decode >= threshold.key_len:  # long, and at a one-query step past the decode crossover too
+                    either = self._node("Or", [not_step, step_long], tag + "/step_ok")
+                    cond = self._node("And", [long, either], tag + "/cond")
+                else:  # a decode crossover below the prefill one (a GPU EP's): each step by its own
+                    step_fused = self._node("And", [step, step_long], tag + "/step_fused")
+                    prefill_fused = self._node("And", [not_step, long], tag + "/prefill_fused")
+                    cond = self._node("Or", [step_fused, prefill_fused], tag + "/cond")
         else:
             cond = long
         self.conds[key] = cond
@@ -299,6 +311,7 @@ def _if_node(
     threshold: Threshold,
     shapes: Mapping[str, tuple[int, list[str | int | None]]],
     witness: bool,
+    known: Mapping[str, onnx.ValueInfoProto],
 ) -> onnx.NodeProto:
     def value_info(name: str, like: str) -> onnx.ValueInfoProto:
         elem = shapes.get(like, (onnx.TensorProto.FLOAT, []))[0] or onnx.TensorProto.FLOAT
@@ -318,6 +331,9 @@ def _if_node(
         then_nodes = [_renamed(n, inside, "") for n in plan.fused] if inside else list(plan.fused)
         then_outputs = [value_info(inside.get(f, f), x) for x, f in plan.outputs]
     then_graph = helper.make_graph(then_nodes, f"ortflash/length_dispatch_{row}/fused", [], then_outputs)
+    for graph in (then_graph, else_graph):  # the shapes of what each branch computes (branch_shapes)
+        made = {o for n in graph.node for o in n.output} - {o.name for o in graph.output}
+        graph.value_info.extend(known[o] for o in sorted(made) if o in known)
     cond, keys = condition
     node = helper.make_node(
         "If",

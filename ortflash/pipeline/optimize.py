@@ -178,8 +178,10 @@ def _fastest_forms(
         # a block the chosen target did not lower is a FlashAttention node: its form is ortflash's
         form = target if block.lowered_to else DEFAULT_TARGET
         lengths = list(seq_lens) if seq_lens else ([block.key_len] if block.key_len else None)
-        # an If on the length is written around a FlashAttention node of the main graph
-        can_dispatch = block.lowered_to is None and "/" not in _scope_of(block.name)
+        # an If on the length is written around a FlashAttention node of the main graph; on a GPU EP
+        # it is written before the lowering, which then lowers the node inside the If's fused branch
+        lowered_later = block.lowered_to is not None and ep in forms.LOWERED_DISPATCH_EPS
+        can_dispatch = (block.lowered_to is None or lowered_later) and "/" not in _scope_of(block.name)
         choice = forms.choose(
             form,
             policy,
@@ -201,23 +203,33 @@ def _fastest_forms(
         else:
             keep[block.name] = choice.why
     while True:
-        if keep:
-            faster, faster_report = _kept_where_faster(
-                proto, shaped, policy, num_heads, prove_causal, report, keep, details, target, folder
+        if thresholds and not REGISTRY[target].needs_ortflash:  # a GPU EP: the If first, then the lowering
+            found = _dispatched_then_lowered(
+                proto, shaped, policy, num_heads, prove_causal, report, keep, details, target, folder, thresholds
             )
+            left = found if isinstance(found, dict) else {}
+            if not isinstance(found, dict):
+                faster, faster_report = found
         else:
-            faster, faster_report = model, copy.deepcopy(report)
-        if not thresholds:
-            break
-        dispatched = dispatch(proto, faster, thresholds, shaped[0])
-        if not dispatched.left:
-            faster = dispatched.model
+            if keep:
+                faster, faster_report = _kept_where_faster(
+                    proto, shaped, policy, num_heads, prove_causal, report, keep, details, target, folder
+                )
+            else:
+                faster, faster_report = model, copy.deepcopy(report)
+            if not thresholds:
+                break
+            dispatched = dispatch(proto, faster, thresholds, shaped[0])
+            left = dict(dispatched.left)
+            if not left:
+                faster = dispatched.model
+        if not left:
             faster_report.notes.append(
-                f"{len(dispatched.rows)} block(s) choose their form by the run's key length: an If on the length "
+                f"{len(thresholds)} block(s) choose their form by the run's key length: an If on the length "
                 "around each, one condition per distinct length (pipeline/length_dispatch.py)"
             )
             break
-        for row, why in dispatched.left.items():  # these keep the original ops, and the rest are asked again
+        for row, why in left.items():  # these keep the original ops, and the rest are asked again
             name = report.blocks[row].name
             keep[name] = "the original ops are faster below its crossover, and no If on the length could be written"
             details[name] = f"{report.blocks[row].detail}; no If could be written: {why}"
@@ -267,6 +279,40 @@ def _unlowered_kept(
     return kept, kept_report
 
 
+def _dispatched_then_lowered(
+    proto: onnx.ModelProto,
+    shaped: tuple[onnx.ModelProto, str],
+    policy: SoftmaxPolicy,
+    num_heads: int | None,
+    prove_causal: bool,
+    report: Report,
+    keep: Mapping[str, str],
+    details: Mapping[str, str],
+    target: str,
+    folder: str | None,
+    thresholds: Mapping[int, Threshold],
+) -> tuple[onnx.ModelProto, Report] | dict[int, str]:
+    """On a GPU EP (forms.LOWERED_DISPATCH_EPS): the model fused with ``keep`` left as it was, each
+    block of ``thresholds`` written as an If on the length around its FlashAttention node, then
+    lowered for ``target`` (the node inside the If's fused branch too), so no FlashAttention is
+    left; or the rows that could not be written so (row -> why), for the caller to keep."""
+    fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
+    dispatched = dispatch(proto, fused, thresholds, shaped[0], branch_shapes=True)
+    if dispatched.left:
+        return dict(dispatched.left)
+    fusion_report.model = report.model
+    faster, faster_report = _lower_for(proto, dispatched.model, fusion_report, target, folder)
+    left = {
+        row: f"its node was not lowered for {target} inside the If's branch ({faster_report.blocks[row].reason})"
+        for row in thresholds
+        if faster_report.blocks[row].lowered_to is None
+    }
+    if left:
+        return left
+    _rows_as_chosen(faster_report, report, keep, details)
+    return faster, faster_report
+
+
 def _kept_where_faster(
     proto: onnx.ModelProto,
     shaped: tuple[onnx.ModelProto, str],
@@ -284,6 +330,13 @@ def _kept_where_faster(
     fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
     fusion_report.model = report.model
     faster, faster_report = _lower_for(proto, fused, fusion_report, target, folder)
+    _rows_as_chosen(faster_report, report, keep, details)
+    return faster, faster_report
+
+
+def _rows_as_chosen(faster_report: Report, report: Report, keep: Mapping[str, str], details: Mapping[str, str]) -> None:
+    """The rows of a model fused again keep what the first pass proved and chose (mask kind, head
+    dim, key length, the form's reason); a kept row says why from ``details``."""
     for block, before in zip(faster_report.blocks, report.blocks):
         block.key_len = before.key_len
         if block.fused:
@@ -293,7 +346,6 @@ def _kept_where_faster(
             block.heads, block.kv_heads, block.head_dim = before.heads, before.kv_heads, before.head_dim
             block.detail = details.get(block.name, "")
     faster_report.notes += [n for n in report.notes if n not in faster_report.notes]
-    return faster, faster_report
 
 
 def _scope_of(name: str) -> str:
