@@ -40,24 +40,95 @@ def _a_measured_crossover(kind: str = "none") -> tuple[str, int, int]:
     pytest.skip("no FlashAttention form beat the original ops at any measured length on the table's machine")
 
 
+def _stack_crossover_rule():
+    import sys
+
+    sys.path.insert(0, str(RESULTS_DIR.parents[0]))
+    from crossover import crossover
+
+    return crossover
+
+
+def _real_size_bounds(cpu_class: str, kind: str, stack_lengths: set[int]) -> dict[int, list[int | None]]:
+    """head dim -> each real-size export's bound on the row (forms.REAL_SIZE_FILES): its crossover
+    by the stack's rule, or the stack's next measured length past the longest it was run at."""
+    crossover = _stack_crossover_rule()
+    bounds: dict[int, list[int | None]] = {}
+    for name in forms.REAL_SIZE_FILES.get(cpu_class, {}).get(kind, ()):
+        doc = json.loads((RESULTS_DIR / f"{name}.json").read_text())
+        assert doc["kernel_isa"] == cpu_class, name
+        for model in doc["models"].values():
+            if model["kind"] != kind:
+                continue
+            ratios = {int(s): r for s, r in model["cpu_time_ratios"].items()}
+            at = crossover(ratios)
+            if at is None:
+                past = [s for s in stack_lengths if s > max(ratios)]
+                at = min(past) if past else None
+            bounds.setdefault(model["head_dim"], []).append(at)
+    return bounds
+
+
 @pytest.mark.parametrize("cpu_class", ["avx512", "avx2"])
 def test_each_class_table_in_code_is_its_committed_benchmark_results(cpu_class):
     """Per CPU class, mask kind, form and head dim: the largest crossover of the kind's runs, each
-    run measured on a machine of that class (its kernel build), unless the kind is borrowed."""
+    run measured on a machine of that class (its kernel build), unless the kind is borrowed; for
+    the FlashAttention forms, also of the real-size exports' runs where the class lists them."""
     table = forms.CPU_CROSSOVERS[cpu_class]
     assert set(table) == set(forms.MASK_KINDS) == set(forms.RESULTS_FILES[cpu_class])
+    assert set(forms.REAL_SIZE_FILES.get(cpu_class, {})) <= set(forms.MASK_KINDS)
     for kind, by_form in table.items():
         runs = [json.loads((RESULTS_DIR / f"{name}.json").read_text()) for name in forms.RESULTS_FILES[cpu_class][kind]]
         measured_on = forms.BORROWED.get(cpu_class, {}).get(kind, cpu_class)
         assert {run["machine"]["kernel_isa"] for run in runs} == {measured_on}, (cpu_class, kind)
+        exports = _real_size_bounds(cpu_class, kind, {s for run in runs for s in run["seq_lens"]})
+        assert set(exports) <= set(by_form["naive"]), (cpu_class, kind, exports)  # a head dim the table has
         for form, by_dim in by_form.items():
             for dim, at in by_dim.items():
                 measured = [run["forms"][form][str(dim)]["crossover"] for run in runs]
+                if form in forms.REAL_SIZE_FORMS:
+                    measured += exports.get(dim, [])
                 assert at == (None if None in measured else max(measured)), (cpu_class, kind, form, dim, measured)
         assert {int(d) for d in runs[0]["forms"]["naive"]} == set(by_form["naive"]), kind
         assert max(runs[0]["seq_lens"]) == forms.MEASURED_UP_TO, kind
     for kind, lender in forms.BORROWED.get(cpu_class, {}).items():  # a borrowed row is the lender's, whole
         assert table[kind] == forms.CPU_CROSSOVERS[lender][kind]
+
+
+def test_the_real_size_results_are_their_committed_runs():
+    """Each real-size file holds the ratios of the run it names (the AVX2 one: the committed
+    markdown table of the default's run, at the lengths its fused branch ran), and its summary rows
+    are the bounds the table reads."""
+    import re
+
+    for cpu_class, by_kind in forms.REAL_SIZE_FILES.items():
+        for names in by_kind.values():
+            for name in names:
+                doc = json.loads((RESULTS_DIR / f"{name}.json").read_text())
+                for kind, by_dim in doc["rows"].items():
+                    for dim, row in by_dim.items():
+                        got = _real_size_bounds(cpu_class, kind, set(doc["stack_lengths"]))[int(dim)]
+                        assert row["bound"] == (None if None in got else max(got)), (name, kind, dim)  # type: ignore[type-var]
+                assert doc["models"] and all(m["cpu_time_ratios"] for m in doc["models"].values()), name
+    avx2 = json.loads((RESULTS_DIR / "crossover_real_size_avx2.json").read_text())
+    table = (RESULTS_DIR / "default_real_size_avx2.md").read_text()
+    cells = re.findall(r"^\| (\w+) \| \d+ x (\d+) \| (\d+) \| ([\d.]+)x \|", table, re.M)
+    fused = {(m, int(s)): float(r) for m, _, s, r in cells if int(s) >= 256}  # naive from 256 keys in that run
+    held = {(m, int(s)): r for m, d in avx2["models"].items() for s, r in d["cpu_time_ratios"].items()}
+    assert held == fused and len(held) == 4
+
+
+def test_the_avx2_padding_row_waits_for_the_real_size_exports():
+    """The AVX2 stack fused a padding block from 256 keys at both head dims; the 6x64 BERT export
+    ran 0.84x at 256 and 0.93x at 512 fused, MiniLM-L6 (12x32) 0.96x at 256: the default now
+    dispatches from 1024 (D=64) and 512 (D=32), and the row names both results files."""
+    policy = SoftmaxPolicy.for_new_nodes(online_softmax=True)
+    for dim, start in ((32, 512), (64, 1024)):
+        dynamic = forms.choose("ortflash", policy, dim, None, "padding", can_dispatch=True, cpu_class="avx2")
+        assert dynamic.dispatch_from == start, (dim, dynamic)
+        assert "crossover_cpu.md and benchmarks/results/crossover_real_size_avx2.md" in dynamic.detail
+        assert not forms.choose("ortflash", policy, dim, [start // 2], "padding", cpu_class="avx2").fused
+        assert forms.choose("ortflash", policy, dim, [start], "padding", cpu_class="avx2").fused
 
 
 def test_the_generic_table_is_the_later_crossover_of_the_measured_classes():
