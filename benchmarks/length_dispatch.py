@@ -192,18 +192,20 @@ def gain_variants(path: str, work: Path, threads: int | None) -> tuple[list[str]
     return [f"default={target}"], {"default_rows": [b.reason for b in report.blocks], "in_process_ms": in_process}
 
 
-def count(folders: list[str], out: Path) -> int:
+def count(folders: list[str], out: Path, cpu_class: str | None = None) -> int:
     """Part 3: how many attention blocks ``ortflash optimize M --online-softmax`` (no other flag)
-    gives a fused path, per model of each folder's *.onnx, and by which form and length."""
+    gives a fused path, per model of each folder's *.onnx, and by which form and length; under the
+    CPU table of ``cpu_class`` (None: the running kernel build's, what the command reads)."""
     import glob
 
     import ortflash
+    from ortflash.pipeline import forms
 
     rows: list[dict[str, Any]] = []
     for folder in folders:
         for path in sorted(glob.glob(os.path.join(folder, "*.onnx"))):
             try:
-                _, report = ortflash.optimize(path, online_softmax=True)
+                _, report = ortflash.optimize(path, online_softmax=True, cpu_class=cpu_class)
                 _, forced = ortflash.optimize(path, online_softmax=True, target="ortflash")
             except Exception as exc:  # a model the pipeline refuses is counted as such
                 rows.append({"model": path, "error": str(exc)[:200]})
@@ -235,6 +237,7 @@ def count(folders: list[str], out: Path) -> int:
             kinds[kind] = kinds.get(kind, 0) + 1
     total["kept_by_kind"] = kinds
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"), "machine": machine()}
+    doc["cpu_class"] = cpu_class or forms.running_cpu_class()
     doc |= {"folders": folders, "total": total, "models": rows}
     out.mkdir(parents=True, exist_ok=True)
     (out / "count.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -265,10 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "length_dispatch_runs"))
+    parser.add_argument("--cpu-class", default=None, help="count: the CPU table to read (default the running build's)")
     args = parser.parse_args(argv)
 
     if args.part == "count":
-        return count(args.models.split(","), Path(args.out))
+        return count(args.models.split(","), Path(args.out), args.cpu_class)
     from ortflash.bench.report import ratios
     from ortflash.bench.sweep import bench
 
