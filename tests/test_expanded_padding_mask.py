@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from attention_graphs import Nodes
 from onnx import TensorProto, helper
 
 import ortflash
@@ -35,15 +36,8 @@ def _block(bias: str) -> onnx.ModelProto:
     """One attention block whose [B, 1, S, S] bias is built from attention_mask [B, S]:
     expand: Where(mask, 0, lowest) Expanded over the queries; bounded: masking_utils' form, the
     padding and-ed with q_idx >= 0; by_query: expand plus 0.25 * i (varies over the queries)."""
-    nodes, inits = [], []
-
-    def const(name: str, value: object, dtype: type = np.int64) -> str:
-        inits.append(onnx.numpy_helper.from_array(np.asarray(value, dtype), name))
-        return name
-
-    def node(op: str, inputs: list[str], out: str, **attrs: object) -> str:
-        nodes.append(helper.make_node(op, inputs, [out], **attrs))
-        return out
+    g = Nodes()
+    const, node, nodes, inits = g.const, g.node, g.nodes, g.inits
 
     keep = node("Cast", ["attention_mask"], "keep", to=TensorProto.BOOL)
     pad = node("Unsqueeze", [keep, const("ax12", [1, 2])], "pad")  # [B, 1, 1, S]
