@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from attention_graphs import Nodes
 from onnx import TensorProto, helper
 
 import ortflash
@@ -32,17 +33,14 @@ def _decoder(
     frontier: str = "le",  # le: j <= i; window: and j > i - 4; shift: j <= i + 1; ge: j >= i
     padding: str = "unsqueeze",  # unsqueeze | gathernd | by_query (depends on i) | none
     form: str = "bias",  # bias: Add(s, Where(m, 0, fill)); mask: Where(m, s, fill)
+    dtype: int = TensorProto.FLOAT,  # of Q, K, V, the scores and the bias
+    beside: bool = False,  # a key padding bias Where(attention_mask, 0, fill) added to the scores first
 ) -> onnx.ModelProto:
-    """Two attention blocks sharing one mask built from attention_mask [B, S] (int64)."""
-    nodes, inits = [], []
-
-    def const(name: str, value: object, dtype: type = np.int64) -> str:
-        inits.append(onnx.numpy_helper.from_array(np.asarray(value, dtype), name))
-        return name
-
-    def node(op: str, inputs: list[str], out: str, **attrs: object) -> str:
-        nodes.append(helper.make_node(op, inputs, [out], **attrs))
-        return out
+    """Two attention blocks sharing one mask built from attention_mask [B, S] (int64); padding
+    "ones": HF's decoder mask where none is given, a Cast of a ConstantOfShape of ones."""
+    f = helper.tensor_dtype_to_np_dtype(dtype)
+    g = Nodes()
+    const, node, nodes, inits = g.const, g.node, g.nodes, g.inits
 
     shape = node("Shape", ["attention_mask"], "shape_m", start=1, end=2)
     length = node("Squeeze", [shape, const("ax0", [0])], "length")
@@ -67,25 +65,34 @@ def _decoder(
         j_idx = node("Unsqueeze", [node("Expand", [kv, target], "je"), "axl"], "j_idx")
         index = node("Concat", [b_idx, j_idx], "index", axis=-1)
         pad = node("GatherND", [keep, index], "pad")
+    elif padding == "ones":
+        one = helper.make_tensor("one_f", TensorProto.FLOAT, [1], [1.0])
+        ones = node("ConstantOfShape", [node("Shape", ["attention_mask"], "shape_bs")], "ones", value=one)
+        pad = node("Unsqueeze", [node("Cast", [ones], "ones_b", to=TensorProto.BOOL), const("ax12", [1, 2])], "pad")
     elif padding == "by_query":  # the padding part reads the query position too
         pad = node("Less", [qi, const("five", 5)], "pad")
     if padding != "none":
         causal = node("And", [causal, pad], "both")
     inputs = [helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["B", "S"])]
     if form == "bias":
-        bias = node("Where", [causal, const("zero_f", 0.0, np.float32), const("fill", fill, np.float32)], "bias")
+        bias = node("Where", [causal, const("zero_f", 0.0, f), const("fill", fill, f)], "bias")
+    if beside:
+        keys = node("Unsqueeze", [keep, const("ax12_b", [1, 2])], "keys")
+        key_bias = node("Where", [keys, "zero_f", "fill"], "key_bias")
     for layer in range(2):
         q, k, v = (f"{x}{layer}" for x in "qkv")
-        inputs += [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["B", H, "S", D]) for x in (q, k, v)]
+        inputs += [helper.make_tensor_value_info(x, dtype, ["B", H, "S", D]) for x in (q, k, v)]
         s = node("MatMul", [q, node("Transpose", [k], f"kt{layer}", perm=[0, 1, 3, 2])], f"s{layer}")
-        s = node("Mul", [s, const("scale", D**-0.5, np.float32)], f"ss{layer}")
+        s = node("Mul", [s, const("scale", D**-0.5, f)], f"ss{layer}")
+        if beside:
+            s = node("Add", [s, key_bias], f"sk{layer}")
         if form == "bias":
             s = node("Add", [s, bias], f"sb{layer}")
         else:
-            s = node("Where", [causal, s, const("fill_m", fill, np.float32)], f"sm{layer}")
+            s = node("Where", [causal, s, const("fill_m", fill, f)], f"sm{layer}")
         p = node("Softmax", [s], f"p{layer}", axis=-1)
         node("MatMul", [p, v], f"out{layer}")
-    outputs = [helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, None) for i in range(2)]
+    outputs = [helper.make_tensor_value_info(f"out{i}", dtype, None) for i in range(2)]
     graph = helper.make_graph(nodes, "decoder", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -291,15 +298,8 @@ def _cached_decoder(padding: str = "gathernd", extra_offset: int = 0) -> onnx.Mo
     Concat(past, new); the mask compares j over Range(past + new) with i = Range(new) + past, and
     reads attention_mask [B, T] (its own length symbol T) at (b, j), by GatherND (dynamo) or a
     Gather from its Flatten at b * T + j (TorchScript). extra_offset: i + past + extra_offset."""
-    nodes, inits = [], []
-
-    def const(name: str, value: object, dtype: type = np.int64) -> str:
-        inits.append(onnx.numpy_helper.from_array(np.asarray(value, dtype), name))
-        return name
-
-    def node(op: str, inputs: list[str], out: str, **attrs: object) -> str:
-        nodes.append(helper.make_node(op, inputs, [out], **attrs))
-        return out
+    g = Nodes()
+    const, node, nodes, inits = g.const, g.node, g.nodes, g.inits
 
     const("ax0", [0])
     past = node("Squeeze", [node("Shape", ["past_k0"], "shape_p", start=2, end=3), "ax0"], "past")

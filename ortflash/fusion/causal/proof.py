@@ -36,7 +36,10 @@ only broadcast later). A constant part that is neutral (0.0, True) is no mask at
 Exactness. For a bool mask ``where(T, s, fill)``: exact (the masked scores are ``fill`` either
 way). For an additive bias ``s + T`` with T = fill off the frontier: the op writes ``fill`` where
 the graph has ``s + fill``; equal for fill -inf and finite s, and for fill <= -2**127
-(float32-lowest, ``spec.ABSORBING_FILL``) and |s| < 2**102. A NaN or infinite score right of the
+(float32-lowest, ``spec.ABSORBING_FILL``) and |s| < 2**102. A finite fill that does not absorb
+(float16's lowest, -65504, HF's float16 masks) is proved where every row keeps a visible key and the
+scores are bounded: there the masked keys' weights underflow to 0 in the graph, as under fill -inf
+(fusion/causal/finite_fill says when, and why causal + padding stays refused). A NaN or infinite score right of the
 frontier (NaN in Q or K) no longer reaches its row, as with every causal fill of the op (the
 kernels skip those keys).
 """
@@ -46,7 +49,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import onnx_ir as ir
 
 from ...graph import shapes
@@ -54,6 +56,7 @@ from ...graph.dim_terms import dim_lin, dims_equal
 from ...graph.interpret import Reader
 from ...graph.terms import Abstract, Cmp, Lin, Look, NotProved, Num, Op, Term, atoms, axes_of, fold, remap, replace_atom
 from ...op.spec import ABSORBING_FILL
+from .finite_fill import prove_masked_weights_vanish
 from .write import write_term
 
 
@@ -199,9 +202,6 @@ def _causal_flag(offset: Lin, sq: shapes.Dim, sk: shapes.Dim) -> int:
     )
 
 
-_FLOAT16_LOWEST = float(np.finfo(np.float16).min)
-
-
 def absorbs_scores(fill: float) -> bool:
     """fill + s == fill for the scores (see the module docstring)."""
     return fill == -math.inf or fill <= ABSORBING_FILL
@@ -258,15 +258,12 @@ def prove(
         fill = block_fill
     else:
         fill = float(hidden.value)
-        if not absorbs_scores(fill):
-            # float16's lowest (HF's float16 masks): s + fill rounds to fill only for |s| < 16 in
-            # float16; a row whose visible keys are all padded weighs its hidden keys by their s
-            # in the graph, equally under the op's fill
-            which = " (float16's lowest)" if fill == _FLOAT16_LOWEST else ""
-            raise NotProved(
-                f"right of the causal frontier the bias is {fill:g}{which}: s + {fill:g} is not {fill:g}, "
-                "so a row with no unpadded key would differ (exact only for -inf or fills <= -2**127)"
+        if not absorbs_scores(fill):  # float16's lowest (HF's float16 masks): fusion/causal/finite_fill
+            assert split.offset is not None
+            fill, padding = prove_masked_weights_vanish(
+                candidate, fill, split.padding, split.offset, split.window_left, is_causal, sq, sk
             )
+            return CausalProof(is_causal, fill, padding, split.window_left)
     return CausalProof(is_causal, fill, split.padding, split.window_left)
 
 
