@@ -32,6 +32,10 @@ MODELS = (
 )
 HEAD_DIM = {"bert_h6d64_l4_eager_torchscript": 64, "vit_s_l6_eager_torchscript": 64}
 SEQ_LENS = "16,32,64,128,197,256,512"
+VARIANTS = {
+    "online": "`ortflash.optimize(target='ortflash', online softmax from key length 0)`",
+    "forced": "`ortflash optimize M --target ortflash --online-softmax`: naive below 1024 keys, online from it",
+}
 
 
 def model_path(name: str) -> Path:
@@ -45,7 +49,7 @@ def geomean(xs: list[float]) -> float | None:
     return round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 3) if xs else None
 
 
-def gather(folder: Path, models: list[str]) -> dict[str, Any]:
+def gather(folder: Path, models: list[str], variant: str = "online") -> dict[str, Any]:
     out: dict[str, Any] = {"models": {}}
     every: dict[str, list[float]] = {"cpu": [], "wall": []}
     for name in models:
@@ -55,9 +59,9 @@ def gather(folder: Path, models: list[str]) -> dict[str, Any]:
         d = json.loads(path.read_text())
         rows = {}
         for seq, r in d["ratios"].items():
-            online = r.get("online", {})
-            if "cpu_speedup" in online:
-                rows[seq] = {"cpu": online["cpu_speedup"], "wall": online["speedup"]}
+            fused = r.get(variant, {})
+            if "cpu_speedup" in fused:
+                rows[seq] = {"cpu": fused["cpu_speedup"], "wall": fused["speedup"]}
         cpu = [v["cpu"] for v in rows.values()]
         wall = [v["wall"] for v in rows.values()]
         every["cpu"] += cpu
@@ -75,6 +79,7 @@ def gather(folder: Path, models: list[str]) -> dict[str, Any]:
             "config": d.get("config"),
             "isa": d.get("isa_used"),
         }
+    out["variant"] = variant
     out["all"] = {
         "cpu_geomean": geomean(every["cpu"]),
         "cpu_worst": min(every["cpu"]) if every["cpu"] else None,
@@ -92,10 +97,12 @@ def markdown(res: dict[str, Any], note: str) -> str:
         "# Forced fusion on real-size encoders at S = 16-512 (issue 30 items 1-2)",
         "",
         f"- date: {res['date']}; machine: {first.get('machine')}; kernel build: {first.get('isa')}",
-        f"- `ortflash bench MODEL --variants original,online --threads {cfg.get('threads')} --rounds "
-        f"{cfg.get('rounds')} --repeats {cfg.get('repeats')}`: each variant and length in its own process,"
-        " rounds alternated; original = plain onnxruntime session (ORT defaults), online ="
-        " `ortflash.optimize(target='ortflash', online softmax from key length 0)` in ortflash.InferenceSession",
+        f"- `ortflash bench MODEL --variants {','.join(v.split('=')[0] for v in cfg.get('variants', []))} --threads "
+        f"{cfg.get('threads')} --rounds {cfg.get('rounds')} --repeats {cfg.get('repeats')}`: each variant and length"
+        " in its own process, rounds alternated; original = plain onnxruntime session (ORT defaults); the fused"
+        f" variant read here: `{res.get('variant', 'online')}` ("
+        + VARIANTS.get(res.get("variant", "online"), "a model given as LABEL=PATH")
+        + ") in ortflash.InferenceSession",
         "- inputs: ortflash's bench feeds (batch 1, attention mask with the last third padded); models from"
         " models/real_size_exports.py (random weights)",
         "- ratio = original / fused, higher is better; `cpu`: CPU time per run (all threads), `wall`: median"
@@ -135,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gather", type=Path, help="only gather the bench JSONs already in this folder")
     ap.add_argument("--work", type=Path, default=Path("/tmp/short_seq_models"))
     ap.add_argument("--note", default="")
+    ap.add_argument("--variant", default="online", help="the fused variant's label in the bench JSONs to read")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     folder = args.gather or args.work
@@ -147,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--warmup", "3", "--no-profile", "--sgemm-size", "0", "--threads", args.threads, "--out",
                    str(folder), "--name", name.replace(":", "_")]  # fmt: skip
             subprocess.run(cmd, check=False, env=dict(os.environ))
-    res = gather(folder, args.models)
+    res = gather(folder, args.models, args.variant)
     res["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
