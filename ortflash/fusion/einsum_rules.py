@@ -12,12 +12,14 @@ Keras MultiHeadAttention (through tf2onnx) writes 4D attention over [B, S, H, D]
 output layout, so such an Einsum is first rewritten into the form above plus a Transpose: the Q
 operand transposed to [batch..., rows, contracted] and the operands in Q, K order; the P·V
 output computed in [batch..., rows, V's kept axis] and transposed to the written order. Each
-rewrite computes exactly what the Einsum did, and is undone when the block is not read there;
-a later precondition of the block can still fail, and then the rewrite stays (same values)."""
+rewrite computes exactly what the Einsum did. Reading never performs it: the rule reads the
+Einsum as the rewrite would leave it and records the rewrite in the block (SoftmaxBlock.rewrites),
+and softmax_write performs it when the block is fused; a block that is not fused (a later
+precondition fails, or the cost table keeps it) leaves the graph as it was."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import onnx_ir as ir
 
@@ -25,7 +27,8 @@ from ..errors import NotFused
 from ..graph import ir_utils as u
 from ..graph.emitter import replace_output
 from .qk_operands import QKOperands, scaled_q, take_qk
-from .softmax_rules import Rule, WalkState
+from .softmax_block import Rule, SoftmaxBlock
+from .softmax_rules import Read
 
 
 def _equation(node: ir.Node) -> tuple[str, str, str] | None:
@@ -33,7 +36,12 @@ def _equation(node: ir.Node) -> tuple[str, str, str] | None:
     attr = node.attributes.get("equation")
     if attr is None or len(node.inputs) != 2:
         return None
-    text = attr.as_string().replace(" ", "")
+    return _terms(attr.as_string())
+
+
+def _terms(text: str) -> tuple[str, str, str] | None:
+    """(left, right, output) letters of a two-operand equation without ellipsis or repeats."""
+    text = text.replace(" ", "")
     if "..." in text or "->" not in text:
         return None
     lhs, out = text.split("->")
@@ -114,139 +122,161 @@ def _transposed_shape(value: ir.Value, perm: list[int]) -> ir.Shape | None:
     return ir.Shape([value.shape[i] for i in perm])
 
 
-def _rewrite_scores(node: ir.Node) -> Callable[[], None] | None:
-    """Rewrite a Q·Kᵀ Einsum into the plain form (see the module docstring); what undoes it."""
-    found = _scores_rewrite(node)
-    graph = node.graph
-    if found is None or graph is None:
-        return None
-    swap, q_perm, equation = found
-    before, old_eq = list(node.inputs), node.attributes["equation"]
-    q, k = (before[1], before[0]) if swap else (before[0], before[1])
-    assert q is not None and k is not None
-    if q_perm != list(range(len(q_perm))):
-        # named after the Einsum's output, which is unique in its graph (node names need not be)
-        scores = node.outputs[0].name
-        transpose = ir.node("Transpose", [q], attributes={"perm": q_perm}, name=f"{scores}/Transpose_q")
-        transpose.outputs[0].name = f"{scores}/q_transposed"
-        if q.dtype is not None:
-            transpose.outputs[0].dtype = q.dtype
-        transpose.outputs[0].shape = _transposed_shape(q, q_perm)
-        graph.insert_before(node, transpose)
-        q_in: ir.Value = transpose.outputs[0]
-    else:
-        transpose, q_in = None, q
-    node.replace_input_with(0, q_in)
-    node.replace_input_with(1, k)
-    _set_equation(node, equation)
+@dataclass(frozen=True)
+class ScoresRewrite:
+    """The Q·Kᵀ Einsum ``node`` written in the plain form (the module docstring): its operands in
+    Q, K order, Q through ``transpose`` (a Transpose node not in the graph) where Q's layout is not
+    [batch..., rows, contracted], and ``equation``. ``q`` is the operand the block reads as Q."""
 
-    def undo() -> None:
-        for index, value in enumerate(before):
-            node.replace_input_with(index, value)
-        node.attributes["equation"] = old_eq
-        if transpose is not None:
-            graph.remove(transpose, safe=True)
+    node: ir.Node
+    k: ir.Value
+    q_source: ir.Value  # the Einsum's Q operand as the graph has it
+    transpose: ir.Node | None
+    equation: str
 
-    return undo
+    @property
+    def q(self) -> ir.Value:
+        return self.transpose.outputs[0] if self.transpose is not None else self.q_source
+
+    @staticmethod
+    def plan(node: ir.Node) -> ScoresRewrite | None:
+        """The rewrite of a Q·Kᵀ Einsum whose Q is the second operand or not laid out [batch...,
+        rows, contracted]; None where it is not such an Einsum, or already the plain form. While
+        the read lasts, the planned Transpose reads Q (so the rules read through it as through
+        the graph), and nothing in the graph reads it."""
+        found = _scores_rewrite(node)
+        if found is None or node.graph is None:
+            return None
+        swap, q_perm, equation = found
+        q, k = (node.inputs[1], node.inputs[0]) if swap else (node.inputs[0], node.inputs[1])
+        assert q is not None and k is not None
+        transpose = None
+        if q_perm != list(range(len(q_perm))):
+            # named after the Einsum's output, which is unique in its graph (node names need not be)
+            scores = node.outputs[0].name
+            transpose = ir.node("Transpose", [q], attributes={"perm": q_perm}, name=f"{scores}/Transpose_q")
+            transpose.outputs[0].name = f"{scores}/q_transposed"
+            if q.dtype is not None:
+                transpose.outputs[0].dtype = q.dtype
+            transpose.outputs[0].shape = _transposed_shape(q, q_perm)
+        return ScoresRewrite(node, k, q, transpose, equation)
+
+    def release(self) -> None:
+        # the planned Transpose stops reading Q: Q's readers are the graph's again
+        if self.transpose is not None:
+            self.transpose.replace_input_with(0, None)
+
+    def perform(self, graph: ir.Graph) -> None:
+        if self.transpose is not None:
+            self.transpose.replace_input_with(0, self.q_source)
+            graph.insert_before(self.node, self.transpose)
+        self.node.replace_input_with(0, self.q)
+        self.node.replace_input_with(1, self.k)
+        _set_equation(self.node, self.equation)
 
 
-def _rewrite_probs(node: ir.Node) -> Callable[[], None] | None:
-    """Rewrite a P·V Einsum with a permuted output into the plain form and a Transpose to the
-    written order (the Einsum's output value then holds the plain form); what undoes it."""
-    found = _probs_rewrite(node)
-    graph = node.graph
-    if found is None or graph is None:
-        return None
-    perm, equation = found
-    old_eq, written = node.attributes["equation"], node.outputs[0]
-    written_shape = written.shape
-    transpose = ir.node("Transpose", [None], attributes={"perm": perm}, name=f"{written.name}/Transpose_to_written")
-    ordered = transpose.outputs[0]
-    ordered.name = f"{written.name}/ordered"
-    graph.insert_after(node, transpose)
-    replace_output(graph, written, ordered)  # readers and a graph output's name move to the Transpose
-    transpose.replace_input_with(0, written)
-    inverse = [perm.index(i) for i in range(len(perm))]
-    written.shape = _transposed_shape(ordered, inverse) if written_shape is not None else None
-    _set_equation(node, equation)
+@dataclass(frozen=True)
+class ProbsRewrite:
+    """The P·V Einsum ``node`` with a permuted output written as the plain batched product
+    (``equation``) followed by Transpose(perm) to the written order; the Einsum's output value
+    then holds the plain form, and the Transpose's output takes its readers and its graph-output
+    name."""
 
-    def undo() -> None:
-        transpose.replace_input_with(0, None)
-        replace_output(graph, ordered, written)
-        written.shape = written_shape
-        graph.remove(transpose, safe=True)
-        node.attributes["equation"] = old_eq
+    node: ir.Node
+    perm: list[int]
+    equation: str
 
-    return undo
+    @staticmethod
+    def plan(node: ir.Node) -> ProbsRewrite | None:
+        found = _probs_rewrite(node)
+        if found is None or node.graph is None:
+            return None
+        return ProbsRewrite(node, *found)
+
+    def release(self) -> None:
+        pass
+
+    def perform(self, graph: ir.Graph) -> None:
+        node, perm = self.node, self.perm
+        written = node.outputs[0]
+        written_shape = written.shape
+        transpose = ir.node("Transpose", [None], attributes={"perm": perm}, name=f"{written.name}/Transpose_to_written")
+        ordered = transpose.outputs[0]
+        ordered.name = f"{written.name}/ordered"
+        graph.insert_after(node, transpose)
+        replace_output(graph, written, ordered)  # readers and a graph output's name move to the Transpose
+        transpose.replace_input_with(0, written)
+        inverse = [perm.index(i) for i in range(len(perm))]
+        written.shape = _transposed_shape(ordered, inverse) if written_shape is not None else None
+        _set_equation(node, self.equation)
 
 
 class QKEinsum(Rule):
-    """Einsum(q, k) = q @ kᵀ with k in the order the equation names (K [B, H, Sk, D] after k_perm)."""
+    """The scores' product as an Einsum, the last node of the score side; Q scaled by constants,
+    K in the order the equation names (K [B, H, Sk, D] after k_perm)::
+
+        s = Einsum(q', k, "bhqd,bhkd->bhqk")     (any letters; K's axes in any order: "bhqd,bkhd->bhqk")
+        s = Einsum(k, q', "aecd,abcd->acbe")     (Keras: read as Einsum(Transpose(q', [0,2,1,3]), k))
+                                                                                          next: none
+    """
 
     op_types = ("Einsum",)
 
-    def _read(self, node: ir.Node, m: WalkState) -> tuple[QKOperands, str]:
-        found = batched_product(node)
-        if found is None:
-            eq = node.attributes.get("equation")
-            raise NotFused(f"{u.label(node)} ({eq.as_string() if eq else '?'}) is not a batched Q·Kᵀ")
-        rank, perm = found
-        q, scale, q_label = scaled_q(u.operand(node, 0))
-        k = u.operand(node, 1)
-        if u.const_array(k) is not None:
-            raise NotFused("K is a constant (a weight): this Softmax is not attention")
-        return QKOperands(q, k, perm, rank, scale), q_label
-
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        undo = _rewrite_scores(node)
+    def read(self, node: ir.Node, value: ir.Value, block: SoftmaxBlock) -> Read:
+        rewrite = ScoresRewrite.plan(node)
         try:
-            take_qk(node, m, self._read(node, m)[0], dry_run=True)
+            terms = _terms(rewrite.equation) if rewrite is not None else _equation(node)
+            found = _batched(*terms) if terms is not None else None
+            if found is None:
+                eq = node.attributes.get("equation")
+                raise NotFused(f"{u.label(node)} ({eq.as_string() if eq else '?'}) is not a batched Q·Kᵀ")
+            rank, perm = found
+            q, scale, q_label = scaled_q(rewrite.q if rewrite is not None else u.operand(node, 0))
+            k = rewrite.k if rewrite is not None else u.operand(node, 1)
+            if u.const_array(k) is not None:
+                raise NotFused("K is a constant (a weight): this Softmax is not attention")
+            block = take_qk(node, block, QKOperands(q, k, perm, rank, scale))
         except NotFused:
-            if undo is not None:
-                undo()
+            if rewrite is not None:
+                rewrite.release()
             raise
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        read, q_label = self._read(node, m)
-        take_qk(node, m, read, dry_run=False)
-        m.add(node, f"Einsum({q_label},k)")
-        return None
+        rewrites = block.rewrites + ((rewrite,) if rewrite is not None else ())
+        return block.read(node, f"Einsum({q_label},k)", rewrites=rewrites), None
 
 
 class ProbsEinsumV(Rule):
-    """Einsum(p, v) = p @ v with v in the order the equation names."""
+    """The block's output as an Einsum, the last node of the probability side; V in the order
+    the equation names::
+
+        output = Einsum(p, v, "bhqk,bhkd->bhqd")    (any letters; V's axes in any order)
+        output = Einsum(p, v, "acbe,aecd->abcd")    (Keras [B, S, H, D] output: read as
+                 Transpose(Einsum(p, v, "acbe,aecd->acbd"), [0, 2, 1, 3]))   next: none (the scores)
+    """
 
     op_types = ("Einsum",)
 
     def matches(self, node: ir.Node, value: ir.Value) -> bool:
         return node.op_type == "Einsum" and len(node.inputs) == 2 and node.inputs[0] is value
 
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        eq = node.attributes.get("equation")
-        undo = _rewrite_probs(node)
-        if self._v_perm(node) is None:
-            if undo is not None:
-                undo()
+    def read(self, node: ir.Node, value: ir.Value, block: SoftmaxBlock) -> Read:
+        rewrite = ProbsRewrite.plan(node)
+        terms = _terms(rewrite.equation) if rewrite is not None else _equation(node)
+        v_perm = _v_perm(terms) if terms is not None else None
+        if v_perm is None:
+            eq = node.attributes.get("equation")
             raise NotFused(f"{u.label(node)} ({eq.as_string() if eq else '?'}) is not a batched P·V")
+        rewrites = block.rewrites + ((rewrite,) if rewrite is not None else ())
+        v = u.operand(node, 1)
+        return block.read(node, "Einsum(p,v)", v=v, v_perm=v_perm[0], output=node.outputs[0], rewrites=rewrites), None
 
-    @staticmethod
-    def _v_perm(node: ir.Node) -> tuple[list[int] | None] | None:
-        """(perm,) taking v to [L..., Sk, Dv] when the equation is P·V (perm None: as is)."""
-        found = batched_product(node)
-        if found is None:
-            return None
-        _, to_n_c = found  # right to [L..., n, c]; the op wants V as [L..., c, n]
-        eq = _equation(node)
-        assert eq is not None
-        rank = len(eq[2])
-        base = to_n_c if to_n_c is not None else list(range(rank))
-        perm = base[:-2] + [base[-1], base[-2]]
-        return (None if perm == list(range(rank)) else perm,)
 
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        found = self._v_perm(node)
-        assert found is not None  # check() proved it
-        m.v, m.v_perm = u.operand(node, 1), found[0]
-        m.output = node.outputs[0]
-        m.add(node, "Einsum(p,v)")
+def _v_perm(terms: tuple[str, str, str]) -> tuple[list[int] | None] | None:
+    """(perm,) taking v to [L..., Sk, Dv] when the equation is P·V (perm None: as is)."""
+    found = _batched(*terms)
+    if found is None:
         return None
+    _, to_n_c = found  # right to [L..., n, c]; the op wants V as [L..., c, n]
+    rank = len(terms[2])
+    base = to_n_c if to_n_c is not None else list(range(rank))
+    perm = base[:-2] + [base[-1], base[-2]]
+    return (None if perm == list(range(rank)) else perm,)

@@ -4,6 +4,7 @@ counts it can group), with a grouped-query repeat of K and V read away."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -12,7 +13,7 @@ from ..errors import NotFused
 from ..graph import ir_utils as u
 from ..graph import shapes
 from .kv_repeats import repeated_kv
-from .walk_state import WalkState
+from .softmax_block import SoftmaxBlock
 
 
 @dataclass(frozen=True)
@@ -55,39 +56,37 @@ def _added_zero(node: ir.Node) -> ir.Value | None:
     return None
 
 
-def take_qk(node: ir.Node, m: WalkState, read: QKOperands, dry_run: bool) -> None:
-    """Prove what the op needs of Q, K and V once the Q·Kᵀ node is read; unless dry_run, record
-    them in m, with a grouped-query repeat of K and V read away."""
+def take_qk(node: ir.Node, block: SoftmaxBlock, read: QKOperands) -> SoftmaxBlock:
+    """block with Q, K and V read, once the Q·Kᵀ node is read as ``read`` and what the op needs of
+    them is proved (raises NotFused where it is not), a grouped-query repeat of K and V read away."""
     q, k, perm, rank, scale = read.q, read.k, read.k_perm, read.rank, read.scale
-    v = m.v
+    v = block.v
     assert v is not None  # the probability side is read first
     for x in (q, k, v):
         r = u.rank(x)
         if r is not None and r != rank:
             raise NotFused(f"Q, K and V do not share one rank (Q has {rank}, {u.label(x)} has {r})")
-    _check_dtypes(node, q, k, v, m)
+    _check_dtypes(node, q, k, v, block.output)
     if rank == 4:
-        _check_head_counts(q, k, perm, v, m.v_perm)
+        _check_head_counts(q, k, perm, v, block.v_perm)
     if rank == 3:
-        for x in m.biases + [c for c, _ in m.masks]:
+        for x in list(block.biases) + [c for c, _ in block.masks]:
             if u.rank(x) is None:
                 raise NotFused(f"the rank of {u.label(x)} is unknown, so its [B·H, S, T] layout cannot be proved")
-    if dry_run:
-        return
-    if perm is None and m.v_perm is None and rank == 4:
-        repeat = repeated_kv(k)
+    repeat = block.repeat
+    if perm is None and block.v_perm is None and rank == 4:
+        repeat_k = repeated_kv(k)
         repeat_v = repeated_kv(v)
-        if repeat and repeat_v and repeat[1] == repeat_v[1]:
-            k, m.v, m.repeat = repeat[0], repeat_v[0], repeat[1]
-    m.q, m.k, m.k_perm, m.rank = q, k, perm, rank
-    m.scale *= scale
+        if repeat_k and repeat_v and repeat_k[1] == repeat_v[1]:
+            k, v, repeat = repeat_k[0], repeat_v[0], repeat_k[1]
+    return dataclasses.replace(block, q=q, k=k, v=v, k_perm=perm, rank=rank, scale=block.scale * scale, repeat=repeat)
 
 
-def _check_dtypes(qk: ir.Node, q: ir.Value, k: ir.Value, v: ir.Value, m: WalkState) -> None:
+def _check_dtypes(qk: ir.Node, q: ir.Value, k: ir.Value, v: ir.Value, output: ir.Value | None) -> None:
     """Q, K and V proved float32 or float16 of one type. MatMul takes operands of one type, so a
     type known anywhere on the Q·Kᵀ side (or the P·V side) is the type of Q and K (of V)."""
-    pv = m.output.producer() if m.output is not None else None
-    v_side = (v, m.output) + ((pv.inputs[0],) if pv is not None else ())
+    pv = output.producer() if output is not None else None
+    v_side = (v, output) + ((pv.inputs[0],) if pv is not None else ())
     sides: dict[str, tuple[ir.Value | None, ...]] = {
         "Q and K": (q, k, qk.inputs[0], qk.inputs[1], qk.outputs[0]),
         "V": v_side,

@@ -1,17 +1,14 @@
-"""The attention rules: each one piece of  softmax(scale · q @ kᵀ + bias, masked) @ v.
+"""The score-side rules: each one piece of  softmax(scale · q @ kᵀ + bias, masked) @ v, from the
+Softmax's input up to Q·Kᵀ (probs_rules.py reads from its output down to P·V).
 
-Over 400 lines on purpose: the rules are one grammar, read in the order the walk applies them,
-and they share the walk's state and the scale and K-side proofs.
-
-A block is read starting at its Softmax, outwards: up the score expression
-(casts, masks, biases, scale) to the q @ kᵀ MatMul, and down the probabilities
-(casts, a NaN guard) to the MatMul with v. Each rule proves what must hold for the
-fused op to compute the same numbers (`check`, which raises NotFused naming the failed
-precondition) and folds its piece into the walk's state (`apply`). The walk itself is
-in walker.py; what the block becomes is op/call.py's FlashAttentionCall. Beside them:
-qk_operands.py (what Q, K and V must be once Q·Kᵀ is read), kv_repeats.py (grouped-query
-repeats), einsum_rules.py (the Einsum forms of the two products).
-"""
+A block is read from its Softmax outwards: up the scores (casts, masks, biases, scale) to the
+q @ kᵀ MatMul, and down the probabilities (casts, a NaN guard) to the MatMul with v. Each rule's
+docstring draws the nodes it matches (``s``: the value read so far). Its `read` proves what must
+hold for the fused op to compute the same numbers, raising NotFused naming the failed
+precondition, and returns the block (softmax_block.SoftmaxBlock, frozen) with its piece read in
+and the next value to read; it never changes the graph. The walk is softmax_read.py. Beside the
+rules: qk_operands.py (what Q, K and V must be once Q·Kᵀ is read), kv_repeats.py (grouped-query
+repeats), einsum_rules.py (the Einsum forms of the two products)."""
 
 from __future__ import annotations
 
@@ -26,7 +23,9 @@ from ..graph.dim_terms import dims_equal
 from ..graph.interpret import proved_dims
 from ..op.spec import ABSORBING_FILL
 from .qk_operands import QKOperands, scaled_q, take_qk, try_scale
-from .walk_state import WalkState
+from .softmax_block import Rule, SoftmaxBlock
+
+Read = tuple[SoftmaxBlock, ir.Value | None]  # what Rule.read returns: the block, the next value
 
 
 def _float_type(value: ir.Value) -> bool:
@@ -34,33 +33,25 @@ def _float_type(value: ir.Value) -> bool:
     return t is None or t in u.FLOAT_TYPES
 
 
-class Rule:
-    op_types: tuple[str, ...] = ()
-
-    def matches(self, node: ir.Node, value: ir.Value) -> bool:
-        return node.op_type in self.op_types
-
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        """Raise NotFused if this node cannot be folded into the match."""
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        """Fold the node into the match; return the next value to read (None: done)."""
-        raise NotImplementedError
-
-
 # ---------------------------------------------------------------- score side
 
 
+def float_cast(node: ir.Node) -> None:
+    if ir.DataType(u.attr_int(node, "to", 0)) not in u.FLOAT_TYPES or not _float_type(u.operand(node, 0)):
+        raise NotFused(f"{u.label(node)} is not between float32 and float16")
+
+
 class FloatCast(Rule):
+    """A cast of the scores between float types::
+
+    s = Cast(x, to=float32 | float16)      x float32 or float16; next: x
+    """
+
     op_types = ("Cast",)
 
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        if ir.DataType(u.attr_int(node, "to", 0)) not in u.FLOAT_TYPES or not _float_type(u.operand(node, 0)):
-            raise NotFused(f"{u.label(node)} is not between float32 and float16")
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        m.add(node)
-        return u.operand(node, 0)
+    def read(self, node: ir.Node, value: ir.Value, block: SoftmaxBlock) -> Read:
+        float_cast(node)
+        return block.read(node), u.operand(node, 0)
 
 
 def inference_identity(node: ir.Node) -> bool:
@@ -78,22 +69,29 @@ def inference_identity(node: ir.Node) -> bool:
     return mask is None or (not mask.consumers() and not mask.is_graph_output())
 
 
+def read_inference_identity(node: ir.Node) -> None:
+    if not inference_identity(node):
+        raise NotFused(f"{u.label(node)} may be in training mode, or its mask is read")
+
+
 class InferenceIdentity(Rule):
-    """Identity, or Dropout at inference, on the scores."""
+    """Identity, or Dropout at inference, on the scores::
+
+    s = Identity(x)    s = Dropout(x[, ratio[, training_mode=false]])   (mask unread); next: x
+    """
 
     op_types = ("Identity", "Dropout")
 
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        if not inference_identity(node):
-            raise NotFused(f"{u.label(node)} may be in training mode, or its mask is read")
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        m.add(node)
-        return u.operand(node, 0)
+    def read(self, node: ir.Node, value: ir.Value, block: SoftmaxBlock) -> Read:
+        read_inference_identity(node)
+        return block.read(node), u.operand(node, 0)
 
 
 class BooleanMask(Rule):
-    """where(mask, scores, fill) or where(masked_out, fill, scores), fill a constant."""
+    """A boolean mask with one constant fill (at most 0, and the same for every mask)::
+
+    s = Where(keep, x, fill)      s = Where(masked_out, fill, x)      next: x
+    """
 
     op_types = ("Where",)
 
@@ -107,34 +105,30 @@ class BooleanMask(Rule):
             return cond, b, fill_a, True
         raise NotFused(f"{u.label(node)} does not choose between the scores and one constant fill value")
 
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        cond, _, fill, _ = self._split(node)
+    def read(self, node: ir.Node, value: ir.Value, block: SoftmaxBlock) -> Read:
+        cond, scores, fill, inverted = self._split(node)
         if cond.dtype is not None and cond.dtype != ir.DataType.BOOL:
             raise NotFused(f"{u.label(node)}: its condition is not boolean")
         if math.isnan(fill) or fill > 0:
             raise NotFused(f"{u.label(node)} fills masked scores with {fill}, not a large negative number")
-        if m.mask_fill is not None and fill != m.mask_fill:
-            raise NotFused(f"two masks fill with different values ({m.mask_fill} and {fill})")
-        if m.scale_nearer_softmax:
+        if block.mask_fill is not None and fill != block.mask_fill:
+            raise NotFused(f"two masks fill with different values ({block.mask_fill} and {fill})")
+        if block.scale_nearer_softmax:
             raise NotFused(f"the scores are scaled after the mask {u.label(node)} (the fill would be scaled too)")
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        cond, scores, fill, inverted = self._split(node)
-        if m.bias_nearer_softmax and not m.bias_after_mask:
+        bias_after_mask = block.bias_after_mask
+        if block.bias_nearer_softmax and not block.bias_after_mask:
             # where(mask, s, fill) + b: the op's own order when the fill absorbs b (fill + b ==
             # fill), else its bias_after_mask order, which computes exactly this graph.
-            m.bias_after_mask = not _fill_absorbs_later_biases(fill, m.biases)
-        m.masks.append((cond, inverted))
-        m.mask_fill = fill
-        m.add(node)
-        return scores
+            bias_after_mask = not _fill_absorbs_later_biases(fill, block.biases)
+        masks = block.masks + ((cond, inverted),)
+        return block.read(node, masks=masks, mask_fill=fill, bias_after_mask=bias_after_mask), scores
 
 
 # What a fill at or below spec.ABSORBING_FILL absorbs (fill + b == fill; spec.py says why 2**102).
 _ABSORBED_BIAS = 2.0**102
 
 
-def _fill_absorbs_later_biases(fill: float, biases: list[ir.Value]) -> bool:
+def _fill_absorbs_later_biases(fill: float, biases: tuple[ir.Value, ...]) -> bool:
     """where(mask, s, fill) + b (GPT-2's order) equals the op's where(mask, s + b, fill) when
     fill + b == fill for every value b can hold: fill -inf and b never +inf or NaN, or fill at or
     below -2**127 and |b| < 2**102. The bounds on b come from the ops that compute it."""
@@ -149,7 +143,10 @@ def _fill_absorbs_later_biases(fill: float, biases: list[ir.Value]) -> bool:
 
 
 class AdditiveBias(Rule):
-    """scores + bias (padding masks, position bias, ALiBi), bias of any broadcastable shape."""
+    """A float bias of any broadcastable shape (padding masks, position bias, ALiBi)::
+
+    s = Add(x, bias)   (or Add(bias, x); x the operand that leads to Q·Kᵀ)      next: x
+    """
 
     op_types = ("Add",)
 
@@ -163,30 +160,27 @@ class AdditiveBias(Rule):
             return b, a
         raise NotFused(f"{u.label(node)}: cannot tell which operand is the attention scores")
 
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        _, bias = self._split(node)
+    def read(self, node: ir.Node, value: ir.Value, block: SoftmaxBlock) -> Read:
+        scores, bias = self._split(node)
         if not _float_type(bias):
             raise NotFused(f"{u.label(node)}: the bias is not a float tensor")
-        if m.bias_after_mask:
+        if block.bias_after_mask:
             raise NotFused(
                 f"biases on both sides of a mask: {u.label(bias)} is added before it, another after it "
                 "(the op adds all of its biases on one side)"
             )
-        if m.scale_nearer_softmax:
+        if block.scale_nearer_softmax:
             raise NotFused(
                 f"the scores are scaled after the bias {u.label(node)} was added (the bias would be scaled too)"
             )
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        scores, bias = self._split(node)
-        m.biases.append(bias)
-        m.bias_nearer_softmax = True
-        m.add(node)
-        return scores
+        return block.read(node, biases=block.biases + (bias,), bias_nearer_softmax=True), scores
 
 
 class Softcap(Rule):
-    """c · tanh(s / c): the soft cap, applied to the scaled scores under every bias and mask."""
+    """The soft cap c > 0, on the scaled scores under every bias and mask::
+
+    s = Mul(Tanh(Div(x, c)), c)   (either operand order of the Mul)      next: x
+    """
 
     op_types = ("Mul",)
 
@@ -204,54 +198,44 @@ class Softcap(Rule):
     def matches(self, node: ir.Node, value: ir.Value) -> bool:
         return node.op_type == "Mul" and self._split(node) is not None
 
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        if m.scale_nearer_softmax:
+    def read(self, node: ir.Node, value: ir.Value, block: SoftmaxBlock) -> Read:
+        if block.scale_nearer_softmax:
             raise NotFused(f"the scores are scaled after the softcap {u.label(node)}")
-        if m.softcap:
+        if block.softcap:
             raise NotFused("two softcaps on one block")
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         split = self._split(node)
         assert split is not None  # matches() proved it
         tanh, div, cap = split
-        m.softcap = cap
-        m.add(node, "Softcap")
-        m.nodes += [tanh, div]
-        return div.inputs[0]
+        return block.read(node, "Softcap", also=(tanh, div), softcap=cap), div.inputs[0]
 
 
 class ScalarScale(Rule):
-    """scores * c or scores / c with c one constant number."""
+    """A scale by one constant, finite, non-zero number c (it multiplies the op's scale)::
+
+    s = Mul(x, c)    s = Mul(c, x)    s = Div(x, c)      next: x
+    """
 
     op_types = ("Mul", "Div")
 
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        _scale_factor(node, value)
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
+    def read(self, node: ir.Node, value: ir.Value, block: SoftmaxBlock) -> Read:
         factor, operand = _scale_factor(node, value)
-        m.scale *= factor
-        m.scale_nearer_softmax = True
-        m.add(node)
-        return operand
+        return block.read(node, scale=block.scale * factor, scale_nearer_softmax=True), operand
 
 
 class QKMatMul(Rule):
-    """q @ kᵀ: q possibly scaled, kᵀ a Transpose of k (possibly scaled), or given transposed."""
+    """The scores' product, the last node of the score side; Q and K scaled by constants (folded
+    into the scale), Kᵀ a Transpose of K or given transposed::
+
+        s = MatMul(q', kt)       q' = q | Mul(q, c) | Div(q, c) | Add(Mul(q, c), 0) ...
+                                 kt = Transpose(k, perm=[.., -1, -2]) | Transpose(k, [0,2,3,1])
+                                    | Reshape(Transpose(Reshape(k, [B·H,S,D]), [0,2,1]), [B,H,D,S])
+                                    | k' scaled by constants | a tensor kᵀ         next: none
+    """
 
     op_types = ("MatMul",)
 
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        self._operands(node, m, dry_run=True)
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        labels = self._operands(node, m, dry_run=False)
-        assert labels is not None
-        m.add(node, f"MatMul({labels[0]},{labels[1]})")
-        return None
-
-    def _operands(self, node: ir.Node, m: WalkState, dry_run: bool) -> tuple[str, str] | None:
-        if m.heads_merged and m.heads_split is None:
+    def read(self, node: ir.Node, value: ir.Value, block: SoftmaxBlock) -> Read:
+        if block.heads_merged and block.heads_split is None:
             raise NotFused(NOT_SPLIT)
         kt = u.operand(node, 1)
         q, scale, q_label = scaled_q(u.operand(node, 0))
@@ -300,16 +284,16 @@ class QKMatMul(Rule):
         if not transposed:
             perm = swap  # kᵀ is given as a tensor: transpose it back
             k_label = "kᵀ"
-        take_qk(node, m, QKOperands(q, k, perm, rank, scale), dry_run)
-        if m.repeat > 1:
-            k_label = k_label.replace("k", f"repeat(k,{m.repeat})", 1)
-        return q_label, k_label
+        block = take_qk(node, block, QKOperands(q, k, perm, rank, scale))
+        if block.repeat > 1:
+            k_label = k_label.replace("k", f"repeat(k,{block.repeat})", 1)
+        return block.read(node, f"MatMul({q_label},{k_label})"), None
 
 
 NOT_SPLIT = "the probabilities are reshaped to [B·H, Sq, Sk], but the scores were not split from it"
 
 
-def _same_trailing_dims(wide: ir.Value, narrow: ir.Value) -> bool:
+def same_trailing_dims(wide: ir.Value, narrow: ir.Value) -> bool:
     """wide [B, H, Sq, Sk] and narrow [X, Sq, Sk] with (Sq, Sk) proved the same: a Reshape between
     them keeps the element count, so X = B·H and each (b, h) row block is row b·H + h."""
     w, n = proved_dims(wide), proved_dims(narrow)
@@ -319,28 +303,28 @@ def _same_trailing_dims(wide: ir.Value, narrow: ir.Value) -> bool:
 
 
 class ScoresHeadSplit(Rule):
-    """Reshape [B·H, Sq, Sk] -> [B, H, Sq, Sk] of the scores, when the probabilities are merged
-    back to [B·H, Sq, Sk] before P·V: the block is per batch·head below it, per (batch, head) above."""
+    """The per batch·head scores viewed per (batch, head), where the probabilities are merged back
+    before P·V (ProbsHeadMerge): the block is per batch·head below it, per (batch, head) above::
+
+        s [B, H, Sq, Sk] = Reshape(x [B·H, Sq, Sk], ...)   (Sq, Sk proved the same; H static)   next: x
+    """
 
     op_types = ("Reshape",)
 
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        if not m.heads_merged:
+    def read(self, node: ir.Node, value: ir.Value, block: SoftmaxBlock) -> Read:
+        if not block.heads_merged:
             raise NotFused(f"the scores are reshaped by {u.label(node)}, and the probabilities are not reshaped back")
-        if m.heads_split is not None:
+        if block.heads_split is not None:
             raise NotFused(f"the scores are reshaped twice ({u.label(node)})")
-        if not _same_trailing_dims(value, u.operand(node, 0)):
+        if not same_trailing_dims(value, u.operand(node, 0)):
             raise NotFused(f"{u.label(node)} is not proved to split [B·H, Sq, Sk] into [B, H, Sq, Sk]")
-        if not isinstance(shapes.resolved_dim(value, 1), int):
-            raise NotFused(f"{u.label(node)} splits the batch·head axis into a head count that is not static")
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
         heads = shapes.resolved_dim(value, 1)
-        assert isinstance(heads, int)  # check() proved it
-        m.heads_split = heads
-        m.split_biases, m.split_masks = len(m.biases), len(m.masks)
-        m.add(node, "Reshape(B,H)")
-        return u.operand(node, 0)
+        if not isinstance(heads, int):
+            raise NotFused(f"{u.label(node)} splits the batch·head axis into a head count that is not static")
+        split = block.read(
+            node, "Reshape(B,H)", heads_split=heads, split_biases=len(block.biases), split_masks=len(block.masks)
+        )
+        return split, u.operand(node, 0)
 
 
 SCORE_RULES: tuple[Rule, ...] = (
@@ -402,126 +386,6 @@ def _transpose_via_3d(outer: ir.Node) -> ir.Value | None:
     ):
         return x
     return None
-
-
-# ------------------------------------------------------------ probability side
-
-
-class ProbsCast(FloatCast):
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        m.add(node)
-        return node.outputs[0]
-
-
-class ProbsInferenceIdentity(InferenceIdentity):
-    """Identity, or attention dropout at inference, between the Softmax and P·V."""
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        m.add(node)
-        return node.outputs[0]
-
-
-class NanGuard(Rule):
-    """where(isnan(p), 0, p): fully masked rows give zeros instead of NaN."""
-
-    op_types = ("IsNaN",)
-
-    def _where(self, node: ir.Node, value: ir.Value) -> ir.Node | None:
-        for where in node.outputs[0].consumers():
-            if (
-                where.op_type == "Where"
-                and where.inputs[0] is node.outputs[0]
-                and where.inputs[2] is value
-                and u.scalar(where.inputs[1]) == 0.0
-            ):
-                return where
-        return None
-
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        if self._where(node, value) is None:
-            raise NotFused(f"{u.label(node)} is not a Where(IsNaN(p), 0, p) guard")
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        where = self._where(node, value)
-        assert where is not None  # check() proved it
-        m.nan_guard = True
-        m.add(node)
-        m.add(where, "Where(isnan)")
-        return where.outputs[0]
-
-
-class ProbsHeadMerge(Rule):
-    """Reshape [B, H, Sq, Sk] -> [B·H, Sq, Sk] of the probabilities before a batched P·V."""
-
-    op_types = ("Reshape",)
-
-    def matches(self, node: ir.Node, value: ir.Value) -> bool:
-        return node.op_type == "Reshape" and node.inputs[0] is value
-
-    def check(self, node: ir.Node, value: ir.Value, m: WalkState) -> None:
-        if m.heads_merged:
-            raise NotFused(f"the probabilities are reshaped twice ({u.label(node)})")
-        if not _same_trailing_dims(value, node.outputs[0]):
-            raise NotFused(f"the probabilities feed {u.label(node)}, not proved to merge [B, H] into B·H")
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        m.heads_merged = True
-        m.add(node, "Reshape(B·H)")
-        return node.outputs[0]
-
-
-class ProbsMatMulV(Rule):
-    op_types = ("MatMul",)
-
-    def matches(self, node: ir.Node, value: ir.Value) -> bool:
-        return node.op_type == "MatMul" and node.inputs[0] is value
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        m.v = node.inputs[1]
-        m.output = node.outputs[0]
-        m.add(node)
-        return None
-
-
-class RowMaxGuard(Rule):
-    """where(reducemax(bias) == -inf, 0, p): ONNX Attention's function body zeroes the rows its
-    bias masks out entirely. Equal to masked_rows='zero' when that bias is the block's only
-    source of -inf, which read_block checks once the score side is read."""
-
-    def _guarded_bias(self, node: ir.Node, value: ir.Value) -> ir.Value | None:
-        if node.op_type != "Where" or node.inputs[2] is not value or u.scalar(node.inputs[1]) != 0.0:
-            return None
-        eq = u.producer(node.inputs[0], "Equal")
-        if eq is None:
-            return None
-        for row_max, neg_inf in (eq.inputs, reversed(eq.inputs)):
-            reduce = u.producer(row_max, "ReduceMax")
-            if reduce is None or u.scalar(neg_inf) != -math.inf:
-                continue
-            axes = u.unsqueeze_axes(reduce)
-            r = u.rank(reduce.inputs[0])
-            if axes is not None and len(axes) == 1 and (axes[0] == -1 or (r is not None and axes[0] == r - 1)):
-                return reduce.inputs[0]
-        return None
-
-    def matches(self, node: ir.Node, value: ir.Value) -> bool:
-        return self._guarded_bias(node, value) is not None
-
-    def apply(self, node: ir.Node, value: ir.Value, m: WalkState) -> ir.Value | None:
-        m.nan_guard = True
-        m.guard_bias = self._guarded_bias(node, value)
-        m.add(node, "Where(rowmax=-inf)")
-        return node.outputs[0]
-
-
-PROBS_RULES: tuple[Rule, ...] = (
-    ProbsCast(),
-    ProbsInferenceIdentity(),
-    NanGuard(),
-    RowMaxGuard(),
-    ProbsHeadMerge(),
-    ProbsMatMulV(),
-)
 
 
 def softmax_axis_is_last(node: ir.Node, opset: int) -> None:

@@ -5,7 +5,7 @@ graph/shapes answers from shape inference and the shape subgraphs; ``Reader`` go
 through MatMuls, norms, rotary tables and computed reshapes (``dims_of``, ``proved_dims``), with
 dims that are sums of symbols (graph/dim_terms), and into the elements of a tensor as a term of its
 index variables (``read``, graph/terms; the reading of each op is graph/op_readers). The general
-rules ask it for dims (fusion/walker, fusion/softmax_rules); the causality proof reads a mask
+rules ask it for dims (fusion/softmax_read, fusion/softmax_rules); the causality proof reads a mask
 subgraph with it (fusion/causal/proof).
 """
 
