@@ -61,7 +61,9 @@ def _cached(cache: Path, path: Path, seq_lens: tuple[int, ...], chosen: str, rat
     from ortflash.op.policy import SoftmaxPolicy
 
     policy = json.dumps(SoftmaxPolicy.for_new_nodes().attributes(), sort_keys=True)  # the default policy
-    key = tune.cache_key(load(path), ep="cpu", seq_lens=seq_lens, policy=policy, target=None)
+    key = tune.cache_key(
+        load(path), ep="cpu", seq_lens=seq_lens, policy=policy, target=None, weights_dir=str(path.parent)
+    )
     cache.mkdir(parents=True, exist_ok=True)
     doc = {"schema": tune.CACHE_SCHEMA, "chosen": chosen, "ratios": ratios}
     (cache / f"{key}.json").write_text(json.dumps(doc))
@@ -170,6 +172,41 @@ def test_tune_times_a_model_whose_weights_are_where_its_tensors_say(tmp_path, lo
     ratios = json.loads(entry.read_text())["ratios"]
     assert set(ratios) == {"fused"} and ratios["fused"]["32"] is not None and ratios["fused"]["32"] > 0
     assert "-/-" not in report.target.why and "fused -;" not in report.target.why
+
+
+def test_the_key_hashes_the_external_weights_not_only_the_graph(tmp_path, monkeypatch):
+    """Two models of one graph whose external data differs are two models: one's cached timings are
+    not the other's (the key hashed the graph only, which names the data file, not its bytes)."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    path_a, path_b = _stack_with_weights_in(first, "model.onnx_data"), _stack_with_weights_in(second, "model.onnx_data")
+    data = bytearray((second / "model.onnx_data").read_bytes())
+    data[:4] = bytes(4)  # other weights, the same graph
+    (second / "model.onnx_data").write_bytes(bytes(data))
+    assert load(path_a).SerializeToString() == load(path_b).SerializeToString()
+
+    def key(path: Path) -> str:
+        return tune.cache_key(
+            load(path), ep="cpu", seq_lens=[32], policy="naive", target=None, weights_dir=str(path.parent)
+        )
+
+    assert key(path_a) != key(path_b)
+    copy = tmp_path / "c"
+    copy.mkdir()
+    path_c = _stack_with_weights_in(copy, "model.onnx_data")  # the same weights elsewhere: the same key
+    assert key(path_a) == key(path_c)
+
+    cache = tmp_path / "cache"
+    _cached(cache, path_a, (32,), "fused", {"fused": {"32": 1.5}})
+    import ortflash.bench.sweep as sweep
+
+    timed: list[object] = []
+    real = sweep.bench
+    monkeypatch.setattr(sweep, "bench", lambda *a, **k: timed.append(a) or real(*a, **k))
+    settings = TuneSettings(seq_lens=(32,), cache_dir=str(cache), repeats=1, rounds=1)
+    optimize_tuned(path_b, settings, seq_lens=[32])
+    assert timed, "b's weights are not a's: b is measured, not read from a's cache entry"
+    assert len(list(cache.glob("*.json"))) == 2
 
 
 def test_a_timing_that_failed_is_an_error_and_is_not_cached(tmp_path):

@@ -10,8 +10,9 @@ at least as fast as the original at every length asked for; of those, the fastes
 mean of its ratios. So the written model is never measured slower than the input here.
 
 The cache (``TuneCache``) is one JSON file per key under a folder the caller names (the CLI's
-default: ``$XDG_CACHE_HOME/ortflash/tune``). The key is the hash of the input model's bytes, the
-execution provider, the machine (CPU model, its vector units, its core count), the versions of
+default: ``$XDG_CACHE_HOME/ortflash/tune``). The key is the hash of the input model's bytes and of
+the external data files its tensors name (two models of one graph and other weights are two
+models), the execution provider, the machine (CPU model, its vector units, its core count), the versions of
 ortflash, ONNX Runtime and onnx, the lengths, the softmax policy and the target asked for: a hit
 rebuilds the candidates (deterministic) and takes the cached label without timing anything.
 """
@@ -35,7 +36,7 @@ from typing import Any
 import onnx
 
 from ..errors import OrtflashError
-from ..model_io import ModelLike, copy_external_data, load
+from ..model_io import ModelLike, copy_external_data, external_locations, load
 from ..op.policy import SoftmaxPolicy
 from ..report import Report
 
@@ -103,10 +104,21 @@ def machine() -> dict[str, Any]:
     }
 
 
-def cache_key(model: onnx.ModelProto, *, ep: str, seq_lens: Sequence[int], policy: str, target: str | None) -> str:
+def cache_key(
+    model: onnx.ModelProto,
+    *,
+    ep: str,
+    seq_lens: Sequence[int],
+    policy: str,
+    target: str | None,
+    weights_dir: str | None = None,
+) -> str:
+    """The cache's key; weights_dir: the folder the model's external data locations are relative to
+    (None: a model in memory, whose external data is named by location only)."""
     digest = hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
     parts = {
         "model": digest,
+        "weights": _external_digests(model, weights_dir),
         "ep": ep,
         "machine": machine(),
         "seq_lens": list(seq_lens),
@@ -114,6 +126,23 @@ def cache_key(model: onnx.ModelProto, *, ep: str, seq_lens: Sequence[int], polic
         "target": target,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _external_digests(model: onnx.ModelProto, weights_dir: str | None) -> dict[str, str | None]:
+    """The sha256 of each external data file the model names, by location (None: not found; the
+    timing then fails and nothing is cached). The graph alone does not say which weights it runs."""
+    found: dict[str, str | None] = {}
+    for loc in external_locations(model):
+        path = os.path.join(weights_dir, loc) if weights_dir is not None else None
+        if path is None or not os.path.isfile(path):
+            found[loc] = None
+            continue
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        found[loc] = digest.hexdigest()
+    return found
 
 
 def choose_fastest(ratios: Mapping[str, Mapping[int, float | None]]) -> str:
@@ -292,17 +321,18 @@ def optimize_tuned(
         *(options.get(k) for k in ("softmax", "online_softmax")),
         **{k: options[k] for k in ("block_size", "min_seq_len") if k in options},
     )
+    weights_dir = (
+        os.path.dirname(os.path.abspath(os.fspath(model_or_path)))
+        if isinstance(model_or_path, (str, os.PathLike))
+        else None
+    )
     key = cache_key(
         original,
         ep=ep or "cpu",
         seq_lens=settings.seq_lens,
         policy=json.dumps(policy.attributes(), sort_keys=True),
         target=target,
-    )
-    weights_dir = (
-        os.path.dirname(os.path.abspath(os.fspath(model_or_path)))
-        if isinstance(model_or_path, (str, os.PathLike))
-        else None
+        weights_dir=weights_dir,
     )
     measured = measure(
         original, {label: m for label, (m, _) in candidates.items()}, settings, key=key, weights_dir=weights_dir
