@@ -78,9 +78,10 @@ def _blocks(path: Path) -> tuple[str, int | None, int | None]:
     return next(iter(kinds))
 
 
-def from_bench(folder: Path, variant: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def from_bench(folder: Path, variant: str, fixed: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Per export, from ``ortflash bench`` JSONs (NAME.json, the export /work/exports/NAME.onnx):
-    ``variant``'s CPU-time ratios at every measured length (a model fused at every length)."""
+    ``variant``'s CPU-time ratios at every measured length (a model fused at every length); a model
+    of one fixed size (bench's length 0) at its key length from ``fixed``."""
     models: dict[str, Any] = {}
     machine: dict[str, Any] = {}
     for path in sorted(folder.glob("*.json")):
@@ -88,12 +89,15 @@ def from_bench(folder: Path, variant: str) -> tuple[dict[str, Any], dict[str, An
         if "ratios" not in doc:
             continue
         kind, heads, head_dim = _blocks(EXPORTS / f"{path.stem}.onnx")
+        at = {"0": str(fixed[path.stem])} if path.stem in fixed else {}
         models[path.stem] = {
             "kind": kind,
             "heads": heads,
             "head_dim": head_dim,
-            "cpu_time_ratios": {s: r[variant]["cpu_speedup"] for s, r in doc["ratios"].items() if variant in r},
-            "wall_ratios": {s: r[variant]["speedup"] for s, r in doc["ratios"].items() if variant in r},
+            "cpu_time_ratios": {
+                at.get(s, s): r[variant]["cpu_speedup"] for s, r in doc["ratios"].items() if variant in r
+            },
+            "wall_ratios": {at.get(s, s): r[variant]["speedup"] for s, r in doc["ratios"].items() if variant in r},
             "date": doc["date"],
             "load_average": [doc.get("loadavg_start"), doc.get("loadavg_end")],
         }
@@ -167,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         "--stack", default="crossover_cpu", help="the stack results files (comma-separated) whose lengths extend a row"
     )
     parser.add_argument("--note", action="append", default=[])
+    parser.add_argument(
+        "--fixed", action="append", default=[], help="bench: NAME=LEN, a fixed-size export's key length"
+    )
     parser.add_argument("--name", required=True)
     args = parser.parse_args(argv)
     stack_lengths = sorted(
@@ -175,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.how == "bench":
         from ortflash.kernels import cpu
 
-        models, machine = from_bench(args.source, args.variant)
+        fixed = {name: int(n) for name, n in (f.split("=") for f in args.fixed)}
+        models, machine = from_bench(args.source, args.variant, fixed)
         isa, source = cpu.isa(), f"ortflash bench JSONs, variant {args.variant}"
     else:
         models, machine = from_markdown(args.source, args.fused_from), {}
