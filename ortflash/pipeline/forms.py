@@ -98,7 +98,9 @@ BORROWED: Mapping[str, Mapping[str, str]] = MappingProxyType(
 REAL_SIZE_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
         "avx2": MappingProxyType({"padding": ("crossover_real_size_avx2",)}),
-        "avx512": MappingProxyType({"padding": ("crossover_real_size_avx512",), "none": ("crossover_real_size_avx512",)}),
+        "avx512": MappingProxyType(
+            {"padding": ("crossover_real_size_avx512",), "none": ("crossover_real_size_avx512",)}
+        ),
     }
 )
 REAL_SIZE_FORMS = ("naive", "online")
