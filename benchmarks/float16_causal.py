@@ -4,6 +4,7 @@
 proof (its decoder self-attention fused or lowered with the full [B, 1, S, S] bias) and the one
 after (is_causal, no bias), timed against the original on ONNX Runtime's CPU EP.
 
+    /work/zooenv/bin/python benchmarks/float16_causal.py export --model bart768_f16.onnx   # torch, transformers
     python benchmarks/float16_causal.py make --model bart768_f16.onnx --tree before=/tmp/head --tree after=.
     python benchmarks/float16_causal.py time --lens 256,1024 --rounds 3 --out benchmarks/results/float16_causal
 
@@ -49,6 +50,55 @@ for _ in range(runs):
     t = time.process_time(); session.run(None, feeds); times.append(time.process_time() - t)
 print(json.dumps(times))
 """
+
+
+def export(model: Path) -> None:
+    """The float16 BART: d_model 768, 12 heads, 1 encoder and 2 decoder layers, vocabulary 1000."""
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = BartConfig(
+        vocab_size=1000,
+        d_model=768,
+        encoder_layers=1,
+        decoder_layers=2,
+        encoder_attention_heads=12,
+        decoder_attention_heads=12,
+        encoder_ffn_dim=3072,
+        decoder_ffn_dim=3072,
+        max_position_embeddings=2048,
+    )
+    config._attn_implementation = "eager"
+    bart = BartForConditionalGeneration(config).half().eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = bart  # a submodule: its weights are the graph's initializers
+
+        def forward(self, input_ids, attention_mask, decoder_input_ids):  # type: ignore[no-untyped-def]
+            given = {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids}
+            return self.model(**given, use_cache=False).logits
+
+    ids, mask, dec = (
+        torch.randint(3, 1000, (1, 16)),
+        torch.ones(1, 16, dtype=torch.int64),
+        torch.randint(3, 1000, (1, 12)),
+    )
+    names = ["input_ids", "attention_mask", "decoder_input_ids"]
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    axes["decoder_input_ids"] = {0: "batch", 1: "tgt"}
+    torch.onnx.export(
+        Logits(),
+        (ids, mask, dec),
+        str(model),
+        input_names=names,
+        output_names=["logits"],
+        dynamic_axes=axes,
+        opset_version=17,
+        dynamo=False,
+    )
 
 
 def make(model: Path, trees: list[str]) -> None:
@@ -104,7 +154,7 @@ def table(found: dict[str, dict[int, list[float]]], lens: list[int], header: str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["make", "time"])
+    parser.add_argument("command", choices=["export", "make", "time"])
     parser.add_argument("--model", type=Path, default=Path("/tmp/E/bart768_f16.onnx"))
     parser.add_argument("--tree", action="append", default=[])
     parser.add_argument("--labels", default="original,before_ortflash,after_ortflash,before_contrib,after_contrib")
@@ -113,6 +163,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.command == "export":
+        export(args.model)
+        return
     if args.command == "make":
         make(args.model, args.tree)
         return
