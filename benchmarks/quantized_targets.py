@@ -15,7 +15,8 @@ attention's MatMuls, those of two computed operands, excluded, and only MatMul/G
 QDQ on the projections only, as a model quantized for its weights is).
 ``--kinds`` picks some. A model the quantizer fails on is skipped with its error.
 
-``measure`` runs each model in its own process: ortflash.optimize(target="onnx"), then an
+``measure`` runs each model in its own process (run it on a tree no one edits meanwhile:
+``PYTHONPATH=<snapshot> python -P``; a half-edited working tree fails imports): ortflash.optimize(target="onnx"), then an
 onnxruntime.InferenceSession of the written model without ortflash's session options (it loads),
 then ortflash.verify against the quantized original where a block was lowered (it matches). One JSON row per model: blocks,
 blocks lowered (Attention nodes), FlashAttention nodes left, loads, verified, the first opset
@@ -40,7 +41,8 @@ try:
     out, report = ortflash.optimize(sys.argv[1], target="onnx")
 except OrtflashError as e:
     print(json.dumps(row | {"error": str(e)})); sys.exit(0)
-ops = [n.op_type for n in out.graph.node]
+from ortflash.model_io import graphs_of
+ops = [n.op_type for g in graphs_of(out.graph) for n in g.node]  # If/Loop bodies too (a merged decoder's)
 row |= {"blocks": len(report.blocks), "lowered": ops.count("Attention"),
         "flash_left": ops.count("FlashAttention"),
         "refusal": next((b.reason for b in report.blocks if "opset" in b.reason), "")}
