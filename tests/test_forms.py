@@ -190,8 +190,13 @@ def test_without_a_class_the_running_machines_table_decides(monkeypatch):
     ]
 
 
-def test_a_kind_not_measured_on_the_class_says_whose_row_it_read():
+def test_a_kind_not_measured_on_the_class_says_whose_row_it_read(monkeypatch):
     policy = SoftmaxPolicy.for_new_nodes()
+    for kind in forms.MASK_KINDS:  # the real table: a row says it is borrowed exactly where it is
+        borrowed = kind in forms.BORROWED.get("avx512", {})
+        said = forms.choose("ortflash", policy, 64, [16], kind, cpu_class="avx512").detail
+        assert (f"its {kind} row is the AVX2 measurement: not measured on AVX-512" in said) == borrowed, kind
+    monkeypatch.setattr(forms, "BORROWED", {"avx512": {"causal": "avx2"}})
     detail = forms.choose("ortflash", policy, 64, [16], "causal", cpu_class="avx512").detail
     assert "its causal row is the AVX2 measurement: not measured on AVX-512" in detail
     assert "AVX2 measurement" not in forms.choose("ortflash", policy, 64, [16], "padding", cpu_class="avx512").detail

@@ -77,16 +77,14 @@ RESULTS_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
             {
                 "padding": ("crossover_cpu_avx512", "crossover_cpu_avx512_run2"),
                 "none": ("crossover_cpu_avx512_nomask",),
-                "causal": _AVX2_FILES["causal"],
+                "causal": ("crossover_cpu_avx512_causal_mask",),
                 "bias": _AVX2_FILES["bias"],
             }
         ),
     }
 )
 # class -> kind -> the class whose measurement the row is, where the kind was not measured on it
-BORROWED: Mapping[str, Mapping[str, str]] = MappingProxyType(
-    {"avx512": MappingProxyType({"causal": "avx2", "bias": "avx2"})}
-)
+BORROWED: Mapping[str, Mapping[str, str]] = MappingProxyType({"avx512": MappingProxyType({"bias": "avx2"})})
 # CPU class -> mask kind -> the results files of benchmarks/crossover_real_size.py: the project's
 # real-size exports (models/real_size_exports.py: MiniLM-sized, a 6x64 BERT, a ViT-S) run with their
 # blocks fused. A stack's crossover does not always carry to a real export (AVX2: naive from the
@@ -179,8 +177,11 @@ _AVX2 = MappingProxyType(
     }
 )
 # AVX-512: a 2-core Intel Xeon, 2026-12-01, with the kernel of items 1-2, CPU time at one thread,
-# S = 16, 64, 256, 512, 1024, 2048, one round per run (padding: two runs; no mask: one);
-# its causal and bias rows are the AVX2 ones (BORROWED): those kinds were not measured on AVX-512.
+# S = 16, 64, 256, 512, 1024, 2048, one round per run (padding: two runs; no mask: one); the causal
+# row on the same class 2026-12-02, S = 16-2048 with 32 and 128, two rounds, load 8-13 (a shared
+# machine): naive and online from 128 (D=32) and 256 (D=64), where AVX2's were 256-1024; no causal
+# real-size export was run, so that row is the stack's alone. Its bias row is the AVX2 one
+# (BORROWED): not measured on AVX-512.
 # The padding row's FlashAttention entries are bounded by the real-size exports run fused on the
 # same class (REAL_SIZE_FILES, 2026-12-02, 2 rounds, S = 16-512): from 256 at head dim 32 (MiniLM-L3
 # and -L6 1.10-1.18x at 256, 0.85-0.93x at 64) and 128 at 64 (the 6x64 BERT 1.05x at 128, 0.98x at 64),
@@ -190,7 +191,7 @@ _AVX512 = MappingProxyType(
         "padding": _rows({32: 256, 64: 128}, {32: 256, 64: 128}, {32: None, 64: None}, {32: None, 64: None}),
         # no padded key tile to skip: the kernel does the unfused graph's work
         "none": _rows({32: None, 64: 256}, {32: None, 64: 512}, {32: 1024, 64: 512}, {32: None, 64: 512}),
-        "causal": _AVX2["causal"],
+        "causal": _rows({32: 128, 64: 256}, {32: 128, 64: 256}, {32: 1024, 64: 1024}, {32: None, 64: None}),
         "bias": _AVX2["bias"],
     }
 )
