@@ -78,13 +78,13 @@ RESULTS_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
                 "padding": ("crossover_cpu_avx512", "crossover_cpu_avx512_run2"),
                 "none": ("crossover_cpu_avx512_nomask",),
                 "causal": ("crossover_cpu_avx512_causal_mask",),
-                "bias": _AVX2_FILES["bias"],
+                "bias": ("crossover_cpu_avx512_bias",),
             }
         ),
     }
 )
 # class -> kind -> the class whose measurement the row is, where the kind was not measured on it
-BORROWED: Mapping[str, Mapping[str, str]] = MappingProxyType({"avx512": MappingProxyType({"bias": "avx2"})})
+BORROWED: Mapping[str, Mapping[str, str]] = MappingProxyType({"avx512": MappingProxyType({})})
 # CPU class -> mask kind -> the results files of benchmarks/crossover_real_size.py: the project's
 # real-size exports (models/real_size_exports.py: MiniLM-sized, a 6x64 BERT, a ViT-S) run with their
 # blocks fused. A stack's crossover does not always carry to a real export (AVX2: naive from the
@@ -180,8 +180,9 @@ _AVX2 = MappingProxyType(
 # S = 16, 64, 256, 512, 1024, 2048, one round per run (padding: two runs; no mask: one); the causal
 # row on the same class 2026-12-02, S = 16-2048 with 32 and 128, two rounds, load 8-13 (a shared
 # machine): naive and online from 128 (D=32) and 256 (D=64), where AVX2's were 256-1024; no causal
-# real-size export was run, so that row is the stack's alone. Its bias row is the AVX2 one
-# (BORROWED): not measured on AVX-512.
+# real-size export was run, so that row is the stack's alone. The bias row on the same class the
+# same day (two rounds, 5 runs each): no form won at any measured length (0.61-1.08x), as on AVX2.
+# No row is borrowed now (BORROWED is empty; the mechanism stays for a class measured in part).
 # The padding row's FlashAttention entries are bounded by the real-size exports run fused on the
 # same class (REAL_SIZE_FILES, 2026-12-02, 2 rounds, S = 16-512): from 256 at head dim 32 (MiniLM-L3
 # and -L6 1.10-1.18x at 256, 0.85-0.93x at 64) and 128 at 64 (the 6x64 BERT 1.05x at 128, 0.98x at 64),
@@ -192,7 +193,7 @@ _AVX512 = MappingProxyType(
         # no padded key tile to skip: the kernel does the unfused graph's work
         "none": _rows({32: None, 64: 256}, {32: None, 64: 512}, {32: 1024, 64: 512}, {32: None, 64: 512}),
         "causal": _rows({32: 128, 64: 256}, {32: 128, 64: 256}, {32: 1024, 64: 1024}, {32: None, 64: None}),
-        "bias": _AVX2["bias"],
+        "bias": _rows({32: None, 64: None}, {32: None, 64: None}, {32: None, 64: None}, {32: None, 64: None}),
     }
 )
 CPU_CROSSOVERS: Mapping[str, Table] = MappingProxyType(
