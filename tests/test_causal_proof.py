@@ -293,11 +293,12 @@ def test_the_causal_proof_can_be_switched_off(tmp_path):
         assert [a["is_causal"] for a in _flash_nodes(onnx.load(out))] == [want, want]
 
 
-def _cached_decoder(padding: str = "gathernd", extra_offset: int = 0) -> onnx.ModelProto:
+def _cached_decoder(padding: str = "gathernd", extra_offset: int = 0, fill: float = LOWEST) -> onnx.ModelProto:
     """Two blocks of a KV-cache decoder, as HF's masking_utils exports them: K and V are
     Concat(past, new); the mask compares j over Range(past + new) with i = Range(new) + past, and
     reads attention_mask [B, T] (its own length symbol T) at (b, j), by GatherND (dynamo) or a
-    Gather from its Flatten at b * T + j (TorchScript). extra_offset: i + past + extra_offset."""
+    Gather from its Flatten at b * T + j (TorchScript), or not at all (padding "none").
+    extra_offset: i + past + extra_offset."""
     g = Nodes()
     const, node, nodes, inits = g.const, g.node, g.nodes, g.inits
 
@@ -320,13 +321,13 @@ def _cached_decoder(padding: str = "gathernd", extra_offset: int = 0) -> onnx.Mo
         b_idx = node("Unsqueeze", [node("Expand", [bi, target], "be"), const("axl", [-1])], "b_idx")
         j_idx = node("Unsqueeze", [node("Expand", [kv, target], "je"), "axl"], "j_idx")
         pad = node("GatherND", [keep, node("Concat", [b_idx, j_idx], "index", axis=-1)], "pad")
-    else:  # TorchScript: Gather(Flatten(keep), b * T + j)
+    elif padding == "gather":  # TorchScript: Gather(Flatten(keep), b * T + j)
         length = node("Squeeze", [node("Shape", ["attention_mask"], "shape_t", start=1, end=2), "ax0"], "length")
         flat_index = node("Add", [kv, node("Mul", [bi, length], "row")], "flat_index")
         flat = node("Flatten", [keep], "flat", axis=2)
         pad = node("Squeeze", [node("Gather", [flat, flat_index], "picked", axis=0), const("ax4", [4])], "pad")
-    both = node("And", [causal, pad], "both")
-    bias = node("Where", [both, const("zero_f", 0.0, np.float32), const("fill", LOWEST, np.float32)], "bias")
+    both = causal if padding == "none" else node("And", [causal, pad], "both")
+    bias = node("Where", [both, const("zero_f", 0.0, np.float32), const("fill", fill, np.float32)], "bias")
     inputs = [helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["B", "T"])]
     for layer in range(2):
         dims = {"q": "S", "past_k": "P", "past_v": "P", "k": "S", "v": "S"}

@@ -16,7 +16,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-from test_causal_proof import B, D, H, S, _decoder
+from test_causal_proof import B, D, H, S, _cached_decoder, _cached_feeds, _decoder
 
 import ortflash
 from ortflash.fusion.causal.finite_fill import score_bound
@@ -87,6 +87,20 @@ def test_a_float16_lowest_causal_bias_without_padding_is_proved_and_agrees(dtype
     feeds = _random(np.random.default_rng(0), np_type)
     for want, got in zip(_plain(model, feeds), _fused(fused, feeds)):
         np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def test_a_kv_cache_mask_filled_with_float16_lowest_is_proved_bottom_right():
+    """j <= i + past: the offset is a cache's length, a dim, so >= 0 and row 0 sees key 0; in
+    prefill, decode and a chunk after a cache the fused op gives the graph's outputs."""
+    model = _cached_decoder(padding="none", fill=F16_LOWEST)
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
+    assert [b.mask_kind for b in report.blocks] == ["causal", "causal"], [b.reason for b in report.blocks]
+    assert [a["is_causal"] for a in _flash_attrs(fused)] == [2, 2]
+    rng = np.random.default_rng(3)
+    for past, new in ((0, 7), (6, 1), (5, 4)):
+        feeds = _cached_feeds(rng, past, new)
+        for want, got in zip(_plain(model, feeds), _fused(fused, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("target", ["ortflash", "contrib", "onnx"])
