@@ -11,7 +11,7 @@ from attention_graphs import EINSUM_FORMS, Variant, build, einsum_block, keras_e
 
 import ortflash
 from ortflash.errors import NotFused
-from ortflash.fusion.walker import SoftmaxFrontEnd
+from ortflash.fusion.softmax import SoftmaxFrontEnd
 from ortflash.graph.ir_utils import const_array, default_opset
 from ortflash.model_shapes import with_shapes
 

@@ -20,7 +20,7 @@ import onnx_ir.passes.common as common_passes
 from ..errors import OrtflashError
 from ..fusion.driver import fuse
 from ..fusion.onnx_attention import AttentionOpFrontEnd
-from ..fusion.walker import SoftmaxFrontEnd
+from ..fusion.softmax import SoftmaxFrontEnd
 from ..graph import ir_utils as u
 from ..lowering import LoweringNote, lower
 from ..lowering.targets import DEFAULT_TARGET, EP_ORDER, EXECUTION_PROVIDERS, REGISTRY, TARGETS
