@@ -109,6 +109,7 @@ def _fully_masked_rows(
     v: ir.Value,
     heads: tuple[int | None, int | None],
     qk: tuple[ir.Value, ir.Value, dict[str, Any]] | None = None,
+    causal_folded: bool = False,
 ) -> tuple[ir.Value, str]:
     """Rows with every key masked, written out so that every EP gives FlashAttention's values:
 
@@ -118,12 +119,32 @@ def _fully_masked_rows(
       additive_bias): FlashAttention gives the mean of V, the CPU EP too, but the CUDA EP's
       Attention-23 gives zeros there (tests/data/cuda_defects/attention23_lowest_rows.py), so the
       mean of V (V as Attention reads it: [B, Hkv, Sk, Dv], or [B·H, Sk, D] one head each) is
-      selected by Where."""
+      selected by Where;
+    - a row whose largest value is such a fill and whose other keys are -inf (a bias with a row
+      per query, causality or a window folded in: GPT-Neo's left-padded rows): FlashAttention gives
+      the mean of V over the keys at the fill, the CUDA EP zeros again (3.9 off on the zoo's GPT-Neo,
+      benchmarks/results/gpt_neo_cuda.md); that mean, Σ V over those keys / their count (a MatMul),
+      is selected by Where where the bias has a query axis and one key/value head per query head
+      (a bias broadcast over the queries, [.., 1, Sk], has no such rows: each row is every query's)."""
     if bias is None:
         return out, ""
     row_max = e.node("ReduceMax", [bias, e.i64([-1])], keepdims=1)
-    row_min = e.node("ReduceMin", [bias, e.i64([-1])], keepdims=1)
     dead = e.node("Equal", [row_max, e.f32(-math.inf)])
+    hq, hkv = heads
+    per_query = causal_folded or _windowed(call) or any(_query_rows(x) for x in (call.bias, call.mask))
+    if per_query and not squeeze and isinstance(hq, int) and hq == hkv:
+        at_fill = e.node("Cast", [e.node("Equal", [bias, row_max])], to=ir.DataType.FLOAT)
+        total = e.node("MatMul", [at_fill, v])  # [B, H, Sq, Dv]
+        fill_mean = e.node("Div", [total, e.node("ReduceSum", [at_fill, e.i64([-1])], keepdims=1)])
+        filled = e.node("And", [e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]), e.node("Not", [dead])])
+        out = e.node("Where", [filled, fill_mean, out])
+        nan_rows = call.masked_rows == "nan"
+        out = e.node("Where", [dead, e.f32(math.nan if nan_rows else 0.0), out])
+        return out, (
+            f"fully masked rows -> {'NaN' if nan_rows else 'zeros'} by Where (-inf), the mean of V over the keys at "
+            "the row's fill by Where (a fill <= -2**127: the CUDA EP gives zeros there)"
+        )
+    row_min = e.node("ReduceMin", [bias, e.i64([-1])], keepdims=1)
     uniform = e.node(
         "And",
         [
@@ -134,7 +155,6 @@ def _fully_masked_rows(
     if squeeze:
         dead, uniform = e.squeeze(dead, [1]), e.squeeze(uniform, [1])
     mean_v = e.node("ReduceMean", [v, e.i64([-2])], keepdims=1)  # [B, Hkv, 1, Dv] or [B·H, 1, D]
-    hq, hkv = heads
     if not squeeze and hq != hkv and (hq is None or hkv is None) and qk is not None:
         # head counts not static: Attention itself maps query heads to key/value heads; with Q = 0
         # every score is 0 and each row is the mean of V
@@ -153,6 +173,14 @@ def _fully_masked_rows(
         f"fully masked rows -> {'NaN' if nan_rows else 'zeros'} by Where (-inf), the mean of V by Where "
         "(one value <= -2**127: the CUDA EP gives zeros there)"
     )
+
+
+def _query_rows(x: ir.Value | None) -> bool:
+    """Whether a bias or mask of the call may have a row per query (its query axis not proved 1)."""
+    if x is None:
+        return False
+    shape = x.shape
+    return shape is None or len(shape) < 2 or shape[-2] != 1
 
 
 def _attention(e: Emitter, call: FlashAttentionCall, dims: CallDims, f16: bool, output: ir.Value) -> tuple[str, str]:
@@ -180,7 +208,10 @@ def _attention(e: Emitter, call: FlashAttentionCall, dims: CallDims, f16: bool, 
         parts.append(f"softcap {call.softcap:g}")
     parts += layout.mask_parts(call, causal_folded=not native_causal)
     plain = {key: value for key, value in attrs.items() if key in ("scale", "q_num_heads", "kv_num_heads")}
-    out, note = _fully_masked_rows(e, call, bias, out, three_d is not None, v, (dims.hq, dims.hkv), (q, k, plain))
+    folded = bool(call.is_causal) and not native_causal
+    out, note = _fully_masked_rows(
+        e, call, bias, out, three_d is not None, v, (dims.hq, dims.hkv), (q, k, plain), causal_folded=folded
+    )
     if note:
         parts.append(note)
     if f16:
