@@ -43,6 +43,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -75,12 +76,16 @@
 #include "flash/naive.hpp"
 #include "flash/decode.hpp"
 #include "flash/dispatch.hpp"
+#include "flash/call.hpp"
+#include "flash/ort_op.hpp"
 #include "flash/python.hpp"
 
 PyMODINIT_FUNC ORTFLASH_CAT(PyInit_, ORTFLASH_MODULE_NAME)(void) {
     PyObject* m = PyModule_Create(&module_def);
     if (!m) return nullptr;
-    if (PyModule_AddStringConstant(m, "ISA", ISA_NAME) < 0 || PyModule_AddIntConstant(m, "VECTOR_FLOATS", W) < 0) {
+    if (PyModule_AddStringConstant(m, "ISA", ISA_NAME) < 0 || PyModule_AddIntConstant(m, "VECTOR_FLOATS", W) < 0 ||
+        PyModule_AddStringConstant(m, "NATIVE_DOMAIN", NATIVE_DOMAIN) < 0 ||
+        PyModule_AddStringConstant(m, "NATIVE_OP", NATIVE_OP_NAME) < 0) {
         Py_DECREF(m);
         return nullptr;
     }

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from .kernels import native_op
 from .kernels.config import DEFAULT_BACKEND, KernelConfig
 from .model_io import ModelLike, external_locations, load
 from .op import spec
@@ -96,6 +97,11 @@ class InferenceSession:
     ``reference``: numpy; ``wgpu``: the WGSL flash shader) and ``threads`` the compiled
     kernel's thread count. Each session carries its own choice: sessions in one process,
     or running in parallel threads, do not affect each other.
+
+    The compiled kernel runs as a native ONNX Runtime op (``ortflash.kernels.native_op``: no
+    Python per call); ``native=False`` keeps it on onnxruntime-extensions' Python bridge, which
+    the other backends, a replaced ``cpu.flash_attention`` and nodes outside the op's contract
+    always take. ``native_nodes`` says how many nodes of this session run natively.
     """
 
     def __init__(
@@ -111,8 +117,9 @@ class InferenceSession:
         online_softmax: bool | None = None,
         block_size: int | None = None,
         min_seq_len: int | None = None,
+        native: bool = True,
     ) -> None:
-        self.config = KernelConfig(backend=backend, threads=threads)
+        self.config = KernelConfig(backend=backend, threads=threads, native=native)
         options = SoftmaxPolicy.from_options(
             softmax=softmax, online_softmax=online_softmax, block_size=block_size, min_seq_len=min_seq_len
         )
@@ -120,7 +127,10 @@ class InferenceSession:
             raise spec.SpecError("give either policy or the softmax options (softmax, block_size, ...), not both")
         self.policy = policy if policy is not None else options
         model = configure_model(load(model_or_path), policy=self.policy, config=self.config)
+        self.native_nodes = native_op.run_natively(model, self.config)
         so = session_options(base=sess_options)
+        if self.native_nodes:
+            native_op.register(so, self.config)
         if isinstance(model_or_path, (str, os.PathLike)) and external_locations(model):
             # ORT resolves the external data of a model given as bytes against the cwd unless told its folder
             folder = os.path.dirname(os.path.abspath(os.fspath(model_or_path)))

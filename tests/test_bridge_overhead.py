@@ -53,7 +53,7 @@ def _count_validations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @pytest.mark.skipif(not cpu.available(), reason="no compiled kernel")
 def test_attributes_are_validated_once_per_attribute_set(fused_and_feeds, cold_caches, monkeypatch):
     fused, f = fused_and_feeds
-    session = ortflash.InferenceSession(fused, threads=1)
+    session = ortflash.InferenceSession(fused, threads=1, native=False)
     calls = _count_validations(monkeypatch)
     first = session.run(None, f)[0]
     after_first = calls[0]
@@ -70,8 +70,8 @@ def test_attributes_are_validated_once_per_attribute_set(fused_and_feeds, cold_c
 @pytest.mark.skipif(not cpu.available(), reason="no compiled kernel")
 def test_two_configurations_in_one_process_keep_their_own(fused_and_feeds, cold_caches, monkeypatch):
     fused, f = fused_and_feeds
-    one = ortflash.InferenceSession(fused, threads=1, softmax="naive")
-    other = ortflash.InferenceSession(fused, threads=2, softmax="online", block_size=5)
+    one = ortflash.InferenceSession(fused, threads=1, softmax="naive", native=False)
+    other = ortflash.InferenceSession(fused, threads=2, softmax="online", block_size=5, native=False)
     seen: list[tuple[int | None, str]] = []
     real = cpu.flash_attention
 

@@ -13,6 +13,7 @@ from attention_graphs import Variant, build, tamper_scale
 
 import ortflash
 from ortflash.cli import main
+from ortflash.op import spec
 from ortflash.op.node import node_attributes
 
 
@@ -95,6 +96,14 @@ def test_bad_input_is_one_line_and_exit_2(argv_tail, model_path, tmp_path):
     assert _digest(model_path) == before
 
 
+def _run_attributes(node: onnx.NodeProto) -> dict:
+    """A bridge node's attributes, or a native node's (kernels/native_op: plain, the spec's names)."""
+    if node.domain == spec.DOMAIN:
+        return node_attributes(node)
+    values = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    return {name: v.decode() if isinstance(v, bytes) else v for name, v in values.items()}
+
+
 def _fused_attributes_run(monkeypatch) -> list[dict]:
     """Record the FlashAttention attributes of every model ONNX Runtime is handed."""
     import onnxruntime as ort
@@ -105,7 +114,7 @@ def _fused_attributes_run(monkeypatch) -> list[dict]:
     def recording(model, *args, **kwargs):
         if isinstance(model, bytes):
             nodes = onnx.load_from_string(model).graph.node
-            seen.extend(node_attributes(n) for n in nodes if n.op_type == "FlashAttention")
+            seen.extend(_run_attributes(n) for n in nodes if n.op_type == "FlashAttention")
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(ort, "InferenceSession", recording)

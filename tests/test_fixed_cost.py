@@ -62,7 +62,7 @@ def test_a_call_resolves_nothing_that_depends_on_the_attributes_alone(monkeypatc
     ort_bridge._node_call_cached.cache_clear()
     model = _block(2, 16, 32)
     f = _feeds(2, 16, 32)
-    session = ortflash.InferenceSession(_fused(model), threads=1)
+    session = ortflash.InferenceSession(_fused(model), threads=1, native=False)
     counts = {"kernel_call": 0, "default_threads": 0, "selection": 0}
     for name in counts:
         real = getattr(cpu, name)
@@ -84,7 +84,7 @@ def test_a_call_resolves_nothing_that_depends_on_the_attributes_alone(monkeypatc
 def test_a_replaced_kernel_still_runs(monkeypatch):
     """The prepared calls stand for cpu.flash_attention: a replacement (a test's wrong kernel) is called."""
     ort_bridge._node_call_cached.cache_clear()
-    session = ortflash.InferenceSession(_fused(_block(1, 16, 32)))
+    session = ortflash.InferenceSession(_fused(_block(1, 16, 32)), native=False)
     f = _feeds(1, 16, 32)
     right = session.run(None, f)[0]
     real = cpu.flash_attention

@@ -5,6 +5,7 @@
 #include "simd.hpp"
 #include "problem.hpp"
 #include "dispatch.hpp"
+#include "call.hpp"
 
 namespace {
 
@@ -83,12 +84,21 @@ PyObject* py_flash_attention(PyObject*, PyObject* args, PyObject* kwargs) {
                                      &zero_rows, &softcap, &online, &block, &query_tile, &threads, &bias_after_mask,
                                      &window_left, &window_right))
         return nullptr;
-    if (causal < 0 || causal > 2) {
-        PyErr_SetString(PyExc_ValueError, "is_causal must be 0, 1 or 2");
-        return nullptr;
-    }
-    if (window_left < -1 || window_right < -1) {
-        PyErr_SetString(PyExc_ValueError, "window_left and window_right must be -1 (unbounded) or >= 0");
+    CallOptions o;
+    o.scale = scale;
+    o.mask_fill = mask_fill;
+    o.softcap = softcap;
+    o.causal = causal;
+    o.zero_rows = zero_rows != 0;
+    o.online = online != 0;
+    o.bias_after_mask = bias_after_mask != 0;
+    o.block = block;
+    o.query_tile = query_tile;
+    o.threads = threads;
+    o.window_left = window_left;
+    o.window_right = window_right;
+    if (const char* error = flags_error(o)) {
+        PyErr_SetString(PyExc_ValueError, error);
         return nullptr;
     }
     Buffer q, k, v, out, bias, mask;
@@ -104,24 +114,16 @@ PyObject* py_flash_attention(PyObject*, PyObject* args, PyObject* kwargs) {
     if (!float_kind(out, "out", &out_half)) return nullptr;
     const Py_ssize_t* qs = q.view.shape;
     const Py_ssize_t* ks = k.view.shape;
-    const Py_ssize_t* vs = v.view.shape;
-    const Py_ssize_t* os = out.view.shape;
-    const bool shapes_ok = ks[0] == qs[0] && vs[0] == qs[0] && vs[1] == ks[1] && vs[2] == ks[2] && ks[3] == qs[3] &&
-                           ks[1] > 0 && qs[1] % ks[1] == 0 && os[0] == qs[0] && os[1] == qs[1] && os[2] == qs[2] &&
-                           os[3] == vs[3] && out_half == pb.q_half;
-    if (!shapes_ok) {
-        PyErr_SetString(PyExc_ValueError,
-                        "shapes must be q [B,Hq,Sq,D], k [B,Hkv,Sk,D], v [B,Hkv,Sk,Dv], out [B,Hq,Sq,Dv] (Q's "
-                        "dtype), Hq a multiple of Hkv");
+    if (out_half != pb.q_half) {
+        PyErr_SetString(PyExc_ValueError, SHAPES_MESSAGE);
         return nullptr;
     }
-    for (int a = 0; a < 4; ++a)
-        if (qs[a] <= 0 || ks[a] <= 0 || vs[a] <= 0 || qs[a] > INT32_MAX / 4 || ks[a] > INT32_MAX / 4) {
-            PyErr_SetString(PyExc_ValueError, "every dimension must be positive (and below 2^29)");
-            return nullptr;
-        }
-    if (block < 1 || query_tile < 1 || threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "block_size, query_tile and threads must be positive");
+    if (const char* error = shapes_error(qs, ks, v.view.shape, out.view.shape)) {
+        PyErr_SetString(PyExc_ValueError, error);
+        return nullptr;
+    }
+    if (const char* error = sizes_error(o)) {
+        PyErr_SetString(PyExc_ValueError, error);
         return nullptr;
     }
     const Py_ssize_t scores[4] = {qs[0], qs[1], qs[2], ks[2]};
@@ -145,30 +147,12 @@ PyObject* py_flash_attention(PyObject*, PyObject* args, PyObject* kwargs) {
     pb.D = int(qs[3]);
     pb.Hkv = int(ks[1]);
     pb.Sk = int(ks[2]);
-    pb.Dv = int(vs[3]);
+    pb.Dv = int(v.view.shape[3]);
     pb.q = q.view.buf;
     pb.k = k.view.buf;
     pb.v = v.view.buf;
     pb.out = out.view.buf;
-    pb.scale = float(scale);
-    pb.mask_fill = float(mask_fill);
-    pb.softcap = float(softcap);
-    // spec.key_bounds: position p = i + (Sk - Sq under is_causal 2, else 0); keys j <= p under
-    // is_causal, j <= p + window_right under a window without it (the same right frontier, moved),
-    // and j >= p - window_left.
-    const int position = causal == 2 ? pb.Sk - pb.Sq : 0;
-    pb.causal = causal != 0 || window_right >= 0;
-    pb.causal_offset = causal != 0 ? position : position + window_right;
-    pb.windowed = window_left >= 0;
-    pb.left_offset = position - window_left;
-    pb.bias_after_mask = bias_after_mask != 0;
-    pb.zero_rows = zero_rows != 0;
-    pb.online = online != 0;
-    pb.block = std::min(block, pb.Sk);  // one tile holds every key when block_size >= Sk
-    pb.query_tile = query_tile;
-    // A thread costs tens of microseconds to start: give each at least ~4M multiply-adds.
-    const double multiply_adds = double(pb.B) * pb.Hq * pb.Sq * pb.Sk * (pb.D + pb.Dv);
-    pb.threads = int(std::max(1.0, std::min(double(threads), multiply_adds / double(1 << 22))));
+    set_options(pb, o);
     bool ok = false;
     Py_BEGIN_ALLOW_THREADS
     try {
@@ -211,12 +195,18 @@ PyObject* py_cpu_features(PyObject*, PyObject*) {
     return names;
 }
 
+PyObject* py_native_calls(PyObject*, PyObject*) {
+    return PyLong_FromUnsignedLongLong(native_call_count.load(std::memory_order_relaxed));
+}
+
 PyMethodDef methods[] = {
     {"flash_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_flash_attention)),
      METH_VARARGS | METH_KEYWORDS,
      "flash_attention(q, k, v, out, bias, mask, scale, is_causal (0/1/2), mask_fill, zero_rows, softcap, online, "
      "block_size, query_tile, threads, bias_after_mask=False, window_left=-1, window_right=-1)\n\nWrites FlashAttention of q, k, v into out (see ortflash.kernels.cpu)."},
     {"cpu_features", py_cpu_features, METH_NOARGS, "The x86 features this CPU and OS support, as names."},
+    {"native_calls", py_native_calls, METH_NOARGS,
+     "How many times ONNX Runtime ran this build's native FlashAttention op in this process."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -8,6 +8,11 @@ the ``exact_floats`` side channel (items ``backend=cpu;threads=2``; see ortflash
 process, or in parallel threads, therefore never see each other's configuration.
 A plain ``onnxruntime.InferenceSession`` built with ``ortflash.session_options()``
 runs each node as written, on the default backend.
+
+``native`` says how ONNX Runtime reaches the compiled CPU kernel: as a native custom op
+(``kernels/native_op``: the session's copy of each node rewritten to it, no Python per call), or
+through onnxruntime-extensions' Python bridge (``native=False``, and always for the other backends).
+It is decided when a session opens, so it is not a side-channel item.
 """
 
 from __future__ import annotations
@@ -33,12 +38,15 @@ class ConfigError(ValueError):
 class KernelConfig:
     backend: str = DEFAULT_BACKEND
     threads: int | None = None  # None: the compiled kernel uses every core it may run on
+    native: bool = True  # the compiled kernel as a native ONNX Runtime op (kernels/native_op); False: the bridge
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
         if self.threads is not None and (isinstance(self.threads, bool) or int(self.threads) < 1):
             raise ConfigError(f"threads must be a positive integer, got {self.threads!r}")
+        if not isinstance(self.native, bool):
+            raise ConfigError(f"native must be True or False, got {self.native!r}")
 
     def runtime_items(self) -> tuple[tuple[str, str], ...]:
         """This choice as the side channel's runtime items (op/side_channel.py)."""

@@ -7,6 +7,11 @@ which ``ortflash.InferenceSession`` writes on its private copy of the model (see
 ``ortflash.kernels.config``). Nothing here holds configuration between calls; what is
 cached (a node's attributes, cast and read once) is keyed by every attribute, the side
 channel with the session's kernel choice included.
+
+Where the compiled CPU kernel runs a node, ``ortflash.InferenceSession`` takes it off this bridge
+and runs it as a native ONNX Runtime op (``kernels/native_op``, no Python per call); the bridge
+runs the rest (the reference and wgpu backends, a replaced kernel, ``native=False``, and plain
+sessions built with ``ortflash.session_options()``).
 """
 
 from __future__ import annotations
