@@ -321,13 +321,22 @@ class FormChoice:
 CPU_DECODE_CROSSOVER: int | None = 8192
 DECODE_RESULTS = "benchmarks/results/decode_step.md"
 # The execution providers whose blocks may dispatch on the length at run time: ortflash's own op
-# runs on the CPU EP (pipeline/length_dispatch.py; its cost in benchmarks/results/length_dispatch.md);
-# on the GPU EPs (LOWERED_DISPATCH_EPS) the If is written around the FlashAttention node and the
+# runs on the CPU EP (pipeline/length_dispatch.py; its cost in benchmarks/results/length_dispatch.md).
+# On a GPU EP of LOWERED_DISPATCH_EPS the If is written around the FlashAttention node and the
 # lowering then writes the EP's native form inside its fused branch, so no FlashAttention is left.
+# None is listed: on the H200 (2026-12-02, GPU_DECODE_RESULTS) the If itself made every measured
+# KV-cache decoder slower, whichever branch ran: on WebGPU 0.71-0.86x the original at a decode step
+# (the original branch) and 0.58-0.76x at a 2048-token prefill (the lowered one); on CUDA a float16
+# cached block 0.93-0.96x at a decode step and 0.004x at a 2048-key prefill (56 ms against the same
+# MultiHeadAttention's 0.12 ms outside an If). Both branches loaded and were right on both EPs.
 DISPATCH_EPS = (None, "cpu", "cuda", "webgpu")
-LOWERED_DISPATCH_EPS = ("cuda", "webgpu")
+LOWERED_DISPATCH_EPS: tuple[str, ...] = ()
 # The decode step on the GPU EPs: GPU EP -> the key length from which a one-query step takes the
-# lowered form (None: never, the original ops at every length). Not yet measured: the original ops.
+# lowered form (None: never, the original ops at every length). Measured at past 127 and 2048 on the
+# zoo's Llama, Mistral, Qwen2 and GPT-2 decoders and decode_step.py's Llama (H200, onnxruntime-gpu
+# 1.31.1, onnxruntime-ep-webgpu 0.4.0, driver 580.159.04, 2026-12-02): --target cuda 0.71-0.77x
+# (float32) and 0.73-0.83x (float16), --target webgpu 0.93-1.09x (parity within the run's noise):
+# the lowered form wins at no measured past on either EP.
 GPU_DECODE_CROSSOVERS: Mapping[str, int | None] = MappingProxyType({"cuda": None, "webgpu": None})
 GPU_DECODE_RESULTS = "benchmarks/results/decode_gpu.md"
 
@@ -432,11 +441,17 @@ def choose(
             if lowest is not None
             else f"the original ops are faster: {probe} wins at no measured length ({_KIND_NAMES[kind]})"
         )
+        no_if = (
+            f"; no If on the length on the {ep} EP: it measured slower than the original ops ({GPU_DECODE_RESULTS})"
+            if start is not None and ep in GPU_DECODE_CROSSOVERS and ep not in LOWERED_DISPATCH_EPS
+            else ""
+        )
         return FormChoice(
             False,
             short,
             f"kept the original ops, the faster form here: the key length is known only at run time, and {where} "
-            f"({dim}, {results}); --seq-lens says which lengths the model runs at, --target {target} fuses anyway",
+            f"({dim}, {results}){no_if}; --seq-lens says which lengths the model runs at, --target {target} fuses "
+            "anyway",
         )
     for key_len in key_lens:
         form = form_at(target, policy, key_len)
