@@ -179,3 +179,56 @@ def test_transformers_float16_llama_with_attention_mask_stays_refused():
     _, report = ortflash.optimize(str(path), target="ortflash")
     assert [b.mask_kind for b in report.blocks] == ["bias", "bias"]
     assert all("no unpadded key" in b.reason for b in report.blocks)
+
+
+@pytest.mark.parametrize("target", ["ortflash", "contrib"])
+def test_the_proved_row_s_detail_names_the_score_bound_and_the_check(target):
+    """The fill taken as -inf holds only under the score bound, which nothing checks at run time: the
+    row's detail (said once under the table, --json's detail) says so and names the check; a row
+    proved exactly (fill -inf, or a padding bias) says nothing of it."""
+    path = DATA / "bart_f16_eager_torchscript.onnx"
+    _, report = ortflash.optimize(str(path), target=target)
+    causal = [b for b in report.blocks if b.mask_kind == "causal"]
+    assert len(causal) == 2, [b.reason for b in report.blocks]
+    for b in causal:
+        assert "|s| < 32,668" in b.detail and "--verify --feeds" in b.detail, b.detail
+        assert "-65504" in b.detail and "taken as -inf" in b.detail
+    assert all("32,668" not in b.detail for b in report.blocks if b.mask_kind != "causal")
+    _, exact = ortflash.optimize(_decoder(padding="none"), target=target)  # fill float32's lowest
+    assert [b.mask_kind for b in exact.blocks] == ["causal", "causal"]
+    assert all("32,668" not in b.detail for b in exact.blocks)
+
+
+def _softcapped(model: onnx.ModelProto, cap: float = 50.0) -> onnx.ModelProto:
+    """model (``_decoder``) with Gemma 2's soft cap c * tanh(s / c) on each block's scaled scores,
+    under the causal bias."""
+    graph = model.graph
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array(cap, np.float16), "cap"))
+    for layer in range(2):
+        (add,) = [n for n in graph.node if n.output[0] == f"sb{layer}"]
+        scores = add.input[0]
+        capped = [
+            helper.make_node("Div", [scores, "cap"], [f"sd{layer}"]),
+            helper.make_node("Tanh", [f"sd{layer}"], [f"st{layer}"]),
+            helper.make_node("Mul", [f"st{layer}", "cap"], [f"sc{layer}"]),
+        ]
+        add.input[0] = f"sc{layer}"
+        at = list(graph.node).index(add)
+        for offset, n in enumerate(capped):
+            graph.node.insert(at + offset, n)
+    return model
+
+
+def test_a_softcapped_block_with_a_float16_lowest_causal_bias_is_proved():
+    """The bias is the block's only one (the block's reading says so, told to the proof), with Gemma
+    2's soft cap between the scaled scores and the Add: proved, and equal to the graph (the
+    scores' own look at the graph around the Add refused it: the Mul of the Tanh is no scale)."""
+    model = _softcapped(_decoder(fill=F16_LOWEST, padding="none", dtype=TensorProto.FLOAT16))
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
+    assert [b.mask_kind for b in report.blocks] == ["causal", "causal"], [b.reason for b in report.blocks]
+    attrs = _flash_attrs(fused)
+    assert [a["is_causal"] for a in attrs] == [1, 1]
+    assert [a["softcap"] for a in attrs] == [50.0, 50.0]
+    feeds = _random(np.random.default_rng(4), np.float16)
+    for want, got in zip(_plain(model, feeds), _fused(fused, feeds)):
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)

@@ -59,6 +59,8 @@ def write_block(
             if x is not proof.replaced
         ]
         columns["mask"] = ", ".join(filter(None, [_proof_column(proof), *others])) or "none"
+        if proof.proof.score_bound is not None:
+            columns["detail"] = _bound_detail(proof.proof.score_bound)
     return Written("; ".join(filter(None, notes)), columns)
 
 
@@ -165,6 +167,7 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
             q=q,
             k=k,
             k_perm=k_perm,
+            alone=len(block.biases) + len(block.masks) == 1,
         )
     except NotProved as why:
         if not _compares_positions(candidate):
@@ -312,6 +315,17 @@ def _proof_note(causal: _Causal) -> str:
     if neutral_padding(proof.padding):
         return f"the {what} is one neutral constant: dropped"
     return f"the {what} is constant over the queries: fed as {list(proof.padding.dims)}"
+
+
+def _bound_detail(bound: float) -> str:
+    """The row's detail for a causal bias whose finite fill (float16's lowest) the op takes as -inf."""
+    return (
+        "the causal bias's finite fill right of the frontier (float16's lowest, -65504, in Hugging Face's "
+        "float16 masks) is taken as -inf: the graph adds it to the scores, and the two agree only while every "
+        "score is below the bound "
+        f"|s| < {math.floor(bound):,} (there the masked keys' weights underflow to 0, fusion/causal/finite_fill); "
+        "the bound is not checked at run time: `ortflash optimize --verify --feeds` on real inputs is the check"
+    )
 
 
 def _proof_column(causal: _Causal) -> str:

@@ -18,8 +18,8 @@ Every row keeps a visible key where
   - the padding part is neutral: with padding, a row whose visible keys are all padded (left
     padding, an empty sequence) weighs all its keys by round(s + fill) in the graph, which the op
     cannot reproduce, so causal + padding stays refused;
-  - no other bias or mask of the block can hide the row's visible keys: the tensor is added to the
-    scaled Q·K scores alone and the sum goes to the Softmax (``added_alone``);
+  - no other bias or mask of the block can hide the row's visible keys: the tensor is the block's
+    only bias and the block has no mask (``alone``, told by the caller, which read the block);
   - key 0 is visible to row 0: the frontier j <= i + offset has offset >= 0 (0 for is_causal 1; a
     cache's past length, a sum of dims, for 2); with a sliding window (keys i + offset - w .. i +
     offset) the diagonal i + offset must lie below Sk for every row: Sq + offset <= Sk, which
@@ -35,7 +35,6 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from ...graph import ir_utils as u
 from ...graph import shapes
 from ...graph.dim_terms import dims_equal
 from ...graph.terms import Abstract, Lin, Look, NotProved, Num, Op, Term, atoms, fold, replace_atom
@@ -67,10 +66,12 @@ def prove_masked_weights_vanish(
     is_causal: int,
     sq: shapes.Dim,
     sk: shapes.Dim,
-) -> tuple[float, Abstract]:
-    """The op's mask_fill (-inf) and the padding part (constant-filled look-ups resolved) for a
-    causal bias of finite fill (see the module docstring), or raise NotProved naming the step that
-    fails."""
+    alone: bool,
+) -> tuple[float, Abstract, float]:
+    """The op's mask_fill (-inf), the padding part (constant-filled look-ups resolved) and the score
+    bound the rewrite assumes (``score_bound``) for a causal bias of finite fill (see the module
+    docstring), or raise NotProved naming the step that fails. alone: candidate is the block's only
+    bias and the block has no mask."""
     said = f"right of the causal frontier the bias is {fill:g}" + (
         " (float16's lowest)" if fill == FLOAT16_LOWEST else ""
     )
@@ -87,10 +88,10 @@ def prove_masked_weights_vanish(
             f"{said}: {summed}, so a row with no unpadded key (its visible keys all padded) would differ: "
             f"the graph weighs every key of it by s + {fill:g}, the op cannot (proved only without padding)"
         )
-    if not added_alone(candidate):
+    if not alone:
         raise NotProved(
-            f"{said}: {summed}, and the block may add another bias or mask beside it, which could leave a "
-            "row no visible key (proved only where the tensor is added alone to the scaled Q·K scores)"
+            f"{said}: {summed}, and the block adds another bias or mask beside it, which could leave a "
+            "row no visible key (proved only where the tensor is the block's only bias)"
         )
     if any(c < 0 for _, c in offset.coeffs) or offset.const < 0:
         raise NotProved(f"{said}: {summed}, and the first rows may see no key (the causal offset is not proved >= 0)")
@@ -98,7 +99,7 @@ def prove_masked_weights_vanish(
         raise NotProved(
             f"{said}: {summed}, and with the window a row past Sk may see no key (Sq {sq} not proved Sk {sk})"
         )
-    return -math.inf, padding
+    return -math.inf, padding, score_bound(fill, dtype)
 
 
 def resolve_filled(padding: Abstract) -> Abstract:
@@ -127,50 +128,3 @@ def _filled(source: ir.Value) -> Num | None:
     for to in reversed(casts):
         term = fold(Op("Cast", (term,), to))
     return term if isinstance(term, Num) else None
-
-
-_SCALED = ("Mul", "Div")
-_PASSED = ("Cast", "Reshape")
-
-
-def added_alone(candidate: ir.Value) -> bool:
-    """Whether each use of candidate is ``Add(scores, candidate)`` with scores the Q·K MatMul (or
-    Einsum) through a constant scalar scale, casts and reshapes, and the sum read only by Softmaxes
-    through casts and reshapes: no other bias or mask of the block sits beside it."""
-    uses = list(candidate.uses())
-    if not uses:
-        return False
-    for node, index in uses:
-        if node.op_type != "Add" or len(node.inputs) != 2 or index not in (0, 1):
-            return False
-        if not _scores(node.inputs[1 - index]) or not _read_by_softmax(node.outputs[0]):
-            return False
-    return True
-
-
-def _scores(value: ir.Value | None, depth: int = 8) -> bool:
-    node = None if value is None else value.producer()
-    if node is None or depth <= 0:
-        return False
-    if node.op_type in ("MatMul", "Einsum"):
-        return True
-    if node.op_type in _PASSED:
-        return _scores(node.inputs[0], depth - 1)
-    if node.op_type in _SCALED and len(node.inputs) == 2:
-        for k in (1, 0) if node.op_type == "Mul" else (1,):
-            scale = u.const_array(node.inputs[k])
-            if scale is not None and scale.size == 1:
-                return _scores(node.inputs[1 - k], depth - 1)
-    return False
-
-
-def _read_by_softmax(value: ir.Value, depth: int = 8) -> bool:
-    uses = list(value.uses())
-    if not uses or depth <= 0 or value.is_graph_output():
-        return False
-    for node, index in uses:
-        if node.op_type == "Softmax":
-            continue
-        if node.op_type not in _PASSED or index != 0 or not _read_by_softmax(node.outputs[0], depth - 1):
-            return False
-    return True

@@ -217,6 +217,9 @@ class CausalProof:
     mask_fill: float
     padding: Abstract
     window_left: int = -1
+    # a finite fill taken as -inf (finite_fill): exact only while every score is below this in
+    # magnitude, which nothing checks at run time; None: exact for every score
+    score_bound: float | None = None
 
 
 def prove(
@@ -228,9 +231,11 @@ def prove(
     q: ir.Value,
     k: ir.Value,
     k_perm: list[int] | None,
+    alone: bool,
 ) -> CausalProof:
-    """The proof for one block whose only bias (as_mask False) or only mask (True; marks_masked:
-    True where the condition marks masked-out keys) is ``candidate``; raises NotProved."""
+    """The proof for one block whose one query-dependent bias (as_mask False) or mask (True;
+    marks_masked: True where the condition marks masked-out keys) is ``candidate``; alone: it is the
+    block's only bias or mask (a finite fill is proved only then); raises NotProved."""
     reader = Reader()
     split = split_causal(candidate, reader)
     q_dims, k_dims = reader.dims_of(q), reader.dims_of(k)
@@ -260,10 +265,10 @@ def prove(
         fill = float(hidden.value)
         if not absorbs_scores(fill):  # float16's lowest (HF's float16 masks): fusion/causal/finite_fill
             assert split.offset is not None
-            fill, padding = prove_masked_weights_vanish(
-                candidate, fill, split.padding, split.offset, split.window_left, is_causal, sq, sk
+            fill, padding, bound = prove_masked_weights_vanish(
+                candidate, fill, split.padding, split.offset, split.window_left, is_causal, sq, sk, alone
             )
-            return CausalProof(is_causal, fill, padding, split.window_left)
+            return CausalProof(is_causal, fill, padding, split.window_left, bound)
     return CausalProof(is_causal, fill, split.padding, split.window_left)
 
 
