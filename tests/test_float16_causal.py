@@ -232,3 +232,24 @@ def test_a_softcapped_block_with_a_float16_lowest_causal_bias_is_proved():
     feeds = _random(np.random.default_rng(4), np.float16)
     for want, got in zip(_plain(model, feeds), _fused(fused, feeds)):
         np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def test_dynamo_float16_llama_without_attention_mask_builds_a_plain_causal_mask_that_is_not_read_yet():
+    """tests/data/float16/llama_f16_no_mask_dynamo.onnx (make_models.py): the mask is built from the
+    position ids pos = Expand(Range(S)) [B, S] as pos[b, j] <= pos[b, i] and cumsum(breaks)[b, i] ==
+    cumsum(breaks)[b, j], breaks = diff(concat(pos[:, :1] - 1, pos)) != 1 (all False: one sequence
+    per row), so it is where(j <= i, 0, -65504), which ONNX Runtime confirms below. graph/'s reader
+    takes GatherND of the position ids as a look-up, so the proof refuses it; when the reader reads
+    through it (report_E2), this row becomes causal and the assertion on the reason flips."""
+    path = DATA / "llama_f16_no_mask_dynamo.onnx"
+    model = onnx.load(path)
+    model.graph.output.append(helper.make_value_info("where", onnx.TypeProto()))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seq in (1, 5, 16):
+        ids = np.random.default_rng(seq).integers(3, 100, (3, seq))
+        mask = session.run(["where"], {"input_ids": ids})[0]
+        want = np.where(np.tril(np.ones((seq, seq), bool)), 0.0, F16_LOWEST).astype(np.float16)
+        assert mask.shape == (3, 1, seq, seq) and (mask == want).all()
+    _, report = ortflash.optimize(str(path), target="ortflash")
+    assert [b.mask_kind for b in report.blocks] == ["bias"], [b.reason for b in report.blocks]
+    assert "other than by j <= i + c (expand)" in report.blocks[0].reason
