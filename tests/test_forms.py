@@ -49,12 +49,14 @@ def _stack_crossover_rule():
     return crossover
 
 
-def _real_size_bounds(cpu_class: str, kind: str, stack_lengths: set[int]) -> dict[int, list[int | None]]:
-    """head dim -> each real-size export's bound on the row (forms.REAL_SIZE_FILES): its crossover
-    by the stack's rule, or the stack's next measured length past the longest it was run at."""
+def _real_size_bounds(
+    cpu_class: str, kind: str, stack_lengths: set[int], names: tuple[str, ...] | None = None
+) -> dict[int, list[int | None]]:
+    """head dim -> each real-size export's bound on the row (forms.REAL_SIZE_FILES, or ``names``):
+    its crossover by the stack's rule, or the stack's next measured length past the longest it ran at."""
     crossover = _stack_crossover_rule()
     bounds: dict[int, list[int | None]] = {}
-    for name in forms.REAL_SIZE_FILES.get(cpu_class, {}).get(kind, ()):
+    for name in forms.REAL_SIZE_FILES.get(cpu_class, {}).get(kind, ()) if names is None else names:
         doc = json.loads((RESULTS_DIR / f"{name}.json").read_text())
         assert doc["kernel_isa"] == cpu_class, name
         for model in doc["models"].values():
@@ -107,7 +109,7 @@ def test_the_real_size_results_are_their_committed_runs():
                 doc = json.loads((RESULTS_DIR / f"{name}.json").read_text())
                 for kind, by_dim in doc["rows"].items():
                     for dim, row in by_dim.items():
-                        got = _real_size_bounds(cpu_class, kind, set(doc["stack_lengths"]))[int(dim)]
+                        got = _real_size_bounds(cpu_class, kind, set(doc["stack_lengths"]), (name,))[int(dim)]
                         assert row["bound"] == (None if None in got else max(got)), (name, kind, dim)  # type: ignore[type-var]
                 assert doc["models"] and all(m["cpu_time_ratios"] for m in doc["models"].values()), name
     avx2 = json.loads((RESULTS_DIR / "crossover_real_size_avx2.json").read_text())
