@@ -116,30 +116,20 @@ def optimize(
     def run(candidate: str) -> tuple[onnx.ModelProto, Report]:
         return _lower_for(proto, fused, fusion_report, candidate, folder)
 
-    if target is not None and target != AUTO:
-        model, report = run(target)
-        if not REGISTRY[target].needs_ortflash:
-            model, report = _unlowered_kept(
-                proto, shaped, policy, num_heads, prove_causal, (model, report), target, folder
-            )
-        _refuse_flash_left(model, report, target)
-        report.target = TargetChoice(requested=target, ep=ep, chosen=target, why="asked for")
-        return model, report
     check = load_check or _default_load_check(model_or_path, proto)
-    if target == AUTO:
-        assert ep is not None
-        model, report = choose_for_ep(ep, run, check)
-        chosen_target = report.target.chosen if report.target is not None else ""
-        if chosen_target in REGISTRY and not REGISTRY[chosen_target].needs_ortflash:
-            # an EP's portable target never leaves FlashAttention either: the EP cannot run it
-            # (gemma2's softcap blocks under --ep webgpu came out FlashAttention, exit 0)
-            choice = report.target
-            model, report = _unlowered_kept(
-                proto, shaped, policy, num_heads, prove_causal, (model, report), chosen_target, folder
-            )
-            report.target = choice
-    else:
+    if target is None:
         model, report = choose_default(run, check)
+    else:
+        if target == AUTO:
+            assert ep is not None
+            written = choose_for_ep(ep, run, check)
+        else:
+            written = run(target)
+            written[1].target = TargetChoice(requested=target, ep=ep, chosen=target, why="asked for")
+        model, report = _unlowered_kept(proto, shaped, policy, num_heads, prove_causal, written, folder)
+        if target != AUTO:
+            _refuse_flash_left(model, report, target)
+            return model, report
     if seq_lens is not None and (not seq_lens or min(seq_lens) < 1):
         raise OrtflashError(f"seq_lens must be positive key lengths, got {list(seq_lens)}")
     table_class = cpu_class or forms.running_cpu_class()  # the CPU table is chosen once per call
@@ -259,14 +249,18 @@ def _unlowered_kept(
     num_heads: int | None,
     prove_causal: bool,
     written: tuple[onnx.ModelProto, Report],
-    target: str,
     folder: str | None,
 ) -> tuple[onnx.ModelProto, Report]:
-    """A portable target asked for by name never leaves a FlashAttention node: a block its op
-    cannot compute keeps its original ops, with the lowering's reason on its row (issue 33 item 1:
-    a model whose opset could not be raised came out all FlashAttention, exit 0, unloadable
-    without ortflash)."""
+    """A portable target, asked for by name or chosen for an EP (``written``'s ``report.target``),
+    never leaves a FlashAttention node: a block its op cannot compute keeps its original ops, with
+    the lowering's reason on its row (issue 33 item 1: a model whose opset could not be raised came
+    out all FlashAttention, exit 0, unloadable without ortflash; under an EP, which cannot run it
+    either, gemma2's softcap blocks under --ep webgpu came out FlashAttention, exit 0)."""
     model, report = written
+    choice = report.target
+    target = choice.chosen if choice is not None else ""
+    if target not in REGISTRY or REGISTRY[target].needs_ortflash:
+        return model, report
     keep = {b.name: b.reason for b in report.blocks if b.fused and b.lowered_to is None}
     if not keep:
         return model, report
@@ -276,6 +270,7 @@ def _unlowered_kept(
     kept_report.notes.append(
         f"{len(keep)} block(s) kept their original ops: --target {target} cannot lower them (the reason is on each row)"
     )
+    kept_report.target = choice
     return kept, kept_report
 
 
