@@ -234,15 +234,16 @@ def test_a_softcapped_block_with_a_float16_lowest_causal_bias_is_proved():
         np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
 
 
-def test_dynamo_float16_llama_without_attention_mask_builds_a_plain_causal_mask_that_is_not_read_yet():
+def _no_mask_llama() -> onnx.ModelProto:
+    return onnx.load(DATA / "llama_f16_no_mask_dynamo.onnx")
+
+
+def test_dynamo_float16_llama_without_attention_mask_builds_a_plain_causal_mask():
     """tests/data/float16/llama_f16_no_mask_dynamo.onnx (make_models.py): the mask is built from the
     position ids pos = Expand(Range(S)) [B, S] as pos[b, j] <= pos[b, i] and cumsum(breaks)[b, i] ==
     cumsum(breaks)[b, j], breaks = diff(concat(pos[:, :1] - 1, pos)) != 1 (all False: one sequence
-    per row), so it is where(j <= i, 0, -65504), which ONNX Runtime confirms below. graph/'s reader
-    takes GatherND of the position ids as a look-up, so the proof refuses it; when the reader reads
-    through it (report_E2), this row becomes causal and the assertion on the reason flips."""
-    path = DATA / "llama_f16_no_mask_dynamo.onnx"
-    model = onnx.load(path)
+    per row), so it is where(j <= i, 0, -65504), as ONNX Runtime confirms here."""
+    model = _no_mask_llama()
     model.graph.output.append(helper.make_value_info("where", onnx.TypeProto()))
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for seq in (1, 5, 16):
@@ -250,6 +251,34 @@ def test_dynamo_float16_llama_without_attention_mask_builds_a_plain_causal_mask_
         mask = session.run(["where"], {"input_ids": ids})[0]
         want = np.where(np.tril(np.ones((seq, seq), bool)), 0.0, F16_LOWEST).astype(np.float16)
         assert mask.shape == (3, 1, seq, seq) and (mask == want).all()
-    _, report = ortflash.optimize(str(path), target="ortflash")
+
+
+@pytest.mark.parametrize("target", ["ortflash", "contrib", "onnx"])
+def test_dynamo_float16_llama_without_attention_mask_is_proved_causal(target):
+    """graph/'s reader reads the position ids' GatherND through (index arithmetic alone), the Concat
+    as the positions continued backwards (t - 1 over [0, S + 1)) and the CumSum of no breaks as 0:
+    the mask is j <= i with fill -65504 added alone, proved as finite_fill says (fails before)."""
+    path = DATA / "llama_f16_no_mask_dynamo.onnx"
+    fused, report = ortflash.optimize(str(path), target=target)
+    assert [b.mask_kind for b in report.blocks] == ["causal"], [b.reason for b in report.blocks]
+    assert "is_causal=1" in report.blocks[0].reason and "32,668" in report.blocks[0].detail
+    if target == "ortflash":
+        assert [(a["is_causal"], a["mask_fill"]) for a in _flash_attrs(fused)] == [(1, -math.inf)]
+    ids = np.random.default_rng(7).integers(3, 100, (2, 11))
+    want = _plain(_no_mask_llama(), {"input_ids": ids})[0].astype(np.float32)
+    got = _fused(fused, {"input_ids": ids})[0].astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+    assert ortflash.verify(str(path), fused, seq_len=16).ok
+
+
+def test_a_position_concat_that_is_not_the_positions_continued_stays_refused():
+    """concat(pos[:, :1] - 2, pos): its first element is not pos continued (t - 1 at t = 0), so the
+    break ids are not proved 0 (here they are 1 everywhere, still one sequence: refused, not wrong)."""
+    model = _no_mask_llama()
+    (sub,) = [n for n in model.graph.node if n.op_type == "Sub" and n.output[0] == "sub_8"]
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(2, np.int64), "two"))
+    sub.input[1] = "two"
+    _, report = ortflash.optimize(model, target="ortflash")
     assert [b.mask_kind for b in report.blocks] == ["bias"], [b.reason for b in report.blocks]
-    assert "other than by j <= i + c (expand)" in report.blocks[0].reason
+    # the CumSum is not read, so its GatherND stays a look-up, which depends on the query position
+    assert "other than by j <= i + c (cumsum)" in report.blocks[0].reason

@@ -1,7 +1,10 @@
 """The reading of each op of a mask subgraph into terms (graph/terms), one rule per op in ``OPS``:
 ``Unsqueeze``/``Squeeze``/``Reshape``/``Expand``/broadcasting move index variables between axes;
-``Gather`` on a flattened tensor and ``GatherND`` with built index tuples become look-ups;
-comparisons, bool ops, ``Where`` and integer arithmetic build terms. graph/interpret's ``Reader``
+``Gather`` on a flattened tensor and ``GatherND`` with built index tuples become look-ups (a
+``GatherND`` of index arithmetic alone, such as position ids ``Expand(Range(S))``, that arithmetic at
+the index); comparisons, bool ops, ``Where`` and integer arithmetic build terms; a ``Concat`` of
+other than size-1 pieces is read where it continues its last piece's term, a ``CumSum`` where its
+input is 0 (transformers' packed-sequence test on position ids that are one range per row). graph/interpret's ``Reader``
 runs them; a rule that cannot read its op raises ``NotProved`` naming the step.
 
 Over 400 lines because it is one table of per-op rules (``OPS``), each short and read alone.
@@ -19,7 +22,23 @@ import onnx_ir as ir
 from . import ir_utils as u
 from . import shapes
 from .dim_terms import dim_lin, dim_sum, dims_equal, lin_dim
-from .terms import Abstract, Cat, Cmp, Lin, Look, NotProved, Num, Op, Term, fold, map_lin, normalise, remap, substitute
+from .terms import (
+    Abstract,
+    Cat,
+    Cmp,
+    Lin,
+    Look,
+    NotProved,
+    Num,
+    Op,
+    Term,
+    atoms,
+    fold,
+    map_lin,
+    normalise,
+    remap,
+    substitute,
+)
 
 
 class TensorReader(Protocol):
@@ -318,19 +337,91 @@ def _read_gather_nd(r: TensorReader, node: ir.Node, depth: int) -> Abstract:
                 cut = (idx.dims[axis], length)
         index.append(lin)
         prefix.append(cut)
+    through = _index_only(r, data, depth)
+    if through is not None and len(through.dims) == len(src_dims):
+        # data is index arithmetic alone (the position ids, Expand(Range(S))): its term at the index
+        return normalise(idx.dims[:-1], _at_index(through.term, index), through.dtype or u.dtype(data))
     look = Look(data, tuple(index), tuple(src_dims), tuple(prefix) if any(prefix) else None)
     return normalise(idx.dims[:-1], look, u.dtype(data))
+
+
+def _index_only(r: TensorReader, value: ir.Value, depth: int) -> Abstract | None:
+    """value read as a term of its index variables and dims alone (no look-up of a tensor the
+    reading does not enter), or None: such a term has the same value at every index the graph reads."""
+    try:
+        x = r.read(value, depth)
+    except NotProved:
+        return None
+    return None if atoms(x.term) and any(isinstance(a, Look) for a in atoms(x.term)) else x
+
+
+def _at_index(term: Term, index: list[Lin]) -> Term:
+    """term (over the data's axes 0..n-1) at data[index], each index 0 or one index variable x_a."""
+    mapping: dict[int, int] = {}
+    for k, lin in reversed(list(enumerate(index))):
+        if lin.coeffs:
+            mapping[k] = int(lin.coeffs[0][0][1])  # type: ignore[call-overload]
+        else:
+            term = substitute(term, k, 0)
+    return remap(term, mapping)
 
 
 def _read_concat(r: TensorReader, node: ir.Node, depth: int) -> Abstract:
     xs = [r.read(x, depth) for x in node.inputs]
     rank = len(xs[0].dims)
     axis = u.attr_int(node, "axis", 0) % rank
-    if any(len(x.dims) != rank or x.dims[axis] != 1 for x in xs):
-        raise NotProved("a Concat of other than size-1 pieces")
+    if any(len(x.dims) != rank for x in xs):
+        raise NotProved("a Concat of pieces of other ranks")
+    if any(x.dims[axis] != 1 for x in xs):
+        return _continued(xs, axis)
     dims, terms = _broadcast(xs)
     dims = dims[:axis] + (len(xs),) + dims[axis + 1 :]
     return Abstract(dims, Cat(axis, tuple(terms)), xs[0].dtype)
+
+
+def _continued(xs: list[Abstract], axis: int) -> Abstract:
+    """A Concat whose pieces before the last have static sizes and are the last piece's term
+    continued backwards: ``concat(pos[:, :1] - 1, pos)`` with pos[b, t] = t is t - 1 over [0, S + 1).
+    Each earlier element is checked, at its static index, to be that term there; index arithmetic
+    alone (no look-up: a look-up at a negative index would read another element)."""
+    sizes = [x.dims[axis] for x in xs[:-1]]
+    if not all(isinstance(n, int) for n in sizes) or sum(sizes) > 16:  # type: ignore[arg-type]
+        raise NotProved("a Concat of other than size-1 pieces")
+    if any(isinstance(a, Look) for x in xs for a in atoms(x.term)) or any(_has_cat(x.term) for x in xs):
+        raise NotProved("a Concat of other than size-1 pieces")
+    flat = [Abstract(x.dims[:axis] + (1,) + x.dims[axis + 1 :], x.term, x.dtype) for x in xs]
+    dims, terms = _broadcast(flat)
+    start = sum(sizes)  # type: ignore[arg-type]
+    continued = map_lin(terms[-1], functools.partial(_shift, axis=axis, by=-start))
+    at = 0
+    for piece, n in zip(terms[:-1], sizes):
+        for k in range(int(n)):  # type: ignore[arg-type]
+            if substitute(continued, axis, at + k) != substitute(piece, axis, k):
+                raise NotProved("a Concat whose first pieces are not its last piece continued")
+        at += int(n)  # type: ignore[arg-type]
+    size = dim_sum([start, xs[-1].dims[axis]])
+    if size is None:
+        raise NotProved("a Concat whose length is not proved")
+    return normalise(dims[:axis] + (size,) + dims[axis + 1 :], continued, xs[-1].dtype)
+
+
+def _has_cat(term: Term) -> bool:
+    """Whether term holds a Cat (whose parts a shift of its axis would not move)."""
+    if isinstance(term, Cat):
+        return True
+    return isinstance(term, Op) and any(_has_cat(a) for a in term.args)
+
+
+def _read_cumsum(r: TensorReader, node: ir.Node, depth: int) -> Abstract:
+    """A CumSum of a tensor proved 0 everywhere is 0 (transformers' packed-sequence ids of one
+    sequence per row: the CumSum of no breaks)."""
+    x = r.read(input_at(node, 0), depth)
+    zero = (isinstance(x.term, Lin) and not x.term.coeffs and x.term.const == 0) or (
+        isinstance(x.term, Num) and x.term.value == 0
+    )
+    if not zero or x.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
+        raise NotProved("a CumSum of a tensor not proved 0")
+    return Abstract(x.dims, Lin(), x.dtype)
 
 
 def _read_slice(r: TensorReader, node: ir.Node, depth: int) -> Abstract:
@@ -408,4 +499,5 @@ OPS: dict[str, Callable[[TensorReader, ir.Node, int], Abstract]] = {
     "GatherND": _read_gather_nd,
     "Concat": _read_concat,
     "Slice": _read_slice,
+    "CumSum": _read_cumsum,
 }
