@@ -11,8 +11,9 @@ import pytest
 from attention_graphs import Variant, build
 
 from ortflash import lowering
+from ortflash.lowering.head_count import GivenHeads
 from ortflash.lowering.targets import EP_ORDER, ORT_KERNEL_TARGETS, REGISTRY, TARGETS
-from ortflash.op.node import GIVEN_HEADS
+from ortflash.pipeline import fused_rows
 from ortflash.pipeline.optimize import optimize
 
 # the module (the package exports its function under the same name)
@@ -76,8 +77,33 @@ def test_a_given_head_count_is_written_by_the_lowering_and_never_left_in_the_out
     reshapes = [n for n in lowered.graph.node if n.op_type == "Reshape" and "num_heads" in n.name]
     assert len(reshapes) == 3, [n.name for n in lowered.graph.node]
     assert lowered_report.blocks[0].lowered_to == "com.microsoft.MultiHeadAttention"
+    # the count crosses from fusion to the lowering as a value, never as node metadata
     for m in (own, lowered):
-        assert all(p.key != GIVEN_HEADS for n in m.graph.node for p in n.metadata_props)
+        assert all("given_heads" not in p.key for n in m.graph.node for p in n.metadata_props)
+
+
+def test_the_given_head_counts_are_returned_by_fusion_and_read_by_the_lowering(monkeypatch):
+    """--num-heads crosses as typed per-row facts (lowering/head_count.GivenHeads), not a string
+    in the fused node's metadata: the fused model carries no mark, and lower() writes the count
+    exactly where it is handed one."""
+    returned: list[dict[int, GivenHeads]] = []
+    prove = fused_rows.prove_heads
+
+    def recording(*args, **kwargs):
+        given = prove(*args, **kwargs)
+        returned.append(given)
+        return given
+
+    monkeypatch.setattr(pipeline, "prove_heads", recording)
+    fused, _ = optimize(_unproved_heads_model(), target="ortflash", num_heads=2, load_check=lambda m, r: None)
+    assert returned == [{0: GivenHeads(2, (0, 1, 2))}]
+    assert all("given_heads" not in p.key for n in fused.graph.node for p in n.metadata_props)
+
+    unmarked, notes = lowering.lower(fused, "contrib")
+    assert unmarked is fused and [n.lowered for n in notes] == [False]
+    lowered, notes = lowering.lower(fused, "contrib", given_heads={0: GivenHeads(2, (0, 1, 2))})
+    assert [n.lowered for n in notes] == [True]
+    assert len([n for n in lowered.graph.node if n.op_type == "Reshape" and "num_heads" in n.name]) == 3
 
 
 def test_a_wrong_given_head_count_fails_the_lowered_model_at_its_first_run():
@@ -106,3 +132,17 @@ def test_ep_with_a_fixed_target_is_refused():
 
     with pytest.raises(OrtflashError, match="picks the target"):
         optimize(build(Variant()), target="contrib", ep="cpu")
+
+
+def test_a_row_read_from_a_block_carries_head_counts_as_numbers_or_none():
+    """The Softmax front end's columns hold numbers or None, never a dim's name: a row needs no
+    scrub after fusion (Q, K, V are [B, H, S, 32] with H a symbol here)."""
+    import onnx_ir as ir
+
+    from ortflash.fusion.softmax import SoftmaxFrontEnd
+
+    model = ir.serde.deserialize_model(_unproved_heads_model())
+    front_end = SoftmaxFrontEnd()
+    (softmax,) = front_end.candidates(model.graph)
+    columns = front_end.columns(front_end.read(softmax, 17))
+    assert (columns["heads"], columns["kv_heads"], columns["head_dim"]) == (None, None, 32)

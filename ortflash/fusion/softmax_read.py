@@ -174,11 +174,13 @@ def describe(block: SoftmaxBlock) -> dict[str, object]:
     else:  # a [B·H, S, D] block shows no head count: its node sees one head per batch·head pair
         heads = q_shape[1] if four_d else None
         kv_heads = k_shape[1] if four_d and len(k_shape) == 4 else None
+    # the row's counts are numbers or None (Block), never a dim's name; a fused row's are then
+    # the ones its node's operands prove (pipeline/fused_rows.prove_heads)
     return {
         "pattern": block.pattern,
-        "heads": heads,
-        "kv_heads": kv_heads,
-        "head_dim": q_shape[-1] if q_shape else None,
+        "heads": shapes.static(heads),
+        "kv_heads": shapes.static(kv_heads),
+        "head_dim": shapes.static(q_shape[-1]) if q_shape else None,
         "scale": block.scale,
         "mask": ", ".join(parts) or "none",
         "dtype": dtype_name(u.dtype(block.q)),

@@ -86,7 +86,9 @@ head h // (Hq/Hkv)); a negative scale stays (both native ops take positive scale
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import onnx
 import onnx_ir as ir
@@ -100,7 +102,7 @@ from ..op import spec
 from ..op.node import BLOCK_ID, flash_nodes
 from ..pipeline.opset import raise_default_opset
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
-from .head_count import with_given_head_counts
+from .head_count import GivenHeads, with_given_head_counts
 from .read import read_call, with_shapes
 from .standard import OP_ATTENTION
 from .targets import REGISTRY, TARGETS, Target
@@ -139,13 +141,18 @@ class LoweringNote:
 
 
 def lower(
-    model: onnx.ModelProto, target: str, folder: str | os.PathLike[str] | None = None
+    model: onnx.ModelProto,
+    target: str,
+    folder: str | os.PathLike[str] | None = None,
+    given_heads: Mapping[int, GivenHeads] = MappingProxyType({}),
 ) -> tuple[onnx.ModelProto, list[LoweringNote]]:
     """Replace every FlashAttention node the target op computes exactly; notes for all of them.
 
     The input model is not modified. When nothing is lowered the input model itself comes back.
     ``folder``: where the model's external data is (its file's folder), for the small external
     constants (a Reshape's shape) the head counts are proved from; None reads none of them.
+    ``given_heads``: the head counts the user gave (``--num-heads``), by report row, as fusion
+    returned them (pipeline/fused_rows.prove_heads); written where the target's ops need them.
     """
     record = REGISTRY.get(target)
     if record is None:
@@ -158,7 +165,7 @@ def lower(
         why = f"target {record.name} keeps FlashAttention; it runs with ortflash.session_options()"
         return model, [_with_reason(n, why) for n in kept]
 
-    work = with_given_head_counts(model) if record.needs_head_count else model
+    work = with_given_head_counts(model, given_heads) if record.needs_head_count else model
     # Converted after fusion: no Softmax is left for the 12 -> 13 adapter to wrap in reshapes
     # (it does where it cannot see the rank, as in models without shapes).
     least = record.min_opset

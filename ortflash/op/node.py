@@ -21,10 +21,6 @@ from .policy import SoftmaxPolicy
 # Node metadata written on every FlashAttention node ortflash.optimize emits.
 REPLACES = "ortflash.replaces"  # the original value the node computes (ortflash validate reads it)
 BLOCK_ID = "ortflash.block"  # the report row (index in Report.blocks) the node stands for
-# A head count the user gave (--num-heads) where nothing proves it, and which of Q, K, V (input
-# indexes) have it: "12:0,1,2". A lowering, whose ops take the count as a number, reshapes those
-# inputs to [0, N, 0, 0] (lowering/head_count.py); FlashAttention itself reads heads from shapes.
-GIVEN_HEADS = "ortflash.given_heads"
 # On an If that picks a block's form by the run's length (pipeline/length_dispatch.py), JSON:
 # {"block": row, "key_len": T, "decode_key_len": Td, "condition": the If's input, "keys": the
 # main-graph value holding the run's key length ([1] int64)}; checks/verify.py runs both sides by it.

@@ -12,23 +12,26 @@ import onnx_ir as ir
 from ..errors import OrtflashError
 from ..graph import ir_utils as u
 from ..graph import shapes
-from ..lowering import head_count as given_heads
-from ..op.node import BLOCK_ID, GIVEN_HEADS, flash_nodes, is_placeholder
+from ..lowering.head_count import GivenHeads
+from ..op.node import BLOCK_ID, flash_nodes, is_placeholder
 from ..report import Report
 from . import forms
 
 
-def prove_heads(graph: ir.Graph, report: Report, num_heads: int | None, per_batch_head: Collection[int] = ()) -> None:
+def prove_heads(
+    graph: ir.Graph, report: Report, num_heads: int | None, per_batch_head: Collection[int] = ()
+) -> dict[int, GivenHeads]:
     """Heads, kv heads and head dim of each block fused in ``graph``, as numbers where the fused
     node's operands prove them (resolved through Reshapes, Transposes and computed shapes, which
     the rules' own reading leaves symbolic in TorchScript exports), else None.
 
     ``num_heads`` fills the query head count where nothing proves it; where something does and
-    it differs, OrtflashError. The given count is recorded on the node, for Q, and for K and V
-    where their head dim is the same unknown as Q's (``GIVEN_HEADS``): a lowering, whose ops
-    take the count as a number, writes it there (lowering/head_count.py). ``per_batch_head``:
+    it differs, OrtflashError. Returns the given counts by row, each for Q, and for K and V where
+    their head dim is the same unknown as Q's (lowering/head_count.GivenHeads): a lowering, whose
+    ops take the count as a number, writes it there; the graph is not marked. ``per_batch_head``:
     the rows whose scores are per batch·head (fusion/driver.Fused), whose heads stay None.
     """
+    given: dict[int, GivenHeads] = {}
     for node in flash_nodes(graph, subgraphs=False):
         if BLOCK_ID not in node.metadata_props:
             continue
@@ -59,7 +62,8 @@ def prove_heads(graph: ir.Graph, report: Report, num_heads: int | None, per_batc
             block.kv_heads = num_heads
         block.reason = "; ".join(filter(None, [block.reason, f"{num_heads} heads given (--num-heads), not proved"]))
         marked = [0] + [i for i, x in ((1, k), (2, v)) if same_kv and shapes.same_dim(hq, shapes.resolved_dim(x, 1))]
-        node.metadata_props[GIVEN_HEADS] = given_heads.encode(num_heads, marked)
+        given[row] = GivenHeads(num_heads, tuple(marked))
+    return given
 
 
 def _mask_kind(node: ir.Node) -> str:

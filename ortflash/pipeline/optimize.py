@@ -23,11 +23,12 @@ from ..fusion.onnx_attention import AttentionOpFrontEnd
 from ..fusion.softmax import SoftmaxFrontEnd
 from ..graph import ir_utils as u
 from ..lowering import LoweringNote, lower
+from ..lowering.head_count import GivenHeads
 from ..lowering.targets import DEFAULT_TARGET, EP_ORDER, EXECUTION_PROVIDERS, REGISTRY, TARGETS
 from ..model_io import ModelLike, check_opsets, graphs_of, load, save
 from ..model_shapes import with_shapes
 from ..op import spec
-from ..op.node import BLOCK_ID, GIVEN_HEADS, flash_nodes
+from ..op.node import BLOCK_ID, flash_nodes
 from ..op.policy import SoftmaxPolicy
 from ..report import Report, TargetChoice
 from . import forms
@@ -106,7 +107,7 @@ def optimize(
 
     shaped = with_shapes(proto)  # once: the second fusion, with blocks kept, reads the same shapes
     folder = _model_folder(model_or_path)
-    fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, folder=folder)
+    fused, fusion_report, given_heads = _fuse(proto, shaped, policy, num_heads, prove_causal, folder=folder)
     if isinstance(model_or_path, (str, os.PathLike)):
         fusion_report.model = os.fspath(model_or_path)  # the report is titled with the file the user named
     already_fused = native_attention_note(proto)
@@ -114,7 +115,7 @@ def optimize(
         fusion_report.notes.append(already_fused)
 
     def run(candidate: str) -> tuple[onnx.ModelProto, Report]:
-        return _lower_for(proto, fused, fusion_report, candidate, folder)
+        return _lower_for(proto, fused, fusion_report, given_heads, candidate, folder)
 
     check = load_check or _default_load_check(model_or_path, proto)
     if target is None:
@@ -291,12 +292,12 @@ def _dispatched_then_lowered(
     block of ``thresholds`` written as an If on the length around its FlashAttention node, then
     lowered for ``target`` (the node inside the If's fused branch too), so no FlashAttention is
     left; or the rows that could not be written so (row -> why), for the caller to keep."""
-    fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
+    fused, fusion_report, given_heads = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
     dispatched = dispatch(proto, fused, thresholds, shaped[0], branch_shapes=True)
     if dispatched.left:
         return dict(dispatched.left)
     fusion_report.model = report.model
-    faster, faster_report = _lower_for(proto, dispatched.model, fusion_report, target, folder)
+    faster, faster_report = _lower_for(proto, dispatched.model, fusion_report, given_heads, target, folder)
     left = {
         row: f"its node was not lowered for {target} inside the If's branch ({faster_report.blocks[row].reason})"
         for row in thresholds
@@ -322,9 +323,9 @@ def _kept_where_faster(
 ) -> tuple[onnx.ModelProto, Report]:
     """The model fused again with the blocks of ``keep`` left as they were, each row with its reason;
     a kept row keeps what the fused one proved (mask kind, head dim, key length)."""
-    fused, fusion_report = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
+    fused, fusion_report, given_heads = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
     fusion_report.model = report.model
-    faster, faster_report = _lower_for(proto, fused, fusion_report, target, folder)
+    faster, faster_report = _lower_for(proto, fused, fusion_report, given_heads, target, folder)
     _rows_as_chosen(faster_report, report, keep, details)
     return faster, faster_report
 
@@ -392,9 +393,10 @@ def _fuse(
     prove_causal: bool = True,
     keep: Mapping[str, str] = MappingProxyType({}),
     folder: str | None = None,
-) -> tuple[onnx.ModelProto, Report]:
+) -> tuple[onnx.ModelProto, Report, dict[int, GivenHeads]]:
     """Every block fused, once, whatever the target: the fused model (its inferred value_info kept,
-    for the lowerings to prove from) and the report; the input itself when nothing is fused.
+    for the lowerings to prove from), the report, and the head counts given (``num_heads``) by
+    row, for the lowerings (fused_rows.prove_heads); the input itself when nothing is fused.
     ``shaped``: ``with_shapes(proto)``, the model with inferred shapes and how they were inferred.
     ``keep``: report names of blocks left as they are, each with the reason for its row.
     ``folder``: the model file's folder, where its external data is (small external constants, a
@@ -410,6 +412,7 @@ def _fuse(
     if folder is not None:
         u.root_external_data(model.graph, folder)
     report = Report(proto.graph.name or "model", shape_inference=inference)
+    given_heads: dict[int, GivenHeads] = {}
     # ONNX Attention ops (opset 23+) first: their Softmax is inside the op, not in the graph.
     front_ends = (AttentionOpFrontEnd(), SoftmaxFrontEnd(prove_causal=prove_causal))
     for graph, scope in _scopes(model.graph, ""):
@@ -419,29 +422,30 @@ def _fuse(
         for row in rows.blocks:
             row.name = scope + row.name
         report.blocks += rows.blocks
-        prove_heads(graph, report, num_heads, rows.per_batch_head)
+        given_heads.update(prove_heads(graph, report, num_heads, rows.per_batch_head))
 
-    for block in report.blocks:  # rows not fused: what the rules read, where it is a number (not a dim's name)
-        block.heads, block.kv_heads, block.head_dim = (
-            d if isinstance(d, int) else None for d in (block.heads, block.kv_heads, block.head_dim)
-        )
     if not report.fused:
         # Nothing to write differently: the input itself, not a round trip of it through the IR
         # (which would carry inferred shapes that change what ONNX Runtime's optimizer does).
-        return proto, report
+        return proto, report, given_heads
     common_passes.RemoveUnusedNodesPass()(model)  # subgraphs included
     model.opset_imports.setdefault(spec.DOMAIN, spec.DOMAIN_VERSION)
     out = ir.serde.serialize_model(model)
     out.ir_version = proto.ir_version
     mark_rounding_sensitive(out, report)
-    return out, report
+    return out, report, given_heads
 
 
 def _lower_for(
-    original: onnx.ModelProto, fused: onnx.ModelProto, fusion_report: Report, target: str, folder: str | None
+    original: onnx.ModelProto,
+    fused: onnx.ModelProto,
+    fusion_report: Report,
+    given_heads: Mapping[int, GivenHeads],
+    target: str,
+    folder: str | None,
 ) -> tuple[onnx.ModelProto, Report]:
-    """The fused model written for one target, with its own copy of the report; ``folder``: the
-    model file's, where its external data is."""
+    """The fused model written for one target, with its own copy of the report; ``given_heads``:
+    _fuse's, for the lowering; ``folder``: the model file's, where its external data is."""
     report = copy.deepcopy(fusion_report)
     if not report.fused:
         out = loadable_ir_version(_lower_already_fused(original, report, target, folder), report.notes)
@@ -451,7 +455,7 @@ def _lower_for(
     if not REGISTRY[target].needs_ortflash:
         # the lowering proves from the shapes the rules proved from (subgraphs' included)
         before = u.default_opset(fused)
-        out, notes = lower(fused, target, folder)
+        out, notes = lower(fused, target, folder, given_heads)
         _note_lowering(report, notes, target)
         after = u.default_opset(out)
         if after != before:
@@ -461,7 +465,6 @@ def _lower_for(
     if out is fused:  # the fused model is shared by every candidate: write on a copy
         out = onnx.ModelProto()
         out.CopyFrom(fused)
-    _strip_given_head_counts(out)
     _keep_declared_value_info(original, out)
     # onnx's make_model stamps IR versions newer than ONNX Runtime reads (ir_versions.py)
     return loadable_ir_version(out, report.notes), report
@@ -498,16 +501,6 @@ def _refuse_flash_left(model: onnx.ModelProto, report: Report, target: str) -> N
         f"cannot lower ({why.split('; ')[0]}): optimize the model from before ortflash with --target {target}, "
         "or run this one with ortflash.session_options()"
     )
-
-
-def _strip_given_head_counts(model: onnx.ModelProto) -> None:
-    """The head-count marks are for the lowerings of this run only; what is written keeps none."""
-    for graph in graphs_of(model.graph):
-        for node in graph.node:
-            kept = [p for p in node.metadata_props if p.key != GIVEN_HEADS]
-            if len(kept) != len(node.metadata_props):
-                del node.metadata_props[:]
-                node.metadata_props.extend(kept)
 
 
 def _scopes(graph: ir.Graph, scope: str) -> Iterator[tuple[ir.Graph, str]]:
