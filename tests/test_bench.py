@@ -449,3 +449,19 @@ def test_bad_input_is_one_line_exit_2_before_anything_runs(tmp_path, case):
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("ortflash: error: "), proc.stderr
     assert "sequence dimension" not in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == "" and not (tmp_path / "bench-results").exists()
+
+
+def test_a_variant_given_as_a_file_runs_its_nodes_on_the_native_op(tmp_path):
+    # `--variants original,default=D.onnx` times what `optimize` wrote: its FlashAttention nodes must run
+    # as a user's ortflash.InferenceSession runs them (the native op), not through the Python bridge
+    import ortflash
+    from ortflash.bench import variants
+
+    fused, report = ortflash.optimize(onnx.load("models/bert_sdpa_dynamo.onnx"), target="ortflash")
+    assert report.fused == 2
+    path = tmp_path / "fused.onnx"
+    onnx.save(fused, str(path))
+    built = variants.build_variant("models/bert_sdpa_dynamo.onnx", variants.parse_variant(f"fused={path}"))
+    session, _ = variants.open_session(built, built.model, variants.session_options(1), 1)
+    assert isinstance(session, ortflash.InferenceSession)
+    assert session.native_nodes == 2

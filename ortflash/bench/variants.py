@@ -159,8 +159,9 @@ def open_session(
 ) -> tuple[Any, str | None]:
     """(session, kernel backend or None) for ``model``, a form of ``built``'s model.
 
-    Fused variants open through ``ortflash.InferenceSession``, the path users run; the rest
-    through a plain ``onnxruntime.InferenceSession``.
+    Fused variants, and variants given as a file that hold FlashAttention nodes, open through
+    ``ortflash.InferenceSession``, the path users run; the rest through a plain
+    ``onnxruntime.InferenceSession``.
     """
     import ortflash
 
@@ -175,6 +176,10 @@ def open_session(
             min_seq_len=0,
         )
         return session, built.backend
+    if _uses_flash_attention(model):
+        # a variant given as a file (NAME=PATH: what `optimize` wrote, a length If included) runs
+        # its nodes as written, through the session users open, so on the native op where it applies
+        return ortflash.InferenceSession(model, threads=threads, sess_options=so), None
     return open_plain_session(built, model, so, threads), None
 
 
