@@ -194,6 +194,52 @@ def test_onnx_target_gives_the_mean_of_v_on_float32_lowest_rows_whatever_attenti
     assert not math.isnan(worst)
 
 
+def _reduce_max_like_the_cuda_ep(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The CUDA EP's ReduceMax written into the graph: float32's lowest, not -inf, for a row of -inf
+    (onnxruntime issue 32256; the CPU EP and the ONNX spec give -inf)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    g.initializer.append(helper.make_tensor("cuda_reduce_max__lowest", TensorProto.FLOAT, [], [-3.4028234663852886e38]))
+    out_nodes = []
+    for n in list(g.node):
+        out_nodes.append(n)
+        if n.op_type == "ReduceMax":
+            raw = n.output[0]
+            n.output[0] = f"{raw}__as_cpu"
+            out_nodes.append(helper.make_node("Max", [f"{raw}__as_cpu", "cuda_reduce_max__lowest"], [raw]))
+    g.ClearField("node")
+    g.node.extend(out_nodes)
+    return m
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ROOT / "tests" / "data" / "outside" / "clip_text_sdpa_torchscript.onnx",
+        MODELS / "gpt_neo_eager_dynamo.onnx",
+        MODELS / "gpt2_eager_dynamo.onnx",
+    ],
+)
+def test_onnx_target_finds_rows_of_minus_inf_whatever_reduce_max_gives(path: Path) -> None:
+    """Measured on the H200 (benchmarks/results/cuda_held_out.md): --target onnx gave NaN on 4
+    held-out causal exports (CLIP's sdpa TorchScript export: every output of the left-padded item),
+    because the guard found a row of -inf by its ReduceMax, which the CUDA EP makes float32's
+    lowest, and so took the mean of V over no keys (0/0) there. The guard must not rest on it."""
+    model = onnx.load(path)
+    fused, _ = ortflash.optimize(model, target="ortflash")
+    lowered, notes = lower(fused, "onnx")
+    assert notes and all(n.lowered for n in notes)
+    like_cuda = _zero_rows_like_the_cuda_ep(_reduce_max_like_the_cuda_ep(lowered))
+    feeds = make_feeds(model, seq_len=37, batch=2, seed=0)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(like_cuda.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    nan_mismatch = sum(int(np.sum(np.isnan(w) != np.isnan(g))) for w, g in zip(want, got))
+    worst = max(float(np.nanmax(np.abs(w - g))) for w, g in zip(want, got))
+    assert nan_mismatch == 0, nan_mismatch
+    assert worst <= 1e-4, worst
+
+
 def test_float32_cached_step_with_one_kv_head_per_query_head_keeps_the_append_inside_the_op() -> None:
     """A decode step of GPT-2 with a cache: MultiHeadAttention with past_key/past_value (0.50 ms
     against the original's 0.53 at past 127; the append outside and the guards took 0.86)."""

@@ -129,7 +129,11 @@ def _fully_masked_rows(
     if bias is None:
         return out, ""
     row_max = e.node("ReduceMax", [bias, e.i64([-1])], keepdims=1)
-    dead = e.node("Equal", [row_max, e.f32(-math.inf)])
+    # a row of -inf is found by its keys, not by row_max: the CUDA EP's ReduceMax gives float32's
+    # lowest, not -inf, for such a row (onnxruntime issue 32256; on the H200 that made the mean of V
+    # below 0/0 = NaN for the left-padded rows of --target onnx: benchmarks/results/cuda_held_out.md)
+    finite = e.node("Cast", [e.node("Greater", [bias, e.f32(-math.inf)])], to=ir.DataType.FLOAT)
+    dead = e.node("Equal", [e.node("ReduceMax", [finite, e.i64([-1])], keepdims=1), e.f32(0.0)])
     hq, hkv = heads
     per_query = causal_folded or _windowed(call) or any(_query_rows(x) for x in (call.bias, call.mask))
     if per_query and not squeeze and isinstance(hq, int) and hq == hkv:
