@@ -181,7 +181,7 @@ def test_transformers_float16_llama_with_attention_mask_stays_refused():
     assert all("no unpadded key" in b.reason for b in report.blocks)
 
 
-@pytest.mark.parametrize("target", ["ortflash", "contrib"])
+@pytest.mark.parametrize("target", ["ortflash", "contrib", None])
 def test_the_proved_row_s_detail_names_the_score_bound_and_the_check(target):
     """The fill taken as -inf holds only under the score bound, which nothing checks at run time: the
     row's detail (said once under the table, --json's detail) says so and names the check; a row

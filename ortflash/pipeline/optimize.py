@@ -189,7 +189,7 @@ def _fastest_forms(
             thresholds[row] = Threshold(choice.dispatch_from, choice.decode_from)
         if choice.fused:
             block.reason = "; ".join(filter(None, [block.reason, choice.why]))
-            block.detail = choice.detail
+            block.detail = "; ".join(filter(None, [block.detail, choice.detail]))  # the proof's, then the table's
             block.fused_from = choice.dispatch_from
         else:
             keep[block.name] = choice.why
