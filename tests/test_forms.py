@@ -419,3 +419,15 @@ def test_ep_webgpu_keeps_a_short_block_that_the_webgpu_table_says_is_slower_and_
     assert forms.choose("webgpu", SoftmaxPolicy.for_new_nodes(), 32, [1024], "causal", "webgpu").fused
     assert not forms.choose("webgpu", SoftmaxPolicy.for_new_nodes(), 32, [1024], "padding", "webgpu").fused
     assert forms.choose("webgpu", SoftmaxPolicy.for_new_nodes(), 64, [2048], "padding", "webgpu").fused
+
+
+def test_the_avx512_padding_row_is_bounded_by_the_native_op_run():
+    """Since the native op (c630042) the AVX-512 padding row reads the real-size run through it alone
+    (MiniLM-L6 0.99x at 32, 1.06x at 128; the 6x64 BERT 1.11x at 32), not the bridge-era 256 / 512."""
+    assert forms.REAL_SIZE_FILES["avx512"]["padding"] == ("crossover_real_size_avx512_native",)
+    policy = SoftmaxPolicy.for_new_nodes(online_softmax=True)
+    for dim, start in ((32, 128), (64, 32)):
+        dynamic = forms.choose("ortflash", policy, dim, None, "padding", can_dispatch=True, cpu_class="avx512")
+        assert dynamic.dispatch_from == start, (dim, dynamic)
+        assert "crossover_real_size_avx512_native.md" in dynamic.detail
+        assert "crossover_real_size_avx512_run2" not in dynamic.detail

@@ -93,11 +93,14 @@ BORROWED: Mapping[str, Mapping[str, str]] = MappingProxyType({"avx512": MappingP
 # the latest export crossover at that head dim, or, where an export won at no length it was run at,
 # the stack's next measured length past its longest (not checked on the exports there). The
 # contrib and onnx rows are the stack's: the exports ran ortflash's op only.
-_AVX512_REAL_SIZE_RUNS = ("crossover_real_size_avx512", "crossover_real_size_avx512_run2")
+# AVX-512 padding: the run through the native op (c630042: the default session path since), alone.
+# The two bridge-era runs (onnxruntime-extensions' Python op, ortflash at 4f72638) stay committed
+# but no longer bound that row; they still hold ViT-S's 197-key no-mask cell, the only no-mask export.
+_AVX512_BRIDGE_RUNS = ("crossover_real_size_avx512", "crossover_real_size_avx512_run2")
 REAL_SIZE_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
         "avx2": MappingProxyType({"padding": ("crossover_real_size_avx2",)}),
-        "avx512": MappingProxyType({"padding": _AVX512_REAL_SIZE_RUNS, "none": _AVX512_REAL_SIZE_RUNS}),
+        "avx512": MappingProxyType({"padding": ("crossover_real_size_avx512_native",), "none": _AVX512_BRIDGE_RUNS}),
     }
 )
 REAL_SIZE_FORMS = ("naive", "online")
@@ -183,14 +186,16 @@ _AVX2 = MappingProxyType(
 # real-size export was run, so that row is the stack's alone. The bias row on the same class the
 # same day (two rounds, 5 runs each): no form won at any measured length (0.61-1.08x), as on AVX2.
 # No row is borrowed now (BORROWED is empty; the mechanism stays for a class measured in part).
-# The padding row's FlashAttention entries are bounded by the real-size exports run fused on the
-# same class (REAL_SIZE_FILES, 2026-12-02, two runs of 2 rounds, S = 16-512): from 256 at head dim 32
-# (MiniLM-L3 and -L6 1.08-1.18x at 256, 0.85-0.94x at 64 in one run or the other) and 512 at 64 (the
-# 6x64 BERT 1.14-1.15x at 512, 1.02-1.05x at 256: under the 1.05x a crossover needs in the second
-# run), where the stacks won from 64 and 16; the no-mask row by ViT-S at its 197 (0.88x: no change).
+# The padding row's FlashAttention entries are bounded by the real-size exports run fused through
+# the native op on the same class (REAL_SIZE_FILES: crossover_real_size_avx512_native, 2026-12-02
+# 05:34-05:40, ortflash at 9994fbf, 2 rounds, S = 16-512, load 1-3): from 128 at head dim 32
+# (MiniLM-L6 0.99x at 32, 1.04x at 64, 1.06x at 128; MiniLM-L3 from 16, MiniLM-L6 SDPA from 32) and
+# 32 at 64 (the 6x64 BERT 0.89x at 16, 1.06-1.21x at 32-512), where the stacks won from 64 and 16.
+# The bridge-era runs (crossover_real_size_avx512{,_run2}, 256 / 512) are no longer read for it.
+# The no-mask row is bounded by ViT-S at its 197 (0.88x through the bridge: no change).
 _AVX512 = MappingProxyType(
     {
-        "padding": _rows({32: 256, 64: 512}, {32: 256, 64: 512}, {32: None, 64: None}, {32: None, 64: None}),
+        "padding": _rows({32: 128, 64: 32}, {32: 128, 64: 32}, {32: None, 64: None}, {32: None, 64: None}),
         # no padded key tile to skip: the kernel does the unfused graph's work
         "none": _rows({32: None, 64: 1024}, {32: None, 64: 1024}, {32: 1024, 64: 1024}, {32: None, 64: 1024}),
         "causal": _rows({32: 128, 64: 256}, {32: 128, 64: 256}, {32: 1024, 64: 1024}, {32: None, 64: None}),
