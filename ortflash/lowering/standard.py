@@ -135,27 +135,28 @@ def _fully_masked_rows(
     finite = e.node("Cast", [e.node("Greater", [bias, e.f32(-math.inf)])], to=ir.DataType.FLOAT)
     dead = e.node("Equal", [e.node("ReduceMax", [finite, e.i64([-1])], keepdims=1), e.f32(0.0)])
     hq, hkv = heads
+
+    def at_fill_alive() -> ir.Value:
+        # rows whose largest bias is a fill the CUDA EP absorbs, and that keep a finite key
+        return e.node("And", [e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]), e.node("Not", [dead])])
+
+    def dead_rows_then(out: ir.Value, how: str) -> tuple[ir.Value, str]:
+        nan_rows = call.masked_rows == "nan"
+        out = e.node("Where", [dead, e.f32(math.nan if nan_rows else 0.0), out])
+        return out, f"fully masked rows -> {'NaN' if nan_rows else 'zeros'} by Where (-inf), {how}"
+
     per_query = causal_folded or _windowed(call) or any(_query_rows(x) for x in (call.bias, call.mask))
     if per_query and not squeeze and isinstance(hq, int) and hq == hkv:
         at_fill = e.node("Cast", [e.node("Equal", [bias, row_max])], to=ir.DataType.FLOAT)
         total = e.node("MatMul", [at_fill, v])  # [B, H, Sq, Dv]
         fill_mean = e.node("Div", [total, e.node("ReduceSum", [at_fill, e.i64([-1])], keepdims=1)])
-        filled = e.node("And", [e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]), e.node("Not", [dead])])
-        out = e.node("Where", [filled, fill_mean, out])
-        nan_rows = call.masked_rows == "nan"
-        out = e.node("Where", [dead, e.f32(math.nan if nan_rows else 0.0), out])
-        return out, (
-            f"fully masked rows -> {'NaN' if nan_rows else 'zeros'} by Where (-inf), the mean of V over the keys at "
-            "the row's fill by Where (a fill <= -2**127: the CUDA EP gives zeros there)"
+        out = e.node("Where", [at_fill_alive(), fill_mean, out])
+        return dead_rows_then(
+            out,
+            "the mean of V over the keys at the row's fill by Where (a fill <= -2**127: the CUDA EP gives zeros there)",
         )
     row_min = e.node("ReduceMin", [bias, e.i64([-1])], keepdims=1)
-    uniform = e.node(
-        "And",
-        [
-            e.node("Equal", [row_max, row_min]),
-            e.node("And", [e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]), e.node("Not", [dead])]),
-        ],
-    )
+    uniform = e.node("And", [e.node("Equal", [row_max, row_min]), at_fill_alive()])
     if squeeze:
         dead, uniform = e.squeeze(dead, [1]), e.squeeze(uniform, [1])
     mean_v = e.node("ReduceMean", [v, e.i64([-2])], keepdims=1)  # [B, Hkv, 1, Dv] or [B·H, 1, D]
@@ -171,12 +172,7 @@ def _fully_masked_rows(
         grouped = e.node("Expand", [grouped, e.i64([1, 1, hq // hkv, 1, 1])])
         mean_v = e.reshape(grouped, [0, hq, 1, -1])
     out = e.node("Where", [uniform, mean_v, out])
-    nan_rows = call.masked_rows == "nan"
-    out = e.node("Where", [dead, e.f32(math.nan if nan_rows else 0.0), out])
-    return out, (
-        f"fully masked rows -> {'NaN' if nan_rows else 'zeros'} by Where (-inf), the mean of V by Where "
-        "(one value <= -2**127: the CUDA EP gives zeros there)"
-    )
+    return dead_rows_then(out, "the mean of V by Where (one value <= -2**127: the CUDA EP gives zeros there)")
 
 
 def _query_rows(x: ir.Value | None) -> bool:
