@@ -1,0 +1,430 @@
+"""Where the CUDA EP's slow lowered blocks lose their time (issue 31): the static-shape padding block at
+batch 2 (1.65-1.74 ms against 0.50-0.59 "symbolic" in cuda_forms.md), the fed-bias block that ran
+41-64 ms static, and the length If whose lowered branch ran 56 ms (decode_gpu.md). Three steps:
+
+    python benchmarks/cuda_cudnn_cache.py make build/snap_e/cudnn_run     # here: the models (no weights)
+    python3 benchmarks/cuda_cudnn_cache.py run FOLDER --out OUT           # GPU machine: onnxruntime-gpu, torch
+    python benchmarks/cuda_cudnn_cache.py table OUT/cuda_cudnn_cache.json # here: the .md
+
+What the run records, per model: the median of alternating rounds (inputs and outputs bound on the GPU)
+and every call's time of one round (a cuDNN graph built per call shows as tens of ms on each); the
+kernels ORT printed (ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO); the GPU kernels of three runs as CUPTI saw
+them (torch.profiler: which kernel ORT picked, and how much of the wall the GPU was busy); and, in a
+process of its own with cuDNN's API log on (CUDNN_LOGLEVEL_DBG=3), how many cuDNN graphs were finalized
+and executed over 1 + RUNS runs: one build and RUNS + 1 executions is a cached graph, RUNS + 1 builds a
+graph built on every call. PyTorch's SDPA with its default backend on the same padding shapes is the peer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ep_probe  # noqa: E402
+
+HEADS, HEAD_DIM = 16, 64
+PADDING_CASES = ((1, 4096), (2, 2048), (2, 4096))  # (batch, key length) of the exported padding block
+FEDBIAS_SEQ = 4096
+IF_PREFILL, IF_PAST = 2048, 2048
+ROUNDS, REPEATS, RUNS = 3, 10, 5
+LOGGED = re.compile(r"function (cudnn\w+)\(\) called")
+# a dry run of the run step where no GPU is (CUDNN_CACHE_DRY=1): the CPU EP, host buffers, no torch
+DRY = bool(os.environ.get("CUDNN_CACHE_DRY"))
+EP, DEVICE = ("CPUExecutionProvider", "cpu") if DRY else ("CUDAExecutionProvider", "cuda")
+
+
+def _named_dims(model: Any, names: dict[int, str]) -> Any:
+    """A copy of model with dims of its inputs and outputs named (axis -> name)."""
+    import onnx
+
+    out = onnx.ModelProto.FromString(model.SerializeToString())
+    for value in list(out.graph.input) + list(out.graph.output):
+        for axis, name in names.items():
+            dims = value.type.tensor_type.shape.dim
+            if axis < len(dims):
+                dims[axis].dim_param = name
+    return out
+
+
+def _ops(model: Any) -> dict[str, int]:
+    from ortflash.model_io import graphs_of
+
+    ops: dict[str, int] = {}
+    for g in graphs_of(model.graph):
+        for n in g.node:
+            ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    return ops
+
+
+def make(folder: str) -> None:
+    import cuda_capabilities as caps
+    import cuda_forms as cf
+    import decode_gpu as dg
+    import onnx
+
+    import ortflash
+    from ortflash.lowering import lower
+    from ortflash.pipeline import forms
+
+    os.makedirs(folder, exist_ok=True)
+    index: list[dict[str, Any]] = []
+
+    def save(group: str, stem: str, variants: dict[str, Any], **facts: Any) -> None:
+        files = {}
+        for name, m in variants.items():
+            files[name] = f"{stem}.{name}.onnx"
+            onnx.save(m, os.path.join(folder, files[name]))
+        index.append(
+            {"group": group, "stem": stem, "files": files, "ops": {k: _ops(m) for k, m in variants.items()}, **facts}
+        )
+        print(stem, {k: _ops(m) for k, m in variants.items() if k != "original"}, flush=True)
+
+    for batch, seq in PADDING_CASES:  # cuda_forms.block at this batch, static and with named dims
+        static = cf.block("padding", HEAD_DIM, "float16", seq)
+        for value in list(static.graph.input) + list(static.graph.output):
+            value.type.tensor_type.shape.dim[0].dim_value = batch
+        for shape, model in (("static", static), ("symbolic", _named_dims(static, {0: "batch", 1: "seq"}))):
+            fused, report = ortflash.optimize(model, target="ortflash")
+            assert report.fused == 1, report
+            variants = {"original": model, "ep_cuda": ortflash.optimize(model, ep="cuda")[0]}
+            if shape == "symbolic":  # what --ep cuda --seq-lens S writes (the user says the length)
+                variants["ep_cuda_seq_lens"] = ortflash.optimize(model, ep="cuda", seq_lens=[seq])[0]
+            variants.update({f"target_{t}": lower(fused, t)[0] for t in ("cuda", "onnx")})
+            save("padding", f"padding_b{batch}_s{seq}_{shape}", variants, batch=batch, seq=seq, shape=shape)
+
+    case = caps.Case("padding", "float16", HEAD_DIM, FEDBIAS_SEQ, 1, HEADS)
+    fed = caps.build("unfused", case)
+    for shape, model in (("static", fed), ("symbolic", _named_dims(fed, {0: "batch", 2: "seq"}))):
+        if shape == "symbolic":  # the bias [1, 1, S, S]: both of its last dims are the length
+            for value in model.graph.input:
+                if value.name == "bias":
+                    value.type.tensor_type.shape.dim[2].dim_param = "seq"
+                    value.type.tensor_type.shape.dim[3].dim_param = "seq"
+                    value.type.tensor_type.shape.dim[0].dim_value = 1
+        fused, _ = ortflash.optimize(model, target="ortflash")
+        low = lower(fused, "cuda")[0]
+        variants = {"original": model, "target_cuda": low}
+        if shape == "static":  # MultiHeadAttention reading the fed bias itself, as ORT's optimizer left it
+            direct = onnx.ModelProto.FromString(low.SerializeToString())
+            next(n for n in direct.graph.node if n.op_type == "MultiHeadAttention").input[5] = "bias"
+            variants["cuda_direct"] = direct
+        save("fedbias", f"fedbias_s{FEDBIAS_SEQ}_{shape}", variants, batch=1, seq=FEDBIAS_SEQ, shape=shape)
+
+    block = dg._cached_block(onnx.TensorProto.FLOAT16)
+    saved = forms.LOWERED_DISPATCH_EPS
+    forms.LOWERED_DISPATCH_EPS = ("cuda",)  # the If as decode_gpu.py measured it (not written by default)
+    try:
+        with_if = ortflash.optimize(block, ep="cuda")[0]
+    finally:
+        forms.LOWERED_DISPATCH_EPS = saved
+    assert _ops(with_if).get("If") == 1 and _ops(with_if).get("MultiHeadAttention") == 1, _ops(with_if)
+    variants = {"original": block, "target_cuda": ortflash.optimize(block, target="cuda")[0], "ep_cuda_if": with_if}
+    save("if", "cached_block_f16", variants, batch=1, seq=IF_PREFILL, shape="symbolic")
+    json.dump(index, open(os.path.join(folder, "index.json"), "w"), indent=1)
+
+
+# ------------------------------------------------------------------------------------------------
+# run (the GPU machine: numpy, onnxruntime-gpu, torch; no onnx)
+
+
+def feeds_for(entry: dict[str, Any], case: str = "") -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    b, s = entry["batch"], entry["seq"]
+    half = np.float16
+
+    def normal(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=np.float32).astype(half)
+
+    if entry["group"] == "padding":
+        mask = np.ones((b, s), np.int64)
+        mask[:, s - s // 4 :] = 0
+        if b > 1:  # the second item padded on the left
+            mask[1] = mask[1, ::-1]
+        return {
+            "q3": normal(b, s, HEADS * HEAD_DIM),
+            "k3": normal(b, s, HEADS * HEAD_DIM),
+            "v3": normal(b, s, HEADS * HEAD_DIM),
+            "attention_mask": mask,
+        }
+    if entry["group"] == "fedbias":
+        keep = np.ones((1, 1, s, s), bool)
+        keep[..., s - s // 4 :] = False
+        bias = np.where(keep, 0.0, np.finfo(np.float16).min).astype(half)
+        return {
+            "q": normal(1, HEADS, s, HEAD_DIM),
+            "k": normal(1, HEADS, s, HEAD_DIM),
+            "v": normal(1, HEADS, s, HEAD_DIM),
+            "bias": bias,
+        }
+    seq, past = (1, IF_PAST) if case == "decode" else (IF_PREFILL, 0)
+    return {
+        "query": normal(1, HEADS, seq, HEAD_DIM),
+        "key": normal(1, HEADS, seq, HEAD_DIM),
+        "value": normal(1, HEADS, seq, HEAD_DIM),
+        "past_key": normal(1, HEADS, past, HEAD_DIM),
+        "past_value": normal(1, HEADS, past, HEAD_DIM),
+    }
+
+
+def _session(ort: Any, path: str, sdpa_kernel: str | None = None) -> Any:
+    opts = {"device_id": "0", **({"sdpa_kernel": sdpa_kernel} if sdpa_kernel else {})}
+    providers = [EP] if DRY else [("CUDAExecutionProvider", opts)]
+    sess = ort.InferenceSession(path, ep_probe.session_options(ort, None), providers=providers)
+    if sess.get_providers()[0] != EP:
+        raise SystemExit(f"the CUDA EP did not take {path}")
+    return sess
+
+
+def _timer(ort: Any, sess: Any, feeds: dict[str, np.ndarray]) -> Any:
+    binding = sess.io_binding()
+    for name, x in feeds.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(x, DEVICE, 0))
+    for out in sess.get_outputs():
+        binding.bind_output(out.name, DEVICE, 0)
+
+    def once() -> float:
+        binding.synchronize_inputs()
+        t0 = time.perf_counter()
+        sess.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        return (time.perf_counter() - t0) * 1e3
+
+    return once
+
+
+def _gpu_kernels(once: Any, runs: int = 3) -> dict[str, Any]:
+    """The GPU kernels of `runs` calls as CUPTI saw them: per-call µs by kernel, busy µs, wall ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            once()
+    wall = (time.perf_counter() - t0) * 1e3 / runs
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us:
+            rows.append({"kernel": e.key[:140], "calls": e.count / runs, "us": round(us / runs, 1)})
+    rows.sort(key=lambda r: -r["us"])
+    return {"wall_ms": round(wall, 3), "busy_us": round(sum(r["us"] for r in rows), 1), "top": rows[:12]}
+
+
+def _kernels_printed(sess: Any, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
+    import cuda_capabilities as caps
+
+    with caps.captured_stdout() as lines:
+        outs = sess.run(None, feeds)
+    return outs, caps.kernels_from(lines)
+
+
+def cudnn_calls(path: str, feeds_npz: str, sdpa_kernel: str | None) -> dict[str, Any]:
+    """In this process (cuDNN's API log set by the caller): 1 + RUNS runs, their ms, the cuDNN calls logged."""
+    import onnxruntime as ort
+
+    if not DRY:
+        ort.preload_dlls()
+    feeds = dict(np.load(feeds_npz))
+    sess = _session(ort, path, sdpa_kernel)
+    once = _timer(ort, sess, feeds)
+    times = [round(once(), 3) for _ in range(1 + RUNS)]
+    return {"ms": times}
+
+
+def _count_log(log: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    if os.path.exists(log):
+        with open(log, errors="replace") as f:
+            for line in f:
+                m = LOGGED.search(line)
+                if m and m.group(1).startswith("cudnnBackend"):
+                    counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+        os.remove(log)
+    return counts
+
+
+def logged_run(out_dir: str, path: str, feeds: dict[str, np.ndarray], sdpa_kernel: str | None = None) -> dict[str, Any]:
+    npz = os.path.join(out_dir, "feeds.npz")
+    np.savez(npz, **feeds)
+    log = os.path.join(out_dir, "cudnn_api.log")
+    env = {**os.environ, "CUDNN_LOGLEVEL_DBG": "3", "CUDNN_LOGDEST_DBG": log}
+    args = [sys.executable, os.path.abspath(__file__), "probe", path, npz] + ([sdpa_kernel] if sdpa_kernel else [])
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    os.remove(npz)
+    got: dict[str, Any] = {"calls": _count_log(log)}
+    try:
+        got.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        got["error"] = (done.stderr or done.stdout)[-300:]
+    return got
+
+
+def torch_peer(batch: int, seq: int) -> dict[str, Any]:
+    """PyTorch's SDPA, default backend, on the padding block's shapes (a quarter of the keys masked)."""
+    import cuda_capabilities as caps
+    import torch
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(batch, HEADS, seq, HEAD_DIM, device="cuda", dtype=torch.float16) for _ in range(3))
+    keep = torch.ones(batch, 1, 1, seq, dtype=torch.bool, device="cuda")
+    keep[..., seq - seq // 4 :] = False
+
+    def call() -> Any:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return {
+        "batch": batch,
+        "seq": seq,
+        "torch_ms": round(statistics.median(times), 4),
+        "torch": torch.__version__,
+        "backend": caps.sdpa_backend(call),
+    }
+
+
+def run(folder: str, out_dir: str) -> None:
+    import onnxruntime as ort
+
+    os.environ["ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO"] = "1"
+    if not DRY:
+        ort.preload_dlls()
+    os.makedirs(out_dir, exist_ok=True)
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "gpu": ep_probe.gpu(),
+        "onnxruntime": ort.__version__,
+        "rows": [],
+        "torch_sdpa": [],
+        "logged": [],
+    }
+    out_json = os.path.join(out_dir, "cuda_cudnn_cache.json")
+    index = json.load(open(os.path.join(folder, "index.json")))
+    for entry in index:
+        for case in ("prefill", "decode") if entry["group"] == "if" else ("",):
+            feeds = feeds_for(entry, case)
+            sessions, outs, timers = {}, {}, {}
+            for v, file in entry["files"].items():
+                try:
+                    sessions[v] = _session(ort, os.path.join(folder, file))
+                    outs[v], kernels = _kernels_printed(sessions[v], feeds)
+                    timers[v] = (_timer(ort, sessions[v], feeds), kernels)
+                except Exception as exc:  # noqa: BLE001 - recorded per variant
+                    result["rows"].append({"stem": entry["stem"], "case": case, "variant": v, "error": str(exc)[:300]})
+            times: dict[str, list[float]] = {v: [] for v in timers}
+            first: dict[str, list[float]] = {}
+            for r in range(ROUNDS):
+                for v in list(timers) if r % 2 == 0 else list(timers)[::-1]:
+                    once = timers[v][0]
+                    got = [once() for _ in range(REPEATS)]
+                    first.setdefault(v, [round(t, 3) for t in got])
+                    times[v] += got
+            for v, (once, kernels) in timers.items():
+                row = {
+                    "stem": entry["stem"],
+                    "group": entry["group"],
+                    "case": case,
+                    "batch": entry["batch"],
+                    "seq": entry["seq"],
+                    "shape": entry["shape"],
+                    "variant": v,
+                    "kernels": kernels,
+                    "ops": entry["ops"][v],
+                    "ms": round(statistics.median(times[v]), 4),
+                    "calls_ms": first[v],
+                }
+                if "original" in outs and v != "original":
+                    row.update(
+                        ep_probe.error(outs["original"][0].astype(np.float32), outs[v][0].astype(np.float32), "float16")
+                    )
+                if not DRY and (v != "original" or entry["group"] == "padding"):
+                    try:
+                        row["gpu"] = _gpu_kernels(once)
+                    except Exception as exc:  # noqa: BLE001 - recorded
+                        row["gpu"] = {"error": str(exc)[:200]}
+                result["rows"].append(row)
+                print(
+                    json.dumps({k: row.get(k) for k in ("stem", "case", "variant", "ms", "kernels", "max_abs")}),
+                    flush=True,
+                )
+            if entry["group"] != "padding":  # the same sessions with ORT's cuDNN kernel left out (sdpa_kernel=2)
+                for v in (x for x in entry["files"] if x != "original"):
+                    try:
+                        sess = _session(ort, os.path.join(folder, entry["files"][v]), "2")
+                        _, kernels = _kernels_printed(sess, feeds)
+                        once = _timer(ort, sess, feeds)
+                        got = [once() for _ in range(REPEATS)]
+                        result["rows"].append(
+                            {
+                                "stem": entry["stem"],
+                                "group": entry["group"],
+                                "case": case,
+                                "variant": v + "@sdpa_kernel=2",
+                                "kernels": kernels,
+                                "ms": round(statistics.median(got), 4),
+                                "calls_ms": [round(t, 3) for t in got],
+                            }
+                        )
+                    except Exception as exc:  # noqa: BLE001
+                        result["rows"].append(
+                            {"stem": entry["stem"], "case": case, "variant": v + "@2", "error": str(exc)[:300]}
+                        )
+            del sessions, timers
+            json.dump(result, open(out_json, "w"), indent=1)
+    for entry in index:  # cuDNN's own log: graphs finalized and executed per call
+        for case in ("prefill",) if entry["group"] == "if" else ("",):
+            for v in (
+                x
+                for x in entry["files"]
+                if x != "original" and (entry["group"] != "padding" or x.startswith("ep_cuda"))
+            ):
+                if entry["group"] == "padding" and entry["batch"] == 2 and entry["seq"] == 2048:
+                    continue
+                got = logged_run(out_dir, os.path.join(folder, entry["files"][v]), feeds_for(entry, case))
+                result["logged"].append({"stem": entry["stem"], "case": case, "variant": v, "runs": 1 + RUNS, **got})
+                print(json.dumps(result["logged"][-1]), flush=True)
+                json.dump(result, open(out_json, "w"), indent=1)
+    for batch, seq in () if DRY else PADDING_CASES:
+        try:
+            result["torch_sdpa"].append(torch_peer(batch, seq))
+        except Exception as exc:  # noqa: BLE001
+            result["torch_sdpa"].append({"batch": batch, "seq": seq, "error": str(exc)[:200]})
+        print(json.dumps(result["torch_sdpa"][-1]), flush=True)
+    json.dump(result, open(out_json, "w"), indent=1)
+
+
+def table(json_path: str, md_path: str) -> None:
+    raise SystemExit("written after the run")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "probe":  # the logged child process of logged_run
+        print(json.dumps(cudnn_calls(argv[1], argv[2], argv[3] if len(argv) > 3 else None)))
+        return 0
+    steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/cuda_cudnn_cache.md")
+    return steps.call(
+        argv, make=lambda a: make(a.folder), run=lambda a: run(a.folder, a.out), table=lambda a: table(a.json, a.md)
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
