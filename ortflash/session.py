@@ -12,7 +12,7 @@ import onnxruntime as ort
 
 from .kernels import native_op
 from .kernels.config import DEFAULT_BACKEND, KernelConfig
-from .model_io import ModelLike, external_locations, load
+from .model_io import ModelLike, external_locations, graphs_of, load
 from .op import spec
 from .op.node import flash_nodes
 from .op.policy import SoftmaxPolicy
@@ -28,15 +28,20 @@ REGISTERED_KEY = "ortflash.custom_ops_library"
 def session_options(*, base: ort.SessionOptions | None = None) -> ort.SessionOptions:
     """SessionOptions that can run FlashAttention nodes, each with the softmax written on it.
 
-    The kernel is the compiled CPU one (numpy where it is not built). Intra-op spinning is
-    off unless ``base`` sets it (``session.intra_op.allow_spinning``). For another
-    policy, backend or thread count, use :class:`InferenceSession`, or
-    :func:`configure_model` on the model before opening a plain session.
+    The nodes run on the native op of the compiled CPU kernel (no Python per call), which reads
+    each node's attributes and side channel itself (kernels/native_op.provide_contrib_op); where
+    no kernel is compiled, on the numpy reference through onnxruntime-extensions' Python bridge.
+    The options hold onnxruntime-extensions' library, its own ``ai.onnx.contrib`` ops included
+    (tokenizers and the rest): do not register it on them again. Intra-op spinning is off
+    unless ``base`` sets it (``session.intra_op.allow_spinning``). For another policy, backend
+    or thread count, use :class:`InferenceSession`, or :func:`configure_model` on the model
+    before opening a plain session.
     """
-    from .kernels import ort_bridge  # registers the op; onnxruntime-extensions is slow to import
+    from .kernels import ort_bridge  # the Python op; onnxruntime-extensions is slow to import
 
     so = base or ort.SessionOptions()
     if not _config_entry(so, REGISTERED_KEY):
+        native_op.provide_contrib_op()  # before the library's domain is made from its op tables
         so.register_custom_ops_library(ort_bridge.library_path())
         so.add_session_config_entry(REGISTERED_KEY, ort_bridge.library_path())
     # The compiled kernel runs its own threads, one per core, outside ONNX Runtime's pool;
@@ -67,17 +72,45 @@ def _set_attribute(node: onnx.NodeProto, name: str, value: Any) -> None:
     node.attribute.append(onnx.helper.make_attribute(name, value))
 
 
+def to_python_bridge(model: onnx.ModelProto) -> int:
+    """Move, in place, the FlashAttention nodes of ``model`` (a session's private copy) still in
+    ``ai.onnx.contrib`` to the Python bridge's domain (kernels/ort_bridge.py): there
+    ``ai.onnx.contrib``'s FlashAttention is the native op. The count moved."""
+    from .kernels.ort_bridge import PYTHON_DOMAIN
+
+    moved = 0
+    for node in flash_nodes(model):
+        node.domain = PYTHON_DOMAIN
+        moved += 1
+    if moved and not any(o.domain == PYTHON_DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(PYTHON_DOMAIN, spec.DOMAIN_VERSION))
+    return moved
+
+
+def from_python_bridge(model: onnx.ModelProto) -> None:
+    """Undo :func:`to_python_bridge` in place (a configured copy configured again)."""
+    from .kernels.ort_bridge import PYTHON_DOMAIN
+
+    for graph in graphs_of(model.graph):
+        for node in graph.node:
+            if node.domain == PYTHON_DOMAIN and node.op_type == spec.OP_TYPE:
+                node.domain = spec.DOMAIN
+
+
 def configure_model(
     model: onnx.ModelProto, *, policy: SoftmaxPolicy | None = None, config: KernelConfig | None = None
 ) -> onnx.ModelProto:
     """A copy of ``model`` whose FlashAttention nodes run with this policy and kernel configuration.
 
     The policy replaces each node's ``softmax``/``block_size``/``min_seq_len``; the kernel
-    configuration goes into the side channel the ONNX Runtime bridge reads (see
-    ortflash.kernels.config). The model given is not changed.
+    configuration goes into the side channel (see ortflash.kernels.config), which the native op
+    of a plain session reads (threads). A configuration the native op does not run (another
+    backend, ``native=False``, a replaced kernel) moves the nodes to the Python bridge's domain
+    (:func:`to_python_bridge`). The model given is not changed.
     """
     configured = onnx.ModelProto()
     configured.CopyFrom(model)
+    from_python_bridge(configured)
     for node in flash_nodes(configured):
         if policy is not None:
             for name, value in policy.attributes().items():
@@ -86,6 +119,8 @@ def configure_model(
             text = next((a.s for a in node.attribute if a.name == "exact_floats"), b"")
             channel = SideChannel.decode(text).with_runtime(config.runtime_items())
             _set_attribute(node, "exact_floats", channel.encode())
+    if config is not None and native_op.native_build(config)[0] is None:
+        to_python_bridge(configured)
     return configured
 
 
@@ -99,9 +134,10 @@ class InferenceSession:
     or running in parallel threads, do not affect each other.
 
     The compiled kernel runs as a native ONNX Runtime op (``ortflash.kernels.native_op``: no
-    Python per call); ``native=False`` keeps it on onnxruntime-extensions' Python bridge, which
-    the other backends, a replaced ``cpu.flash_attention`` and nodes outside the op's contract
-    always take. ``native_nodes`` says how many nodes of this session run natively.
+    Python per call), as in a plain session made with :func:`session_options`; ``native=False``
+    keeps it on onnxruntime-extensions' Python bridge, which the other backends, a replaced
+    ``cpu.flash_attention`` and nodes outside the op's contract always take. ``native_nodes``
+    says how many nodes of this session run natively.
     """
 
     def __init__(
@@ -128,6 +164,8 @@ class InferenceSession:
         self.policy = policy if policy is not None else options
         model = configure_model(load(model_or_path), policy=self.policy, config=self.config)
         self.native_nodes = native_op.run_natively(model, self.config)
+        # the rest to the Python bridge: ai.onnx.contrib's FlashAttention is the plain sessions' native op
+        to_python_bridge(model)
         so = session_options(base=sess_options)
         if self.native_nodes:
             native_op.register(so, self.config)

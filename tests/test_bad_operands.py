@@ -1,6 +1,7 @@
 """A FlashAttention bias or mask whose key axis is neither 1 nor the keys' count is an error
-in every kernel, and in an ONNX Runtime session a warning saying so (an exception escaping into the
-extensions bridge would abort the process, so the bridge returns NaNs, loudly); before, a bias 4
+in every kernel; in an ONNX Runtime session the native op fails the run with an error naming the input,
+and the Python bridge warns (an exception escaping into the extensions bridge would abort the process, so
+it returns NaNs, loudly); before, a bias 4
 keys wide against 6 keys ran, with key tiles short or empty, into an all-NaN output and no word."""
 
 from __future__ import annotations
@@ -43,8 +44,17 @@ def test_in_an_onnx_runtime_session_the_warning_says_why():
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(spec.DOMAIN, 1)], ir_version=8
     )
-    sess = ort.InferenceSession(model.SerializeToString(), ortflash.session_options())
     feeds = {"q": Q, "k": K, "v": K, "bias": np.zeros((1, 1, 1, 4), np.float32), "mask": np.ones((1,), bool)}
+    bridge = ortflash.InferenceSession(model, native=False)
     with pytest.warns(RuntimeWarning, match="does not broadcast to the scores' 6 keys"):
-        out = sess.run(None, feeds)[0]
+        out = bridge.run(None, feeds)[0]
     assert np.isnan(out).all()
+    # the native op (a plain session's, and ortflash.InferenceSession's by default) fails the run, naming the input
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4
+    for sess in (
+        ort.InferenceSession(model.SerializeToString(), ortflash.session_options()),
+        ortflash.InferenceSession(model),
+    ):
+        with pytest.raises(Exception, match="bias axis 3 has size 4; want 1 or 6"):
+            sess.run(None, feeds, quiet)

@@ -12,6 +12,7 @@
 #include "ort_abi.hpp"
 #include "call.hpp"
 #include "dispatch.hpp"
+#include "side_channel.hpp"
 
 namespace {
 
@@ -104,6 +105,63 @@ OrtStatus* read_kernel(NativeKernel& kernel, const OrtKernelInfo* info) {
     return nullptr;
 }
 
+// One attribute of a bridge node as the node holds it: a float, an int or a string (tried in that order; any
+// other kind reads as absent, so the default applies).
+BridgeAttribute probe_attribute(const OrtFunctions& api, const OrtKernelInfo* info, const char* name) {
+    BridgeAttribute a;
+    float number = 0;
+    int64_t integer = 0;
+    size_t size = 0;
+    if (OrtStatus* s = api.KernelInfoGetAttribute_float(info, name, &number)) {
+        api.ReleaseStatus(s);
+    } else {
+        a.kind = BridgeAttribute::FLOAT;
+        a.number = number;
+        return a;
+    }
+    if (OrtStatus* s = api.KernelInfoGetAttribute_int64(info, name, &integer)) {
+        api.ReleaseStatus(s);
+    } else {
+        a.kind = BridgeAttribute::INT;
+        a.integer = integer;
+        return a;
+    }
+    if (OrtStatus* s = api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) {
+        api.ReleaseStatus(s);
+        return a;
+    }
+    std::string text(size, '\0');
+    if (OrtStatus* s = api.KernelInfoGetAttribute_string(info, name, text.data(), &size)) {
+        api.ReleaseStatus(s);
+        return a;
+    }
+    text.resize(size > 0 ? size - 1 : 0);  // the size counts the NUL
+    a.kind = BridgeAttribute::TEXT;
+    a.text = std::move(text);
+    return a;
+}
+
+// A node as fusion writes it (ai.onnx.contrib, the side channel): read by side_channel.hpp, the twin of
+// ortflash's Python reading, with the side channel's thread count or every core this process may run on.
+OrtStatus* read_bridge_kernel(NativeKernel& kernel, const OrtKernelInfo* info) {
+    const OrtFunctions& api = kernel.api;
+    BridgeNode node;
+    for (int n = 0; n < A_COUNT; ++n) node.attr[n] = probe_attribute(api, info, BRIDGE_NAMES[n]);
+    BridgeCall call;
+    std::string error;
+    if (!decode_bridge_node(node, affinity_threads(), &call, &error))
+        return error_status(api, ORT_CODE_INVALID_ARGUMENT, "a node outside the op's contract: ", error.c_str());
+    kernel.options = call.options;
+    kernel.min_query_tile = call.min_query_tile;
+    kernel.online_from = call.softmax == 0 ? -1 : (call.softmax == 1 ? 0 : call.min_seq_len);
+    if (const char* e = flags_error(kernel.options)) return error_status(api, ORT_CODE_INVALID_ARGUMENT, e);
+    if (const char* e = sizes_error(kernel.options)) return error_status(api, ORT_CODE_INVALID_ARGUMENT, e);
+    return nullptr;
+}
+
+using KernelReader = OrtStatus* (*)(NativeKernel&, const OrtKernelInfo*);
+
+template <KernelReader read>
 OrtStatus* create_kernel_v2(const OrtCustomOpV16*, const OrtApi* table, const OrtKernelInfo* info,
                             void** out) noexcept {
     *out = nullptr;
@@ -113,7 +171,13 @@ OrtStatus* create_kernel_v2(const OrtCustomOpV16*, const OrtApi* table, const Or
     } catch (...) {
         return OrtFunctions(table).CreateStatus(ORT_CODE_FAIL, "ortflash native FlashAttention: out of memory");
     }
-    if (OrtStatus* s = read_kernel(*kernel, info)) {
+    OrtStatus* s = nullptr;
+    try {
+        s = read(*kernel, info);
+    } catch (...) {
+        s = OrtFunctions(table).CreateStatus(ORT_CODE_FAIL, "ortflash native FlashAttention: out of memory");
+    }
+    if (s) {
         delete kernel;
         return s;
     }
@@ -273,9 +337,10 @@ OrtStatus* compute_v2(void* kernel, OrtKernelContext* context) noexcept {
 
 // The version-1 callbacks, for a runtime that would not take the V2 ones (onnxruntime>=1.22 does): an error
 // there cannot be returned, so it is released and the call leaves its output as ORT allocated it.
+template <KernelReader read>
 void* create_kernel_v1(const OrtCustomOpV16* op, const OrtApi* table, const OrtKernelInfo* info) noexcept {
     void* kernel = nullptr;
-    if (OrtStatus* s = create_kernel_v2(op, table, info, &kernel)) OrtFunctions(table).ReleaseStatus(s);
+    if (OrtStatus* s = create_kernel_v2<read>(op, table, info, &kernel)) OrtFunctions(table).ReleaseStatus(s);
     return kernel;
 }
 
@@ -302,28 +367,38 @@ int input_memory_type(const OrtCustomOpV16*, size_t) noexcept { return 0; }
 int variadic_min_arity(const OrtCustomOpV16*) noexcept { return 1; }
 int variadic_homogeneity(const OrtCustomOpV16*) noexcept { return 1; }
 
-const OrtCustomOpV16 native_op = {
-    ORT_OP_API_VERSION,
-    create_kernel_v1,
-    op_name,
-    op_provider,
-    input_type,
-    input_count,
-    output_type,
-    output_count,
-    compute_v1,
-    destroy_kernel,
-    input_characteristic,
-    output_characteristic,
-    input_memory_type,
-    variadic_min_arity,
-    variadic_homogeneity,
-    variadic_min_arity,
-    variadic_homogeneity,
-    create_kernel_v2,
-    compute_v2,
-    {},
-};
+template <KernelReader read>
+constexpr OrtCustomOpV16 op_reading() {
+    return {
+        ORT_OP_API_VERSION,
+        create_kernel_v1<read>,
+        op_name,
+        op_provider,
+        input_type,
+        input_count,
+        output_type,
+        output_count,
+        compute_v1,
+        destroy_kernel,
+        input_characteristic,
+        output_characteristic,
+        input_memory_type,
+        variadic_min_arity,
+        variadic_homogeneity,
+        variadic_min_arity,
+        variadic_homogeneity,
+        create_kernel_v2<read>,
+        compute_v2,
+        {},
+    };
+}
+
+// The op of the domain ortflash.native: plain attributes, resolved by ortflash.kernels.native_op.
+const OrtCustomOpV16 native_op = op_reading<read_kernel>();
+// The op for nodes as fusion writes them (ai.onnx.contrib, the side channel), which ortflash.session_options()
+// adds to onnxruntime-extensions' ai.onnx.contrib domain (its AddExternalCustomOp): a plain session then runs
+// them natively, beside the extensions' own ops.
+const OrtCustomOpV16 bridge_format_op = op_reading<read_bridge_kernel>();
 
 }  // namespace
 

@@ -6,6 +6,8 @@
 #include "problem.hpp"
 #include "dispatch.hpp"
 #include "call.hpp"
+#include "side_channel.hpp"
+#include "ort_op.hpp"
 
 namespace {
 
@@ -199,7 +201,63 @@ PyObject* py_native_calls(PyObject*, PyObject*) {
     return PyLong_FromUnsignedLongLong(native_call_count.load(std::memory_order_relaxed));
 }
 
+// decode_bridge_node(attributes, default_threads): side_channel.hpp's reading of a node's attributes (a dict of
+// float, int, str or bytes, as onnx.helper.get_attribute_value gives them), as native_op.native_attributes' dict;
+// ValueError with the reason where the node is outside the op's contract. For tests/test_plain_native.py.
+PyObject* py_decode_bridge_node(PyObject*, PyObject* args) {
+    PyObject* attrs = nullptr;
+    int default_threads = 1;
+    if (!PyArg_ParseTuple(args, "O!i", &PyDict_Type, &attrs, &default_threads)) return nullptr;
+    BridgeNode node;
+    PyObject *key = nullptr, *value = nullptr;
+    Py_ssize_t at = 0;
+    while (PyDict_Next(attrs, &at, &key, &value)) {
+        const char* name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : nullptr;
+        if (!name) return PyErr_Format(PyExc_TypeError, "attribute names must be str");
+        const int n = name_index(name, 0, A_COUNT - 1);
+        if (n < 0) continue;  // an attribute ONNX Runtime would hand the op but it never asks for
+        BridgeAttribute& a = node.attr[n];
+        if (PyFloat_Check(value)) {
+            a.kind = BridgeAttribute::FLOAT;
+            a.number = PyFloat_AsDouble(value);
+        } else if (PyLong_Check(value) && !PyBool_Check(value)) {
+            a.kind = BridgeAttribute::INT;
+            a.integer = PyLong_AsLongLong(value);
+            if (PyErr_Occurred()) return nullptr;
+        } else if (PyUnicode_Check(value) || PyBytes_Check(value)) {
+            const char* text = PyBytes_Check(value) ? PyBytes_AsString(value) : PyUnicode_AsUTF8(value);
+            if (!text) return nullptr;
+            a.kind = BridgeAttribute::TEXT;
+            a.text = text;
+        } else {
+            return PyErr_Format(PyExc_TypeError, "attribute %s: a float, int or text, as a node holds them", name);
+        }
+    }
+    BridgeCall call;
+    std::string error;
+    if (!decode_bridge_node(node, default_threads, &call, &error)) {
+        PyErr_SetString(PyExc_ValueError, error.c_str());
+        return nullptr;
+    }
+    const CallOptions& o = call.options;
+    return Py_BuildValue("{s:d,s:d,s:d,s:i,s:s,s:s,s:L,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "scale", o.scale, "mask_fill",
+                         o.mask_fill, "softcap", o.softcap, "is_causal", o.causal, "masked_rows",
+                         o.zero_rows ? "zero" : "nan", "softmax", SOFTMAX_MODES[call.softmax], "min_seq_len",
+                         static_cast<long long>(call.min_seq_len), "block_size", o.block, "bias_after_mask",
+                         int(o.bias_after_mask), "window_left", o.window_left, "window_right", o.window_right,
+                         "query_tile", o.query_tile, "min_query_tile", call.min_query_tile, "threads", o.threads);
+}
+
+PyObject* py_bridge_op_address(PyObject*, PyObject*) {
+    return PyLong_FromVoidPtr(const_cast<OrtCustomOpV16*>(&bridge_format_op));
+}
+
 PyMethodDef methods[] = {
+    {"decode_bridge_node", py_decode_bridge_node, METH_VARARGS,
+     "decode_bridge_node(attributes, default_threads) -> the native call's attributes, read as the C++ op reads a "
+     "node of ai.onnx.contrib (side channel included)."},
+    {"bridge_op_address", py_bridge_op_address, METH_NOARGS,
+     "The address of the OrtCustomOp for FlashAttention nodes as fusion writes them (ai.onnx.contrib)."},
     {"flash_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_flash_attention)),
      METH_VARARGS | METH_KEYWORDS,
      "flash_attention(q, k, v, out, bias, mask, scale, is_causal (0/1/2), mask_fill, zero_rows, softcap, online, "

@@ -13,10 +13,21 @@ What stays on the bridge (:func:`native_build` says why for a configuration, :fu
 for a node): the ``reference`` and ``wgpu`` backends (Python kernels), a replaced ``cpu.flash_attention``
 (a test's deliberately wrong kernel must be the one that runs), no compiled build, and a node whose
 attributes are outside the op's contract (the bridge then says what failed at run time, as before).
+Sessions move those nodes to the bridge's own domain (``ort_bridge.PYTHON_DOMAIN``, session.py).
+
+Plain sessions (``onnxruntime.InferenceSession(path, ortflash.session_options())``) run the user's file
+as it is, nodes of ``ai.onnx.contrib`` with the side channel. For them each build also has a second op,
+``FlashAttention`` reading such a node itself (csrc/flash/side_channel.hpp, the C++ twin of
+``op/side_channel`` and :func:`native_attributes`), which :func:`provide_contrib_op` adds, once per
+process, to onnxruntime-extensions' own ``ai.onnx.contrib`` domain (its exported ``AddExternalCustomOp``):
+ONNX Runtime takes one domain of a name per session ("Domain already set in registry" for a second), so
+the op joins the extensions' tokenizer and other ops there instead of bringing a domain of its own.
 """
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -32,6 +43,11 @@ from .config import KernelConfig
 # registered one library twice: "Conflicting with a registered kernel").
 REGISTERED_KEY = "ortflash.native_ops_library"
 NATIVE_OPSET_VERSION = 1
+
+# Who runs ai.onnx.contrib's FlashAttention in plain sessions of this process: "native" or "python"
+# (provide_contrib_op, decided once: both are for good in onnxruntime-extensions' tables).
+_contrib_provider: str | None = None
+_contrib_lock = threading.Lock()
 
 
 def native_build(config: KernelConfig) -> tuple[ModuleType | None, str]:
@@ -119,3 +135,25 @@ def calls() -> int:
     """How many native FlashAttention calls the build in use has run in this process."""
     module = cpu.selection().module
     return int(module.native_calls()) if module is not None and hasattr(module, "native_calls") else 0
+
+
+def provide_contrib_op() -> str:
+    """Give onnxruntime-extensions' ``ai.onnx.contrib`` domain a FlashAttention op for plain sessions,
+    once per process, before its library is first registered by ortflash: the native op of the build in
+    use where it has one ("native"), else the Python bridge's op ("python"). Which one it was."""
+    global _contrib_provider
+    with _contrib_lock:
+        if _contrib_provider is None:
+            from . import ort_bridge
+
+            module = cpu.selection().module
+            if module is not None and hasattr(module, "bridge_op_address"):
+                add = ctypes.CDLL(ort_bridge.library_path()).AddExternalCustomOp
+                add.argtypes, add.restype = [ctypes.c_void_p], ctypes.c_bool
+                if not add(module.bridge_op_address()):
+                    raise RuntimeError("ortflash: onnxruntime-extensions refused the native FlashAttention op")
+                _contrib_provider = "native"
+            else:
+                ort_bridge.register_in_contrib()
+                _contrib_provider = "python"
+        return _contrib_provider

@@ -8,10 +8,13 @@ which ``ortflash.InferenceSession`` writes on its private copy of the model (see
 cached (a node's attributes, cast and read once) is keyed by every attribute, the side
 channel with the session's kernel choice included.
 
-Where the compiled CPU kernel runs a node, ``ortflash.InferenceSession`` takes it off this bridge
-and runs it as a native ONNX Runtime op (``kernels/native_op``, no Python per call); the bridge
-runs the rest (the reference and wgpu backends, a replaced kernel, ``native=False``, and plain
-sessions built with ``ortflash.session_options()``).
+Where the compiled CPU kernel runs a node, it runs as a native ONNX Runtime op (``kernels/native_op``,
+no Python per call), in ``ortflash.InferenceSession`` and in plain sessions built with
+``ortflash.session_options()`` alike. This op is registered in a domain of its own, ``ortflash.python``
+(:data:`PYTHON_DOMAIN`), not in ``ai.onnx.contrib``, where the native op stands: sessions move the
+nodes it runs there (the reference and wgpu backends, a replaced kernel, ``native=False``, nodes outside
+the op's contract). :func:`register_in_contrib` adds it to ``ai.onnx.contrib`` as well, for a process
+with no compiled kernel (native_op.provide_contrib_op decides, once).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from ..op import spec
 from ..op.side_channel import SideChannel
 from . import cpu
 from .config import KernelConfig
+
+# The domain of this op: sessions move the nodes it runs here (ortflash.session.to_python_bridge).
+PYTHON_DOMAIN = "ortflash.python"
 
 _ATTR_TYPES = {float: PyCustomOpDef.dt_float, int: PyCustomOpDef.dt_int64, str: PyCustomOpDef.dt_string}
 
@@ -109,13 +115,17 @@ def run_node(
     return node_call(attrs).run(q, k, v, bias_or_none, mask_or_none)
 
 
-@onnx_op(
-    op_type=spec.OP_TYPE,
-    inputs=[PyCustomOpDef.dt_float] * 4 + [PyCustomOpDef.dt_bool],
-    outputs=[PyCustomOpDef.dt_float],
+_OP_SIGNATURE: dict[str, Any] = {
+    "inputs": [PyCustomOpDef.dt_float] * 4 + [PyCustomOpDef.dt_bool],
+    "outputs": [PyCustomOpDef.dt_float],
     # Undeclared attributes (spec.Attribute.declared) reach the kernel through the side channel.
-    attrs={name: _ATTR_TYPES[spec.ATTRIBUTES[name].kind] for name in spec.DECLARED},
-)
+    "attrs": {name: _ATTR_TYPES[spec.ATTRIBUTES[name].kind] for name in spec.DECLARED},
+}
+
+
+# Its own domain: onnxruntime-extensions registers an external op (the native one, in ai.onnx.contrib)
+# whose name a Python op of ai.onnx.contrib also has in an endless loop (ops_registry.cc, 0.15.2).
+@onnx_op(op_type=f"{PYTHON_DOMAIN}::{spec.OP_TYPE}", **_OP_SIGNATURE)
 def _flash_attention_op(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, mask: np.ndarray, **attrs: Any
 ) -> np.ndarray:
@@ -138,7 +148,20 @@ def _run_or_nans(
     return np.ascontiguousarray(out, dtype=np.float32)
 
 
-_FLASH_ATTENTION_ID = _flash_attention_op._id
+_FLASH_ATTENTION_IDS = {_flash_attention_op._id}
+
+
+def register_in_contrib() -> None:
+    """This op in ``ai.onnx.contrib`` too, for plain sessions of a process without the native op
+    (native_op.provide_contrib_op calls it at most once, and then never adds the native op)."""
+
+    @onnx_op(op_type=spec.OP_TYPE, **_OP_SIGNATURE)
+    def _contrib_flash_attention_op(
+        q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, mask: np.ndarray, **attrs: Any
+    ) -> np.ndarray:
+        return _run_or_nans(q, k, v, bias, mask, attrs)
+
+    _FLASH_ATTENTION_IDS.add(_contrib_flash_attention_op._id)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -160,7 +183,7 @@ def _invoke(op_id: int, feed: tuple[np.ndarray, ...], attributes: dict[str, Any]
     private names of onnxruntime-extensions (``Opdef._odlist``, ``cast_attributes``),
     pinned in pyproject.toml and guarded by tests/test_session.py.
     """
-    if op_id == _FLASH_ATTENTION_ID:  # ours, without the op body's keyword arguments (about 2 us)
+    if op_id in _FLASH_ATTENTION_IDS:  # ours, without the op body's keyword arguments (about 2 us)
         q, k, v, bias, mask = feed
         out = _run_or_nans(q, k, v, bias, mask, _cast_attributes(op_id, tuple(attributes.items())))
         return (op_id, out.shape, out.reshape(-1))
