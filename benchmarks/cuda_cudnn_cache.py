@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ep_probe  # noqa: E402
 
 HEADS, HEAD_DIM = 16, 64
-PADDING_CASES = ((1, 4096), (2, 2048), (2, 4096))  # (batch, key length) of the exported padding block
+PADDING_CASES = ((1, 4096), (2, 2048), (2, 4096), (4, 4096))  # (batch, key length) of the exported padding block
 FEDBIAS_SEQ = 4096
 IF_PREFILL, IF_PAST = 2048, 2048
 ROUNDS, REPEATS, RUNS = 3, 10, 5
@@ -65,14 +65,17 @@ def _ops(model: Any) -> dict[str, int]:
     return ops
 
 
-def make(folder: str) -> None:
+def make(folder: str, old: str | None = None) -> None:
+    """The models; with ``old`` (a folder an earlier tree's make wrote), its padding blocks' cuda
+    target as the variant ``old_cuda`` (the guard as it was), and this tree's guard with the keys'
+    axis reduced in place (``target_cuda_direct``, cuda.ROW_REDUCE = "direct")."""
     import cuda_capabilities as caps
     import cuda_forms as cf
     import decode_gpu as dg
     import onnx
 
     import ortflash
-    from ortflash.lowering import lower
+    from ortflash.lowering import cuda, lower
     from ortflash.pipeline import forms
 
     os.makedirs(folder, exist_ok=True)
@@ -99,6 +102,14 @@ def make(folder: str) -> None:
             if shape == "symbolic":  # what --ep cuda --seq-lens S writes (the user says the length)
                 variants["ep_cuda_seq_lens"] = ortflash.optimize(model, ep="cuda", seq_lens=[seq])[0]
             variants.update({f"target_{t}": lower(fused, t)[0] for t in ("cuda", "onnx")})
+            saved_reduce, cuda.ROW_REDUCE = cuda.ROW_REDUCE, "direct"
+            try:
+                variants["target_cuda_direct"] = lower(fused, "cuda")[0]
+            finally:
+                cuda.ROW_REDUCE = saved_reduce
+            earlier = os.path.join(old or "", f"padding_b{batch}_s{seq}_{shape}.target_cuda.onnx")
+            if old and os.path.exists(earlier):
+                variants["old_cuda"] = onnx.load(earlier)
             save("padding", f"padding_b{batch}_s{seq}_{shape}", variants, batch=batch, seq=seq, shape=shape)
 
     case = caps.Case("padding", "float16", HEAD_DIM, FEDBIAS_SEQ, 1, HEADS)
@@ -421,8 +432,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cudnn_calls(argv[1], argv[2], argv[3] if len(argv) > 3 else None)))
         return 0
     steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/cuda_cudnn_cache.md")
+    steps.make.add_argument("--old", help="a folder an earlier tree's make wrote (its cuda target: old_cuda)")
     return steps.call(
-        argv, make=lambda a: make(a.folder), run=lambda a: run(a.folder, a.out), table=lambda a: table(a.json, a.md)
+        argv,
+        make=lambda a: make(a.folder, a.old),
+        run=lambda a: run(a.folder, a.out),
+        table=lambda a: table(a.json, a.md),
     )
 
 

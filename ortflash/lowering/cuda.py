@@ -26,14 +26,17 @@ raw rows cuda_capabilities.json, and tests/test_cuda_table.py checks the two agr
   target's MultiHeadAttention with past_key/past_value (a decode step as fast as the original).
 - Rows with every key masked are written out by the lowering instead of left to the EP's kernels,
   as the webgpu target writes them (ortflash/lowering/webgpu.py): a row whose float32 bias is one
-  value <= -2**127 everywhere is the mean of V, by Where; a row of -inf everywhere is NaN, by
-  out + 0·max(bias row); a NaN guard turns NaN into zeros where the block asks for it.
+  value <= -2**127 everywhere is the mean of V, by Where; a row with no key above -inf is NaN (0
+  where the block asks for zeros), found by its keys (the EP's ReduceMax gives float32's lowest
+  there); the row statistics are reduced with the keys' axis moved to the front (ROW_REDUCE).
 
 The float32 products on the CUDA EP use TF32 unless the session sets ``use_tf32=0``
 (benchmarks/results/cuda_capabilities.md: about 1e-3 against the CPU EP with TF32, 1e-6 without).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import onnx_ir as ir
@@ -224,6 +227,9 @@ TABLE_LENGTHS = (1024, 4096, 16384)
 # a key length known only at run time is read at this row: the length from which --ep cuda lowers
 # float16 causal blocks (pipeline/forms.py's CUDA_CROSSOVERS), the issue's S=4096 target
 RUN_TIME_LENGTH = 4096
+# How the masked-rows guard reduces over the keys: "outer_first" (layout.reduce_outer_first: the
+# reduced axis moved to the front, where the CUDA EP's reduce kernel is fast) or "direct".
+ROW_REDUCE = "outer_first"
 # the float32 next above float32-lowest (the held bias's stand-in for lowest; -inf in float16 too)
 STATIC_CLIFF_ABOVE_LOWEST = float(np.nextafter(np.float32(layout.F32_LOWEST), np.float32(0)))
 
@@ -353,12 +359,27 @@ def _multi_head_attention(
         if call.masked_rows == "zero" and not half:
             return e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out]), "NaN guard -> Where(IsNaN(out), 0, out)"
         return out, ""
+    values = layout.bias_value_set(call)
+    if values is not None and not layout.dead_values(values):
+        return out, "no bias value absorbs a score: no row can be fully masked, no guard"
+    reduce = layout.reduce_outer_first if ROW_REDUCE == "outer_first" else layout.reduce_keepdims
     out32 = e.cast(out, ir.DataType.FLOAT) if half else out
-    v32 = e.cast(v3, ir.DataType.FLOAT) if half else v3
     ones = e.i64([1, 1, 1, 1])  # the reduced bias at rank 4 (a causal-only bias is [Sq, Sk])
-    row_max = e.transpose(e.node("Expand", [layout.reduce_keepdims(e, "ReduceMax", bias), ones]), layout.SWAP_SH)
-    row_min = e.transpose(e.node("Expand", [layout.reduce_keepdims(e, "ReduceMin", bias), ones]), layout.SWAP_SH)
+
+    def per_row(x: ir.Value) -> ir.Value:  # [B|1, H|1, Sq|1, 1] -> [B|1, Sq|1, H|1, 1]
+        return e.transpose(e.node("Expand", [x, ones]), layout.SWAP_SH)
+
+    row_max, row_min = (per_row(reduce(e, op, bias)) for op in ("ReduceMax", "ReduceMin"))
     uniform = layout.absorbing_rows(e, row_max, row_min)
-    mean_v = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v32, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
-    out3, guard = layout.write_out_masked_rows(e, call, out32, (uniform, mean_v, row_max), hq)
+    can_die = values is None or -math.inf in values
+    dead = per_row(layout.key_dead_rows(e, bias, ROW_REDUCE == "outer_first")) if can_die else None
+    # V's mean over the keys, V [B, Sk, Hq·Dv] (cast to float32 after its Transpose: half the bytes moved)
+    if ROW_REDUCE == "outer_first" and u.rank(v3) == 3:
+        v_front = e.transpose(v3, [1, 0, 2])
+        v_front = e.cast(v_front, ir.DataType.FLOAT) if half else v_front
+        v_keys = e.transpose(layout.reduce_keepdims(e, "ReduceMean", v_front, axis=0), [1, 0, 2])
+    else:
+        v_keys = layout.reduce_keepdims(e, "ReduceMean", e.cast(v3, ir.DataType.FLOAT) if half else v3, axis=1)
+    mean_v = e.reshape(v_keys, [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+    out3, guard = layout.write_out_masked_rows(e, call, out32, (uniform, mean_v, dead), hq)
     return (e.cast(out3, ir.DataType.FLOAT16) if half else out3), guard

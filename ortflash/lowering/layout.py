@@ -213,6 +213,42 @@ def reduce_keepdims(e: Emitter, op: str, x: ir.Value, axis: int = -1) -> ir.Valu
     return e.node(op, [x], axes=[axis], keepdims=1)
 
 
+def _front_perms(rank: int, axis: int) -> tuple[list[int], list[int]]:
+    """(perm moving axis to the front, perm moving it back)."""
+    front = [axis] + [i for i in range(rank) if i != axis]
+    return front, [front.index(i) for i in range(rank)]
+
+
+def reduce_outer_first(e: Emitter, op: str, x: ir.Value, axis: int = -1) -> ir.Value:
+    """reduce_keepdims, with the reduced axis moved to the front first and back after (two Transposes).
+
+    On ONNX Runtime's CUDA EP a reduction whose output has more than one element and whose reduced
+    axis is not the outermost runs cuDNN's generic reduce kernel, 95-360 µs on the padding block's
+    [2, 1, 1, 4096] bias or [2, 4096, 1024] V at batch 2 (0.59 of the lowered block's 1.58 ms GPU
+    time), against under 11 µs at batch 1 (benchmarks/results/cuda_cudnn_cache.md)."""
+    rank = u.rank(x)
+    if rank is None or rank < 2:
+        return reduce_keepdims(e, op, x, axis)
+    front, back = _front_perms(rank, axis % rank)
+    return e.transpose(reduce_keepdims(e, op, e.transpose(x, front), axis=0), back)
+
+
+def key_dead_rows(e: Emitter, bias: ir.Value, outer_first: bool = False) -> ir.Value:
+    """bool, bias's last axis reduced (keepdims): the row has no key above -inf. Found by its keys,
+    not by ReduceMax(bias) == -inf: the CUDA EP's ReduceMax gives float32's lowest for a row of
+    -inf (onnxruntime issue 32256; what made --target onnx wrong on 4 held-out exports, a1a40cd).
+    outer_first: reduced as reduce_outer_first does (the keys' axis moved to the front first)."""
+    rank = u.rank(bias)
+    front_back = _front_perms(rank, rank - 1) if outer_first and rank is not None and rank >= 2 else None
+    x = e.transpose(bias, front_back[0]) if front_back else bias
+    alive = e.node("Cast", [e.node("Greater", [x, e.f32(-math.inf)])], to=ir.DataType.FLOAT)
+    if front_back:
+        top = e.transpose(reduce_keepdims(e, "ReduceMax", alive, axis=0), front_back[1])
+    else:
+        top = reduce_keepdims(e, "ReduceMax", alive)
+    return e.node("Equal", [top, e.f32(0.0)])
+
+
 def absorbing_rows(e: Emitter, row_max: ir.Value, row_min: ir.Value) -> ir.Value:
     """bool: the bias row is one finite value at or below ABSORBING_FILL everywhere (float32-lowest,
     what transformers writes), where FlashAttention's row is the mean of V."""
@@ -235,26 +271,23 @@ def write_out_masked_rows(
     e: Emitter,
     call: FlashAttentionCall,
     out: ir.Value,
-    rows: tuple[ir.Value, ir.Value, ir.Value],
+    rows: tuple[ir.Value, ir.Value, ir.Value | None],
     heads: int,
     why: str = "",
 ) -> tuple[ir.Value, str]:
     """out [B, Sq, H·Dv] with its fully masked rows written out, and the note's words.
 
-    rows: (uniform, mean_v, row_max) [.., Sq, H|1, ..]: where uniform (the row is one value at or
-    below ABSORBING_FILL) the row is mean_v; where row_max is -inf it is NaN, by out + 0·row_max
-    (0·finite = 0, x + 0 = x), which stays in float arithmetic; then the NaN guard where asked."""
-    uniform, mean_v, row_max = rows
+    rows: (uniform, mean_v, dead) [.., Sq, H|1, ..]: where uniform (the row is one value at or below
+    ABSORBING_FILL) the row is mean_v; where dead (no key above -inf, key_dead_rows; None: no row
+    can be) it is NaN, or 0 where the block asks for zeros (masked_rows "zero")."""
+    uniform, mean_v, dead = rows
     out4 = e.node("Where", [uniform, mean_v, e.reshape(out, [0, 0, heads, -1])])
-    out4 = e.node("Add", [out4, e.node("Mul", [row_max, e.f32(0.0)])])
-    guard = (
-        "fully masked rows written out: one value <= -2**127 everywhere -> mean of V by Where, "
-        "-inf everywhere -> NaN by out + 0·max(bias row)" + (f" ({why})" if why else "")
-    )
-    if call.masked_rows == "zero":
-        out4 = e.node("Where", [e.node("IsNaN", [out4]), e.f32(0.0), out4])
-        guard += "; NaN guard -> Where(IsNaN(out), 0, out) (exact for finite V)"
-    return e.reshape(out4, [0, 0, -1]), guard
+    guard = "fully masked rows written out: one value <= -2**127 everywhere -> mean of V by Where"
+    if dead is not None:
+        zero = call.masked_rows == "zero"
+        out4 = e.node("Where", [dead, e.f32(0.0 if zero else math.nan), out4])
+        guard += f", -inf everywhere (found by its keys) -> {'0 (masked_rows zero)' if zero else 'NaN'} by Where"
+    return e.reshape(out4, [0, 0, -1]), guard + (f" ({why})" if why else "")
 
 
 # ------------------------------------------------------------------------------------------------

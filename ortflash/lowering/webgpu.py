@@ -293,8 +293,9 @@ def _uniform_guard(
         t = e.node("Where", [e.node("Greater", [t, e.f32(-math.inf)]), t, zero])
         return e.node("LessOrEqual", [t, e.f32(ABSORBING_FILL)])
 
-    def nan_term() -> ir.Value:  # 0 where the row maximum is finite, NaN where it is -inf
-        return e.node("Mul", [top, e.f32(0.0)])
+    def nan_term() -> ir.Value:  # NaN where no key is above -inf (found by its keys), 0 elsewhere
+        dead = e.transpose(layout.key_dead_rows(e, rows), layout.SWAP_SH)
+        return e.node("Where", [dead, e.f32(math.nan), e.f32(0.0)])
 
     uniform = _maybe_shared(e, key, "uniform_rows", uniform_rows)
     nan_rows = _maybe_shared(e, key, "nan_term", nan_term)
@@ -304,7 +305,7 @@ def _uniform_guard(
     out4 = e.node("Add", [out4, nan_rows])
     guard = (
         "fully masked rows written out: one value <= -2**127 everywhere -> mean of V by Where, -inf everywhere -> "
-        "NaN by out + 0·max(bias row) (the EP gets either wrong in some shapes; the row statistics once per bias)"
+        "NaN by out + NaN·[no key above -inf] (the EP gets either wrong in some shapes; the row statistics once per bias)"
     )
     if call.masked_rows == "zero":
         out4 = e.node("Where", [e.node("IsNaN", [out4]), e.f32(0.0), out4])
@@ -324,8 +325,8 @@ def _general_guard(
     #   The EP was right on such rows in the probe but wrong in the zoo's GPT-2 and Llama blocks
     #   (benchmarks/results/webgpu_zoo.md), so the mean is selected by Where.
     # - a row whose bias is -inf everywhere: NaN in FlashAttention and on the CPU EP; not always on
-    #   the WebGPU EP. Written in float arithmetic, which stays on the GPU: out + 0·max(bias row) is
-    #   out where the maximum is finite (0·finite = 0, x + 0 = x) and NaN where it is -inf.
+    #   the WebGPU EP. Found by its keys (layout.key_dead_rows), not by its ReduceMax, which the
+    #   CUDA EP makes float32's lowest on such a row (onnxruntime issue 32256).
     row_max = e.transpose(layout.reduce_keepdims(e, "ReduceMax", bias), layout.SWAP_SH)  # [B|1, Sq, H|1, 1]
     row_min = e.transpose(layout.reduce_keepdims(e, "ReduceMin", bias), layout.SWAP_SH)
     uniform = layout.absorbing_rows(e, row_max, row_min)
@@ -347,6 +348,7 @@ def _general_guard(
         mean_v = e.transpose(e.node("Div", [total, count]), layout.SWAP_SH)
     else:
         mean_v = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+    dead = e.transpose(layout.key_dead_rows(e, bias), layout.SWAP_SH)
     return layout.write_out_masked_rows(
-        e, call, out, (uniform, mean_v, row_max), hq, why="the EP gets either wrong in some shapes"
+        e, call, out, (uniform, mean_v, dead), hq, why="the EP gets either wrong in some shapes"
     )
