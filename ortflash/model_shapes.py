@@ -7,9 +7,15 @@ named dims. Whichever is used is named in the report (``Report.shape_inference``
 
 from __future__ import annotations
 
+import contextlib
+import io
+
+import numpy as np
 import onnx
 
+from .graph import ir_utils as u
 from .model_io import graphs_of
+from .op.node import is_flash_attention
 
 ONNX_INFERENCE = "onnx"
 SYMBOLIC_INFERENCE = "onnxruntime-symbolic"
@@ -99,8 +105,10 @@ def _onnx_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
     return inferred
 
 
-def _symbolic_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """ONNX Runtime's symbolic inference, or None where it cannot infer every shape.
+def _symbolic_inferred(model: onnx.ModelProto, merge: bool = True, quiet: bool = False) -> onnx.ModelProto | None:
+    """ONNX Runtime's symbolic inference, or None where it cannot infer every shape. ``merge``: its
+    auto_merge, which takes dims that broadcast together as equal; off, only what the shape
+    arithmetic proves. ``quiet``: its complaints (on stdout and stderr) dropped.
 
     Its ``SymbolicShapeInference.infer_shapes`` saves an incomplete result as
     ``sym_shape_infer_temp.onnx`` in the process's current folder before raising: a library must
@@ -109,15 +117,20 @@ def _symbolic_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_opset
 
-        opset = get_opset(model)
-        if not opset or opset < _SYMBOLIC_MIN_OPSET:
-            return None
-        inference = SymbolicShapeInference(_SYMBOLIC_INT_MAX, True, False, 0)
-        inference._preprocess(model)
-        complete = False
-        while inference.run_:
-            complete = inference._infer_impl()
-        inference._update_output_from_vi()
+        if not quiet:
+            opset = get_opset(model)
+            if not opset or opset < _SYMBOLIC_MIN_OPSET:
+                return None
+        inference = SymbolicShapeInference(_SYMBOLIC_INT_MAX, merge, False, 0)
+        with contextlib.ExitStack() as stack:
+            if quiet:
+                stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+                stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+            inference._preprocess(model)
+            complete = False
+            while inference.run_:
+                complete = inference._infer_impl()
+            inference._update_output_from_vi()
     except Exception:  # noqa: BLE001 - it raises on ops and external weights it cannot read
         return None
     inferred: onnx.ModelProto = inference.out_mp_
@@ -136,3 +149,108 @@ def with_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     if inferred is not None:
         return inferred, ONNX_INFERENCE
     return model, NO_INFERENCE
+
+
+# ---------------------------------------------------------------- a model that already has FlashAttention nodes
+
+_STAND_IN = "ortflash_shape_proxy_"
+
+
+def with_flash_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """model with inferred value_info, FlashAttention outputs included: for ``ortflash.lower`` of a
+    model given as a proto (a file ortflash wrote), whose FlashAttention outputs carry no type.
+    The pipeline never needs this: fusion types each node's output as it writes it.
+
+    ONNX shape inference knows nothing of FlashAttention, so everything after the first block
+    would lose its types. It runs on a copy where each block is a stand-in of the same output
+    type and shape (ReduceSum(Q over D) * ReduceSum(V over heads and keys): [B, Hq, Sq, Dv] in
+    Q's dtype); the types found are copied onto the real graph."""
+    opset = u.default_opset(model)
+    proxy = onnx.ModelProto()
+    proxy.CopyFrom(model)
+    for index, graph in enumerate(graphs_of(proxy.graph)):
+        _stand_in_for_blocks(graph, opset, f"{_STAND_IN}{index}_")
+    try:
+        inferred: onnx.ModelProto | None = onnx.shape_inference.infer_shapes(proxy, data_prop=True)
+    except Exception:  # noqa: BLE001
+        inferred = None
+    # ONNX's inference leaves ranks unknown in models shipped without shapes, and loses the new
+    # tokens' length in TorchScript decoders: ONNX Runtime's symbolic inference then, where it completes
+    ranks_unknown = inferred is None or bool(unknown_ranks(inferred))
+    if ranks_unknown or _reads_a_cache_append(model):
+        # merging dims that broadcast together only where ranks are unknown, as the fusion did;
+        # the cache's proofs take only dims the shape arithmetic makes equal
+        symbolic = _symbolic_inferred(proxy, merge=False, quiet=True)
+        if symbolic is None and ranks_unknown:
+            symbolic = _symbolic_inferred(proxy, merge=True, quiet=True)
+        if symbolic is not None:
+            return _with_symbolic_shapes(model, symbolic)
+    if inferred is None:
+        return model  # shapes only prove head counts and equal dims; without them fewer blocks lower
+    known = {vi.name for vi in model.graph.value_info}
+    known |= {vi.name for vi in model.graph.input} | {vi.name for vi in model.graph.output}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.value_info.extend(
+        vi for vi in inferred.graph.value_info if vi.name not in known and not vi.name.startswith(_STAND_IN)
+    )
+    return out
+
+
+def _with_symbolic_shapes(model: onnx.ModelProto, symbolic: onnx.ModelProto) -> onnx.ModelProto:
+    """model with the value_info of the symbolic inference of its stand-in copy, in every graph."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    # graphs_of walks both models' graphs in the same order: the stand-ins add no subgraph
+    for graph, inferred_graph in zip(graphs_of(out.graph), graphs_of(symbolic.graph)):
+        found = {vi.name: vi for vi in list(inferred_graph.value_info) + list(inferred_graph.output)}
+        del graph.value_info[:]
+        graph.value_info.extend(vi for vi in inferred_graph.value_info if not vi.name.startswith(_STAND_IN))
+        # outputs declared without a shape, or with dims another inference named (unk__N),
+        # take the inferred one: names from two inferences must not meet
+        for output in graph.output:
+            if output.name in found and not _named_by_exporter(output):
+                output.CopyFrom(found[output.name])
+    return out
+
+
+def _named_by_exporter(value: onnx.ValueInfoProto) -> bool:
+    """Whether value has a shape whose every dim is a number or a name no inference made up."""
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        return False
+    return all(
+        d.HasField("dim_value") or (d.dim_param and not d.dim_param.startswith("unk__")) for d in tensor.shape.dim
+    )
+
+
+def _stand_in_for_blocks(graph: onnx.GraphProto, opset: int, stem: str) -> None:
+    """Replace each FlashAttention node of graph (in place) by ops of the same output type and shape."""
+    make, tensor = onnx.helper.make_node, onnx.numpy_helper.from_array
+    nodes = []
+    for i, n in enumerate(graph.node):
+        if not is_flash_attention(n) or len(n.input) < 3:
+            nodes.append(n)
+            continue
+        tag = f"{stem}{i}"
+        rq, rv = f"{tag}_q", f"{tag}_v"
+        if opset >= 13:
+            nodes.append(make("Constant", [], [f"{tag}_aq"], value=tensor(np.array([3], np.int64))))
+            nodes.append(make("Constant", [], [f"{tag}_av"], value=tensor(np.array([1, 2], np.int64))))
+            nodes.append(make("ReduceSum", [n.input[0], f"{tag}_aq"], [rq], keepdims=1))
+            nodes.append(make("ReduceSum", [n.input[2], f"{tag}_av"], [rv], keepdims=1))
+        else:
+            nodes.append(make("ReduceSum", [n.input[0]], [rq], axes=[3], keepdims=1))
+            nodes.append(make("ReduceSum", [n.input[2]], [rv], axes=[1, 2], keepdims=1))
+        nodes.append(make("Mul", [rq, rv], [n.output[0]]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _reads_a_cache_append(model: onnx.ModelProto) -> bool:
+    """Whether a FlashAttention node of any graph reads K from a Concat (a KV-cache append)."""
+    for graph in graphs_of(model.graph):
+        concat_outputs = {o for n in graph.node if n.op_type == "Concat" for o in n.output}
+        if any(is_flash_attention(n) and len(n.input) > 1 and n.input[1] in concat_outputs for n in graph.node):
+            return True
+    return False

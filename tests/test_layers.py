@@ -156,7 +156,7 @@ def test_the_graph_is_read(package_graph: dict[str, set[str]]) -> None:
     assert "ortflash.fusion.causal.write" in package_graph["ortflash.fusion.softmax_write"]
     # the Softmax front end (fusion/softmax.py) reads through softmax_read and writes through softmax_write
     assert {"ortflash.fusion.softmax_read", "ortflash.fusion.softmax_write"} <= package_graph["ortflash.fusion.softmax"]
-    assert "ortflash.fusion.softmax" in package_graph["ortflash.pipeline.optimize"]
+    assert "ortflash.fusion.softmax" in package_graph["ortflash.pipeline.fused_model"]
     # report.py reads the version from _version, not from the package root (which imports the pipeline)
     assert "ortflash._version" in package_graph["ortflash.report"]
     assert "ortflash" not in package_graph["ortflash.report"]

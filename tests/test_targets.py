@@ -13,7 +13,7 @@ from attention_graphs import Variant, build
 from ortflash import lowering
 from ortflash.lowering.head_count import GivenHeads
 from ortflash.lowering.targets import EP_ORDER, ORT_KERNEL_TARGETS, REGISTRY, TARGETS
-from ortflash.pipeline import fused_rows
+from ortflash.pipeline import fused_model, fused_rows
 from ortflash.pipeline.optimize import optimize
 
 # the module (the package exports its function under the same name)
@@ -83,8 +83,8 @@ def test_a_given_head_count_is_written_by_the_lowering_and_never_left_in_the_out
 
 
 def test_the_given_head_counts_are_returned_by_fusion_and_read_by_the_lowering(monkeypatch):
-    """--num-heads crosses as typed per-row facts (lowering/head_count.GivenHeads), not a string
-    in the fused node's metadata: the fused model carries no mark, and lower() writes the count
+    """--num-heads crosses as typed per-row facts (lowering/head_count.GivenHeads, in the FusedModel's
+    BlockFacts), not a string in the fused node's metadata: the fused model carries no mark, and lower() writes the count
     exactly where it is handed one."""
     returned: list[dict[int, GivenHeads]] = []
     prove = fused_rows.prove_heads
@@ -94,7 +94,7 @@ def test_the_given_head_counts_are_returned_by_fusion_and_read_by_the_lowering(m
         returned.append(given)
         return given
 
-    monkeypatch.setattr(pipeline, "prove_heads", recording)
+    monkeypatch.setattr(fused_model, "prove_heads", recording)
     fused, _ = optimize(_unproved_heads_model(), target="ortflash", num_heads=2, load_check=lambda m, r: None)
     assert returned == [{0: GivenHeads(2, (0, 1, 2))}]
     assert all("given_heads" not in p.key for n in fused.graph.node for p in n.metadata_props)

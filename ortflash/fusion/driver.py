@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from ..errors import NotFused
 from ..graph.emitter import Emitter
+from ..op.node import BLOCK_ID, is_flash_attention
 from ..op.policy import SoftmaxPolicy
 from ..report import Block
 
@@ -116,11 +117,46 @@ def fuse(
                 prefix += "_"
             e = Emitter(graph, front_end.anchor(reading, node), prefix, opset)
             written = front_end.write(e, reading, policy, block_id=str(row))
+            _type_flash_outputs(graph, str(row))
             # mode is None only for a session's policy, which never fuses
             fused.blocks.append(Block(label, True, written.reason, softmax=policy.mode or "", **written.columns))
             if front_end.heads_per_batch_head(reading):
                 fused.per_batch_head.add(row)
     return fused
+
+
+def _type_flash_outputs(graph: ir.Graph, block_id: str) -> None:
+    """The output of the FlashAttention node written for ``block_id`` typed as the op defines it
+    (op/spec.py): its Q's element type (float32 between the exact casts of a float16 block) and
+    [B, Hq, Sq, Dv], B being Q's batch (the op broadcasts K, V, bias and mask to it), where Q's and
+    V's shapes are known. ONNX shape inference does not know the op; the model in memory does. A
+    type the output already took (from the block output it replaced: emitter.replace_output) stays."""
+    for node in graph:
+        if not is_flash_attention(node) or node.metadata_props.get(BLOCK_ID) != block_id:
+            continue
+        out, q, v = node.outputs[0], node.inputs[0], node.inputs[2]
+        if q is None or v is None:
+            continue
+        dtype, q_shape, v_shape = _element_type(q), _through_cast(q).shape, _through_cast(v).shape
+        if out.dtype is None and dtype is not None:
+            out.dtype = dtype
+        if out.shape is None and q_shape is not None and v_shape is not None and len(q_shape) == len(v_shape) == 4:
+            out.shape = ir.Shape([q_shape[0], q_shape[1], q_shape[2], v_shape[3]])
+
+
+def _through_cast(x: ir.Value) -> ir.Value:
+    """x, or the input of the Cast that computes it (write_call's exact casts: same shape)."""
+    node = x.producer()
+    if x.shape is None and node is not None and node.op_type == "Cast" and node.inputs[0] is not None:
+        return node.inputs[0]
+    return x
+
+
+def _element_type(x: ir.Value) -> ir.DataType | None:
+    node = x.producer()
+    if x.dtype is None and node is not None and node.op_type == "Cast" and "to" in node.attributes:
+        return ir.DataType(node.attributes["to"].as_int())
+    return x.dtype
 
 
 def dtype_name(dtype: ir.DataType | None) -> str:

@@ -98,12 +98,13 @@ from ..errors import NotLowered, OrtflashError
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..model_io import graphs_of
+from ..model_shapes import with_flash_shapes
 from ..op import spec
 from ..op.node import BLOCK_ID, flash_nodes
 from ..pipeline.opset import raise_default_opset
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
-from .head_count import GivenHeads, with_given_head_counts
-from .read import read_call, with_shapes
+from .head_count import GivenHeads, write_given_head_counts
+from .read import read_call
 from .standard import OP_ATTENTION
 from .targets import REGISTRY, TARGETS, Target
 
@@ -116,6 +117,7 @@ __all__ = [
     "LoweringNote",
     "Target",
     "lower",
+    "lower_ir",
 ]
 
 _NEEDS_ORTFLASH = "the model still needs ortflash (ortflash.session_options()) to run"
@@ -148,45 +150,106 @@ def lower(
 ) -> tuple[onnx.ModelProto, list[LoweringNote]]:
     """Replace every FlashAttention node the target op computes exactly; notes for all of them.
 
+    A model given as a proto (a file ortflash wrote, or another tool's) carries no type for the
+    FlashAttention outputs, so its shapes are inferred first (model_shapes.with_flash_shapes); the
+    pipeline hands its fused model, typed once for all candidates, to ``lower_ir`` instead.
     The input model is not modified. When nothing is lowered the input model itself comes back.
     ``folder``: where the model's external data is (its file's folder), for the small external
     constants (a Reshape's shape) the head counts are proved from; None reads none of them.
     ``given_heads``: the head counts the user gave (``--num-heads``), by report row, as fusion
     returned them (pipeline/fused_rows.prove_heads); written where the target's ops need them.
     """
-    record = REGISTRY.get(target)
-    if record is None:
-        raise OrtflashError(f"unknown lowering target {target!r}: use one of {', '.join(TARGETS)}")
+    record = _record(target)
     kept = [_kept_note(n, i) for i, n in enumerate(flash_nodes(model))]
     if not kept:
         return model, []
-    write = record.write
-    if write is None:
-        why = f"target {record.name} keeps FlashAttention; it runs with ortflash.session_options()"
-        return model, [_with_reason(n, why) for n in kept]
+    if record.write is None:
+        return model, [_with_reason(n, _keeps(record)) for n in kept]
+    work = ir.serde.deserialize_model(model)
+    out, notes = _lowered(work, record, folder, given_heads, infer_shapes=True)
+    if out is None:
+        return model, notes
+    proto = ir.serde.serialize_model(out)
+    declared = {vi.name for g in graphs_of(model.graph) for vi in g.value_info}
+    for out_graph in graphs_of(proto.graph):
+        kept_info = [vi for vi in out_graph.value_info if vi.name in declared]
+        del out_graph.value_info[:]
+        out_graph.value_info.extend(kept_info)
+    return proto, notes
 
-    work = with_given_head_counts(model, given_heads) if record.needs_head_count else model
+
+def lower_ir(
+    model: ir.Model,
+    target: str,
+    folder: str | os.PathLike[str] | None = None,
+    given_heads: Mapping[int, GivenHeads] = MappingProxyType({}),
+) -> tuple[ir.Model, list[LoweringNote]]:
+    """``lower`` on a model in memory already typed, FlashAttention outputs included (the pipeline's
+    ``FusedModel.typed``, inferred once for every candidate): no shape inference and no proto here,
+    but where the default opset is raised (pipeline/opset.py takes protos). Works on a clone; the
+    input itself comes back where nothing is lowered."""
+    record = _record(target)
+    kept = [_kept_note(n, i) for i, n in enumerate(flash_nodes(model.graph))]
+    if not kept:
+        return model, []
+    if record.write is None:
+        return model, [_with_reason(n, _keeps(record)) for n in kept]
+    out, notes = _lowered(model.clone(), record, folder, given_heads, infer_shapes=False)
+    return (model if out is None else out), notes
+
+
+def _record(target: str) -> Target:
+    record = REGISTRY.get(target)
+    if record is None:
+        raise OrtflashError(f"unknown lowering target {target!r}: use one of {', '.join(TARGETS)}")
+    return record
+
+
+def _keeps(record: Target) -> str:
+    return f"target {record.name} keeps FlashAttention; it runs with ortflash.session_options()"
+
+
+def _lowered(
+    work: ir.Model,
+    record: Target,
+    folder: str | os.PathLike[str] | None,
+    given_heads: Mapping[int, GivenHeads],
+    infer_shapes: bool,
+) -> tuple[ir.Model | None, list[LoweringNote]]:
+    """Lower ``work`` (the caller's own copy) in place; None where no node is lowered (or the opset
+    could not be raised), with the notes. ``infer_shapes``: type the model first (a proto from
+    outside, whose FlashAttention outputs have no type)."""
+    write = record.write
+    assert write is not None
+    ir_version = work.ir_version
+    if record.needs_head_count:
+        write_given_head_counts(work, given_heads)
     # Converted after fusion: no Softmax is left for the 12 -> 13 adapter to wrap in reshapes
     # (it does where it cannot see the rank, as in models without shapes).
     least = record.min_opset
-    if least is not None and u.default_opset(work) < least:
-        try:
-            work = raise_default_opset(work, least)
-        except Exception as exc:  # noqa: BLE001 - the converter raises several types
-            why = (
-                f"the model could not be converted to opset {least} for {target} "
-                f"({type(exc).__name__}: {str(exc).splitlines()[0][:_MESSAGE_CHARS]}); {_NEEDS_ORTFLASH}"
-            )
-            return model, [_with_reason(n, why) for n in kept]
-        _restore_metadata(model, work)
-    opset = u.default_opset(work)
-    irm = ir.serde.deserialize_model(with_shapes(work))
-    graph = irm.graph
+    raise_to = least if least is not None and _default_opset(work) < least else None
+    if raise_to is not None or infer_shapes:
+        # the opset raiser and the shape inference take protos: inside the lowering, the one round trip
+        proto = ir.serde.serialize_model(work)
+        if raise_to is not None:
+            try:
+                raised = raise_default_opset(proto, raise_to)
+            except Exception as exc:  # noqa: BLE001 - the converter raises several types
+                why = (
+                    f"the model could not be converted to opset {raise_to} for {record.name} "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:_MESSAGE_CHARS]}); {_NEEDS_ORTFLASH}"
+                )
+                return None, [_with_reason(_kept_note(n, i), why) for i, n in enumerate(flash_nodes(work.graph))]
+            _restore_metadata(proto, raised)
+            proto = raised
+        work = ir.serde.deserialize_model(with_flash_shapes(proto) if infer_shapes else proto)
+    opset = _default_opset(work)
+    graph = work.graph
     if folder is not None:
         u.root_external_data(graph, folder)
 
     notes: list[LoweringNote] = []
-    stem = _fresh_stem(irm)
+    stem = _fresh_stem(work)
     # every graph's nodes (If branches, Loop and Scan bodies too); each written into its own graph
     for index, node in enumerate(flash_nodes(graph)):
         name = node.name or f"{spec.OP_TYPE}_{index}"
@@ -203,26 +266,35 @@ def lower(
         notes.append(LoweringNote(name, True, how, op, block))
 
     if not any(n.lowered for n in notes):
-        return model, notes
-    common_passes.RemoveUnusedNodesPass()(irm)
+        return None, notes
+    common_passes.RemoveUnusedNodesPass()(work)
     if record.domain is not None:
         domain, version = record.domain
-        irm.opset_imports[domain] = version
-    out = ir.serde.serialize_model(irm)
-    _drop_unused_ortflash_import(out)
+        work.opset_imports[domain] = version
+    if not _uses_ortflash(work):
+        work.opset_imports.pop(spec.DOMAIN, None)
     # Opset 23 belongs to IR 11, but IR 10 is what ONNX Runtime 1.31 and onnxruntime-web 1.30
     # load it with; a model already above 10 keeps its version.
-    out.ir_version = model.ir_version if record.ir_version is None else max(model.ir_version, record.ir_version)
-    declared = {vi.name for g in graphs_of(model.graph) for vi in g.value_info}
-    for out_graph in graphs_of(out.graph):
-        kept_info = [vi for vi in out_graph.value_info if vi.name in declared]
-        del out_graph.value_info[:]
-        out_graph.value_info.extend(kept_info)
-    return out, notes
+    work.ir_version = ir_version if record.ir_version is None else max(ir_version, record.ir_version)
+    return work, notes
 
 
-def _kept_note(node: onnx.NodeProto, index: int) -> LoweringNote:
-    block = next((p.value for p in node.metadata_props if p.key == BLOCK_ID), None)
+def _default_opset(model: ir.Model) -> int:
+    return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+
+
+def _uses_ortflash(model: ir.Model) -> bool:
+    """Whether a node of any graph or function is still of ortflash's domain."""
+    if any(n.domain == spec.DOMAIN for n in model.graph.all_nodes()):
+        return True
+    return any(n.domain == spec.DOMAIN for f in model.functions.values() for n in f)
+
+
+def _kept_note(node: onnx.NodeProto | ir.Node, index: int) -> LoweringNote:
+    if isinstance(node, ir.Node):
+        block = node.metadata_props.get(BLOCK_ID)
+    else:
+        block = next((p.value for p in node.metadata_props if p.key == BLOCK_ID), None)
     return LoweringNote(node.name or f"{spec.OP_TYPE}_{index}", False, "", spec.OP_TYPE, block)
 
 
@@ -250,24 +322,3 @@ def _fresh_stem(model: ir.Model) -> str:
         n += 1
         stem = f"ortflash/lower{n}"
     return stem
-
-
-def _drop_unused_ortflash_import(model: onnx.ModelProto) -> None:
-    """Remove the import of ortflash's domain when no FlashAttention node is left."""
-
-    def uses(graph: onnx.GraphProto) -> bool:
-        for n in graph.node:
-            if n.domain == spec.DOMAIN:
-                return True
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH and uses(a.g):
-                    return True
-                if a.type == onnx.AttributeProto.GRAPHS and any(uses(g) for g in a.graphs):
-                    return True
-        return False
-
-    used = uses(model.graph) or any(n.domain == spec.DOMAIN for f in model.functions for n in f.node)
-    if not used:
-        keep = [imp for imp in model.opset_import if imp.domain != spec.DOMAIN]
-        del model.opset_import[:]
-        model.opset_import.extend(keep)

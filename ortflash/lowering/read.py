@@ -1,27 +1,20 @@
 """Read a FlashAttention node back into its FlashAttentionCall (op/node.read_node) with what the
-native ops refuse and the dims they need proved, and give the model the types ONNX shape
-inference cannot find."""
+native ops refuse and the dims they need proved, and give the native ops one batch size."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import math
 from dataclasses import dataclass
 
-import numpy as np
-import onnx
 import onnx_ir as ir
 
 from ..errors import NotLowered
 from ..graph import bounds, shapes
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
-from ..model_io import graphs_of
-from ..model_shapes import unknown_ranks
 from ..op.call import FlashAttentionCall
-from ..op.node import NodeOutsideContract, is_flash_attention, read_node
+from ..op.node import NodeOutsideContract, read_node
 from ..op.spec import ABSORBING_FILL
 
 
@@ -104,144 +97,6 @@ def call_dims(call: FlashAttentionCall) -> CallDims:
         dk=dims["Dk"],
         dv=dims["Dv"],
     )
-
-
-def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """model with inferred value_info, FlashAttention outputs included.
-
-    ONNX shape inference knows nothing of FlashAttention, so everything after the first block
-    would lose its types. It runs on a copy where each block is a stand-in of the same output
-    type and shape (ReduceSum(Q over D) * ReduceSum(V over heads and keys): [B, Hq, Sq, Dv] in
-    Q's dtype); the types found are copied onto the real graph."""
-    opset = u.default_opset(model)
-    proxy = onnx.ModelProto()
-    proxy.CopyFrom(model)
-    for index, graph in enumerate(graphs_of(proxy.graph)):
-        _stand_in_for_blocks(graph, opset, f"ortflash_shape_proxy_{index}_")
-    try:
-        inferred: onnx.ModelProto | None = onnx.shape_inference.infer_shapes(proxy, data_prop=True)
-    except Exception:  # noqa: BLE001
-        inferred = None
-    # ONNX's inference leaves ranks unknown in models shipped without shapes, and loses the new
-    # tokens' length in TorchScript decoders: ONNX Runtime's symbolic inference then, where it completes
-    ranks_unknown = inferred is None or bool(unknown_ranks(inferred))
-    if ranks_unknown or _reads_a_cache_append(model):
-        # merging dims that broadcast together only where ranks are unknown, as the fusion did
-        # (model_shapes); the cache's proofs take only dims the shape arithmetic makes equal
-        symbolic = _symbolic_inference(proxy, merge=False)
-        if symbolic is None and ranks_unknown:
-            symbolic = _symbolic_inference(proxy, merge=True)
-        if symbolic is not None:
-            return _with_symbolic_shapes(model, symbolic)
-    if inferred is None:
-        return model  # shapes only prove head counts and equal dims; without them fewer blocks lower
-    known = {vi.name for vi in model.graph.value_info}
-    known |= {vi.name for vi in model.graph.input} | {vi.name for vi in model.graph.output}
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    out.graph.value_info.extend(
-        vi
-        for vi in inferred.graph.value_info
-        if vi.name not in known and not vi.name.startswith("ortflash_shape_proxy_")
-    )
-    return out
-
-
-def _with_symbolic_shapes(model: onnx.ModelProto, symbolic: onnx.ModelProto) -> onnx.ModelProto:
-    """model with the value_info of the symbolic inference of its stand-in copy, in every graph."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    # graphs_of walks both models' graphs in the same order: the stand-ins add no subgraph
-    for graph, inferred_graph in zip(graphs_of(out.graph), graphs_of(symbolic.graph)):
-        found = {vi.name: vi for vi in list(inferred_graph.value_info) + list(inferred_graph.output)}
-        del graph.value_info[:]
-        graph.value_info.extend(
-            vi for vi in inferred_graph.value_info if not vi.name.startswith("ortflash_shape_proxy_")
-        )
-        # outputs declared without a shape, or with dims another inference named (unk__N),
-        # take the inferred one: names from two inferences must not meet
-        for output in graph.output:
-            if output.name in found and not _named_by_exporter(output):
-                output.CopyFrom(found[output.name])
-    return out
-
-
-def _named_by_exporter(value: onnx.ValueInfoProto) -> bool:
-    """Whether value has a shape whose every dim is a number or a name no inference made up."""
-    tensor = value.type.tensor_type
-    if not tensor.HasField("shape"):
-        return False
-    return all(
-        d.HasField("dim_value") or (d.dim_param and not d.dim_param.startswith("unk__")) for d in tensor.shape.dim
-    )
-
-
-def _stand_in_for_blocks(graph: onnx.GraphProto, opset: int, stem: str) -> None:
-    """Replace each FlashAttention node of graph (in place) by ops of the same output type and shape."""
-    nodes = []
-    for i, n in enumerate(graph.node):
-        if not is_flash_attention(n) or len(n.input) < 3:
-            nodes.append(n)
-            continue
-        tag = f"{stem}{i}"
-        rq, rv = f"{tag}_q", f"{tag}_v"
-        if opset >= 13:
-            nodes.append(
-                onnx.helper.make_node(
-                    "Constant", [], [f"{tag}_aq"], value=onnx.numpy_helper.from_array(np.array([3], np.int64))
-                )
-            )
-            nodes.append(
-                onnx.helper.make_node(
-                    "Constant", [], [f"{tag}_av"], value=onnx.numpy_helper.from_array(np.array([1, 2], np.int64))
-                )
-            )
-            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[0], f"{tag}_aq"], [rq], keepdims=1))
-            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[2], f"{tag}_av"], [rv], keepdims=1))
-        else:
-            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[0]], [rq], axes=[3], keepdims=1))
-            nodes.append(onnx.helper.make_node("ReduceSum", [n.input[2]], [rv], axes=[1, 2], keepdims=1))
-        nodes.append(onnx.helper.make_node("Mul", [rq, rv], [n.output[0]]))
-    del graph.node[:]
-    graph.node.extend(nodes)
-
-
-def _reads_a_cache_append(model: onnx.ModelProto) -> bool:
-    """Whether a FlashAttention node of any graph reads K from a Concat (a KV-cache append)."""
-    for graph in graphs_of(model.graph):
-        concat_outputs = {o for n in graph.node if n.op_type == "Concat" for o in n.output}
-        if any(is_flash_attention(n) and len(n.input) > 1 and n.input[1] in concat_outputs for n in graph.node):
-            return True
-    return False
-
-
-def _symbolic_inference(model: onnx.ModelProto, merge: bool) -> onnx.ModelProto | None:
-    """ONNX Runtime's symbolic shape inference, or None where it does not complete. merge: its
-    auto_merge, which takes dims that broadcast together as equal; off, only what the shape
-    arithmetic proves.
-
-    ONNX's own inference loses the new tokens' length in TorchScript decoders (each Reshape of a
-    computed shape gets a fresh unk__ dim), so the cache append's new keys and Q are not proved
-    the same length; the symbolic inference follows the Shape arithmetic and names both ``seq``.
-    Its value_info replaces ONNX's as a whole: names from two inferences are never mixed, since
-    each names unknown dims unk__N on its own. Run in memory: ``infer_shapes`` writes a file
-    into the current folder when it fails."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        inference = SymbolicShapeInference(2**31 - 1, merge, False, 0)
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its complaints
-            inference._preprocess(model)
-            complete = False
-            while inference.run_:
-                complete = inference._infer_impl()
-            inference._update_output_from_vi()
-    except Exception:  # noqa: BLE001 - it raises on ops it does not know and shapes it cannot follow
-        return None
-    if not complete:
-        return None
-    inferred: onnx.ModelProto = inference.out_mp_
-    return inferred
 
 
 def aligned_batch(e: Emitter, call: FlashAttentionCall, dims: CallDims) -> tuple[FlashAttentionCall, str | None]:

@@ -10,29 +10,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 import onnx
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 
 from ..errors import OrtflashError
-from ..fusion.driver import fuse
-from ..fusion.onnx_attention import AttentionOpFrontEnd
-from ..fusion.softmax import SoftmaxFrontEnd
-from ..graph import ir_utils as u
-from ..lowering import LoweringNote, lower
-from ..lowering.head_count import GivenHeads
+from ..lowering import lower
 from ..lowering.targets import DEFAULT_TARGET, EP_ORDER, EXECUTION_PROVIDERS, REGISTRY, TARGETS
-from ..model_io import ModelLike, check_opsets, graphs_of, load, save
+from ..model_io import ModelLike, check_opsets, load, save
 from ..model_shapes import with_shapes
 from ..op import spec
-from ..op.node import BLOCK_ID, flash_nodes
+from ..op.node import flash_nodes
 from ..op.policy import SoftmaxPolicy
 from ..report import Report, TargetChoice
 from . import forms
-from .fused_rows import prove_heads
+from .fused_model import FusedModel, fuse_model, lowered_for, rewritten, written
 from .ir_versions import loadable_ir_version
 from .length_dispatch import Threshold, dispatch
 from .native_attention import native_attention_note
@@ -107,15 +101,15 @@ def optimize(
 
     shaped = with_shapes(proto)  # once: the second fusion, with blocks kept, reads the same shapes
     folder = _model_folder(model_or_path)
-    fused, fusion_report, given_heads = _fuse(proto, shaped, policy, num_heads, prove_causal, folder=folder)
+    fused = _fuse(proto, shaped, policy, num_heads, prove_causal, folder=folder)
     if isinstance(model_or_path, (str, os.PathLike)):
-        fusion_report.model = os.fspath(model_or_path)  # the report is titled with the file the user named
+        fused.report.model = os.fspath(model_or_path)  # the report is titled with the file the user named
     already_fused = native_attention_note(proto)
     if already_fused is not None:
-        fusion_report.notes.append(already_fused)
+        fused.report.notes.append(already_fused)
 
     def run(candidate: str) -> tuple[onnx.ModelProto, Report]:
-        return _lower_for(proto, fused, fusion_report, given_heads, candidate, folder)
+        return _lower_for(fused, candidate)
 
     check = load_check or _default_load_check(model_or_path, proto)
     if target is None:
@@ -292,12 +286,17 @@ def _dispatched_then_lowered(
     block of ``thresholds`` written as an If on the length around its FlashAttention node, then
     lowered for ``target`` (the node inside the If's fused branch too), so no FlashAttention is
     left; or the rows that could not be written so (row -> why), for the caller to keep."""
-    fused, fusion_report, given_heads = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
-    dispatched = dispatch(proto, fused, thresholds, shaped[0], branch_shapes=True)
+    fused = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
+    # the If is written on the serialized fused model (length_dispatch reads protos), and the
+    # lowering then reads that model back: the one path with a round trip before the lowering
+    fused_proto = proto if fused.model is None else ir.serde.serialize_model(fused.model)
+    dispatched = dispatch(proto, fused_proto, thresholds, shaped[0], branch_shapes=True)
     if dispatched.left:
         return dict(dispatched.left)
-    fusion_report.model = report.model
-    faster, faster_report = _lower_for(proto, dispatched.model, fusion_report, given_heads, target, folder)
+    fused.report.model = report.model
+    if fused.model is not None:
+        fused = rewritten(fused, dispatched.model)
+    faster, faster_report = _lower_for(fused, target)
     left = {
         row: f"its node was not lowered for {target} inside the If's branch ({faster_report.blocks[row].reason})"
         for row in thresholds
@@ -323,9 +322,9 @@ def _kept_where_faster(
 ) -> tuple[onnx.ModelProto, Report]:
     """The model fused again with the blocks of ``keep`` left as they were, each row with its reason;
     a kept row keeps what the fused one proved (mask kind, head dim, key length)."""
-    fused, fusion_report, given_heads = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
-    fusion_report.model = report.model
-    faster, faster_report = _lower_for(proto, fused, fusion_report, given_heads, target, folder)
+    fused = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
+    fused.report.model = report.model
+    faster, faster_report = _lower_for(fused, target)
     _rows_as_chosen(faster_report, report, keep, details)
     return faster, faster_report
 
@@ -393,81 +392,23 @@ def _fuse(
     prove_causal: bool = True,
     keep: Mapping[str, str] = MappingProxyType({}),
     folder: str | None = None,
-) -> tuple[onnx.ModelProto, Report, dict[int, GivenHeads]]:
-    """Every block fused, once, whatever the target: the fused model (its inferred value_info kept,
-    for the lowerings to prove from), the report, and the head counts given (``num_heads``) by
-    row, for the lowerings (fused_rows.prove_heads); the input itself when nothing is fused.
-    ``shaped``: ``with_shapes(proto)``, the model with inferred shapes and how they were inferred.
-    ``keep``: report names of blocks left as they are, each with the reason for its row.
-    ``folder``: the model file's folder, where its external data is (small external constants, a
-    scale or a shape, are read from there; None for a model given in memory)."""
-    from .rounding import mark_rounding_sensitive
-
-    # Opset conversions a target needs (to 13 for contrib/webgpu, 23 for onnx) happen in lower(),
-    # after fusion: converting first lets the 12 -> 13 adapter wrap Softmax in Reshapes where
-    # shapes are unknown, and then no block fuses.
-    opset = u.default_opset(proto)
-    with_inferred, inference = shaped
-    model = ir.serde.deserialize_model(with_inferred)
-    if folder is not None:
-        u.root_external_data(model.graph, folder)
-    report = Report(proto.graph.name or "model", shape_inference=inference)
-    given_heads: dict[int, GivenHeads] = {}
-    # ONNX Attention ops (opset 23+) first: their Softmax is inside the op, not in the graph.
-    front_ends = (AttentionOpFrontEnd(), SoftmaxFrontEnd(prove_causal=prove_causal))
-    for graph, scope in _scopes(model.graph, ""):
-        _forget_earlier_blocks(graph)
-        here = {name[len(scope) :]: why for name, why in keep.items() if name.startswith(scope)}
-        rows = fuse(graph, opset, policy, front_ends, first_row=len(report.blocks), keep=here)
-        for row in rows.blocks:
-            row.name = scope + row.name
-        report.blocks += rows.blocks
-        given_heads.update(prove_heads(graph, report, num_heads, rows.per_batch_head))
-
-    if not report.fused:
-        # Nothing to write differently: the input itself, not a round trip of it through the IR
-        # (which would carry inferred shapes that change what ONNX Runtime's optimizer does).
-        return proto, report, given_heads
-    common_passes.RemoveUnusedNodesPass()(model)  # subgraphs included
-    model.opset_imports.setdefault(spec.DOMAIN, spec.DOMAIN_VERSION)
-    out = ir.serde.serialize_model(model)
-    out.ir_version = proto.ir_version
-    mark_rounding_sensitive(out, report)
-    return out, report, given_heads
+) -> FusedModel:
+    """Every block fused, once, whatever the target (pipeline/fused_model.fuse_model)."""
+    return fuse_model(proto, shaped, policy, num_heads, prove_causal, keep, folder)
 
 
-def _lower_for(
-    original: onnx.ModelProto,
-    fused: onnx.ModelProto,
-    fusion_report: Report,
-    given_heads: Mapping[int, GivenHeads],
-    target: str,
-    folder: str | None,
-) -> tuple[onnx.ModelProto, Report]:
-    """The fused model written for one target, with its own copy of the report; ``given_heads``:
-    _fuse's, for the lowering; ``folder``: the model file's, where its external data is."""
-    report = copy.deepcopy(fusion_report)
-    if not report.fused:
-        out = loadable_ir_version(_lower_already_fused(original, report, target, folder), report.notes)
-        report.rewritten = out is not original
+def _lower_for(fused: FusedModel, target: str) -> tuple[onnx.ModelProto, Report]:
+    """The fused model written for one target (lowered on a clone of it), serialized once, with its
+    own copy of the report."""
+    if fused.model is None:
+        report = copy.deepcopy(fused.report)
+        out = loadable_ir_version(_lower_already_fused(fused.original, report, target, fused.folder), report.notes)
+        report.rewritten = out is not fused.original
         return out, report
-    out = fused
-    if not REGISTRY[target].needs_ortflash:
-        # the lowering proves from the shapes the rules proved from (subgraphs' included)
-        before = u.default_opset(fused)
-        out, notes = lower(fused, target, folder, given_heads)
-        _note_lowering(report, notes, target)
-        after = u.default_opset(out)
-        if after != before:
-            report.notes.append(
-                f"raised the default opset from {before} to {after} for --target {target}, op by op (pipeline/opset.py)"
-            )
-    if out is fused:  # the fused model is shared by every candidate: write on a copy
-        out = onnx.ModelProto()
-        out.CopyFrom(fused)
-    _keep_declared_value_info(original, out)
+    model, report, notes = lowered_for(fused, target)
+    report.notes += notes
     # onnx's make_model stamps IR versions newer than ONNX Runtime reads (ir_versions.py)
-    return loadable_ir_version(out, report.notes), report
+    return loadable_ir_version(written(fused, model), report.notes), report
 
 
 def _lower_already_fused(model: onnx.ModelProto, report: Report, target: str, folder: str | None) -> onnx.ModelProto:
@@ -501,45 +442,3 @@ def _refuse_flash_left(model: onnx.ModelProto, report: Report, target: str) -> N
         f"cannot lower ({why.split('; ')[0]}): optimize the model from before ortflash with --target {target}, "
         "or run this one with ortflash.session_options()"
     )
-
-
-def _scopes(graph: ir.Graph, scope: str) -> Iterator[tuple[ir.Graph, str]]:
-    """graph and every subgraph nested in it, each with the report's prefix naming where it is:
-    ``If_0.then_branch/`` for the then branch of node If_0 (nested scopes join)."""
-    yield graph, scope
-    for node in graph:
-        owner = node.name or node.op_type
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                yield from _scopes(attr.as_graph(), f"{scope}{owner}.{attr.name}/")
-            elif attr.type == ir.AttributeType.GRAPHS:
-                for i, sub in enumerate(attr.as_graphs()):
-                    yield from _scopes(sub, f"{scope}{owner}.{attr.name}[{i}]/")
-
-
-def _keep_declared_value_info(original: onnx.ModelProto, out: onnx.ModelProto) -> None:
-    """Shape inference annotated intermediates in every graph; keep only what the input declared."""
-    declared = {vi.name for g in graphs_of(original.graph) for vi in g.value_info}
-    for graph in graphs_of(out.graph):
-        kept = [vi for vi in graph.value_info if vi.name in declared]
-        del graph.value_info[:]
-        graph.value_info.extend(kept)
-
-
-def _forget_earlier_blocks(graph: ir.Graph) -> None:
-    """FlashAttention nodes of an earlier run keep their ops but not their report rows: the row
-    ids this run writes would otherwise collide with theirs."""
-    for node in flash_nodes(graph, subgraphs=False):
-        node.metadata_props.pop(BLOCK_ID, None)
-
-
-def _note_lowering(report: Report, notes: list[LoweringNote], target: str) -> None:
-    """Record on each report row what its FlashAttention node became (rows by the node's block id)."""
-    rows = {str(i): block for i, block in enumerate(report.blocks)}
-    for note in notes:
-        block = rows.get(note.block or "")
-        if block is None:
-            continue  # a FlashAttention node the input model already had
-        block.lowered_to = note.op if note.lowered else None
-        if not note.lowered:
-            block.reason = "; ".join(filter(None, [block.reason, f"not lowered to {target}: {note.reason}"]))
