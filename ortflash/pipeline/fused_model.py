@@ -10,7 +10,6 @@ when it is written (``written``)."""
 from __future__ import annotations
 
 import copy
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -33,7 +32,7 @@ from ..op.node import BLOCK_ID, flash_nodes
 from ..op.policy import SoftmaxPolicy
 from ..report import Report
 from .fused_rows import prove_heads
-from .rounding import MAX_NODES_ON, QUANTIZERS, SHAPE_ONLY
+from .rounding import mark_rounding_sensitive
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ def fuse_model(
     common_passes.RemoveUnusedNodesPass()(model)  # subgraphs included
     model.opset_imports.setdefault(spec.DOMAIN, spec.DOMAIN_VERSION)
     model.ir_version = proto.ir_version
-    _mark_rounding_sensitive(model, report)
+    mark_rounding_sensitive(model, report)
     return FusedModel(proto, model, report, facts, folder)
 
 
@@ -219,52 +218,3 @@ def _forget_earlier_blocks(graph: ir.Graph) -> None:
     ids this run writes would otherwise collide with theirs."""
     for node in flash_nodes(graph, subgraphs=False):
         node.metadata_props.pop(BLOCK_ID, None)
-
-
-def _mark_rounding_sensitive(model: ir.Model, report: Report) -> None:
-    """``Block.rounding`` on every fused row whose FlashAttention node's output soon reaches a
-    quantizer (pipeline/rounding.py says why), read from the fused graph in memory."""
-    rows: dict[int, tuple[ir.Graph, ir.Node]] = {}
-    for graph in (model.graph, *model.graph.subgraphs()):
-        for node in graph:
-            block_id = node.metadata_props.get(BLOCK_ID)
-            if block_id is not None and block_id.isdigit():
-                rows[int(block_id)] = (graph, node)
-    for row, block in enumerate(report.blocks):
-        if block.fused and row in rows:
-            block.rounding = _nearest_quantizer(*rows[row])
-
-
-def _nearest_quantizer(graph: ir.Graph, start: ir.Node) -> str:
-    """rounding.nearest_quantizer on the graph in memory: the readers of each value in graph order,
-    nearest first, up to MAX_NODES_ON nodes on."""
-    readers: dict[int, list[ir.Node]] = {}
-    for node in graph:
-        for value in node.inputs:
-            if value is not None:
-                readers.setdefault(id(value), []).append(node)
-    seen = {id(start)}
-    queue = deque([(start, 0)])
-    while queue:
-        node, hops = queue.popleft()
-        if hops == MAX_NODES_ON:
-            continue
-        for value in node.outputs:
-            for reader in readers.get(id(value), []):
-                if reader.op_type in SHAPE_ONLY or id(reader) in seen:
-                    continue
-                seen.add(id(reader))
-                if _quantizes(reader):
-                    what = "Cast to an integer type" if reader.op_type == "Cast" else reader.op_type
-                    return f"{what} {hops + 1} node{'s' if hops + 1 != 1 else ''} on"
-                queue.append((reader, hops + 1))
-    return ""
-
-
-def _quantizes(node: ir.Node) -> bool:
-    if node.op_type in QUANTIZERS:
-        return True
-    if node.op_type == "Cast":
-        to = node.attributes.get("to")
-        return to is not None and ir.DataType(to.as_int()).is_integer()
-    return False
