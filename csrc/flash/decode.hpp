@@ -224,6 +224,7 @@ void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
         direct_score_keys(pb, sc, head, q, rows, first, n, s, ld_s);
         const bool diagonal = crosses_frontier(pb, 0, pb.Sq - 1, first, n);
         float* left_weight = sc.running_sum.data();  // per row: the weight of each key left of the window
+        float* row_sum = sc.running_max.data();      // per row: what normalise_row left to the output
         bool left_read = false;
         for (int r = 0; r < rows; ++r) {
             float* sr = s + size_t(r) * ld_s;
@@ -235,14 +236,7 @@ void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
                 lp = scalar_exp(pb.mask_fill - mx);
                 sum += float(first) * lp;
             }
-            const vf total = splat(sum);
-            for (int j = 0; j < width; j += W) {
-                vf p = loadu(sr + j) / total;
-                if (pb.zero_rows) p = p != p ? splat(0.0f) : p;
-                storeu(sr + j, p);
-            }
-            lp /= sum;
-            if (pb.zero_rows && lp != lp) lp = 0.0f;
+            row_sum[r] = normalise_row(sr, width, sum, pb.zero_rows, lp);
             left_weight[r] = lp;
             left_read |= lp != 0.0f;
         }
@@ -252,6 +246,7 @@ void direct_head(const Problem& pb, DirectScratch& sc, int b, int kv) {
             for (int r = 0; r < rows; ++r)
                 for (int c = 0; c < dvp; ++c) acc[size_t(r) * dvp + c] += left_weight[r] * vsum[c];
         }
+        divide_rows(acc, rows, dvp, row_sum);
         write_output(pb, acc, dvp, b, h0, 0, rows);
         return;
     }

@@ -74,6 +74,7 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
     }
     if (refinished)
         for (int r = 0; r < rows; ++r) maxima[r] = row_max(s + size_t(r) * ld_s + first, width - first);
+    float* row_sum = sc.running_max.data();  // per row: the sum the output row is divided by (1: done in P)
     for (int r = 0; r < rows; ++r) {
         float* sr = s + size_t(r) * ld_s + first;
         float mx = maxima[r];
@@ -84,14 +85,7 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
             skipped_p = scalar_exp(pb.mask_fill - mx);
             sum += count * skipped_p;
         }
-        const vf total = splat(sum);
-        for (int j = 0; j < width - first; j += W) {
-            vf p = loadu(sr + j) / total;
-            if (pb.zero_rows) p = p != p ? splat(0.0f) : p;
-            storeu(sr + j, p);
-        }
-        skipped_p /= sum;
-        if (pb.zero_rows && skipped_p != skipped_p) skipped_p = 0.0f;
+        row_sum[r] = normalise_row(sr, width - first, sum, pb.zero_rows, skipped_p);
         skipped_weight[r] = skipped_p;
     }
     std::fill(acc, acc + size_t(rows) * dvp, 0.0f);
@@ -109,6 +103,7 @@ void naive_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h, 
         for (int r = 0; r < rows; ++r)
             for (int c = 0; c < dvp; ++c) acc[size_t(r) * dvp + c] += skipped_weight[r] * vsum[c];
     }
+    divide_rows(acc, rows, dvp, row_sum);
     write_output(pb, acc, dvp, b, h, i0, rows);
 }
 

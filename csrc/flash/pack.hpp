@@ -20,6 +20,7 @@ struct Packed {  // K^T panels, V rows (padded to Dvp) and, when needed, V suffi
     // let PaddingSkip prove that a masked group would contribute exactly nothing. A group is
     // an online tile, or NAIVE_GROUP_KEYS keys in the naive mode (which packs one tile of Sk).
     int group_keys, groups;  // keys per group, groups per kv head
+    bool bounds;             // key_norm and v_bounded are filled (a bias or mask: PaddingSkip reads them)
     std::vector<float> key_norm;
     std::vector<uint8_t> v_bounded;
     Packed(const Problem& pb, int key_tile_, int group_keys_, bool suffix_, bool prefix_)
@@ -39,6 +40,7 @@ struct Packed {  // K^T panels, V rows (padded to Dvp) and, when needed, V suffi
           vprefix(p_floats * pb.B * pb.Hkv),
           group_keys(group_keys_),
           groups(ceil_div(pb.Sk, group_keys_)),
+          bounds(pb.bias.data || pb.mask.data),
           key_norm(size_t(groups) * pb.B * pb.Hkv),
           v_bounded(size_t(groups) * pb.B * pb.Hkv) {}
 };
@@ -82,6 +84,46 @@ inline float max_norm(const float* x, int n, int d) {
     return std::sqrt(largest);
 }
 
+// K^T panel columns [c0, c0 + 8) from 8 key rows (row stride D) for dims [d0, d0 + 8): an 8 x 8
+// transpose in registers. Element for element the same copy as the scalar loop in pack_head.
+#if defined(__AVX__) && !defined(__AVX512F__)
+inline void transpose_keys8(const float* src, int D, int d0, float* panel, int c0) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + size_t(i) * D + d0);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; ++i) {  // row d0 + i: keys 0-3 from r[i], 4-7 from r[i + 4]; rows d0 + 4 + i alike
+        _mm256_storeu_ps(panel + size_t(d0 + i) * NR + c0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(panel + size_t(d0 + 4 + i) * NR + c0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+constexpr bool TRANSPOSE8 = true;
+#else
+inline void transpose_keys8(const float*, int, int, float*, int) {}
+constexpr bool TRANSPOSE8 = false;
+#endif
+
+// Whether every value of v[0..n) (n a multiple of W) is finite and below V_SKIPPABLE_LIMIT in magnitude.
+inline bool all_bounded(const float* v, size_t n) {
+    vi ok = vi{} - 1;
+    const vf limit = splat(V_SKIPPABLE_LIMIT);
+    for (size_t c = 0; c < n; c += W) {
+        const vf x = loadu(v + c);
+        ok &= (x < limit) & (x > -limit);  // false for inf and NaN
+    }
+    bool all = true;
+    for (int l = 0; l < W; ++l) all &= ok[l] != 0;
+    return all;
+}
+
 void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
     const int D = pb.D, Dv = pb.Dv, Sk = pb.Sk, dvp = pk.dvp;
     float* kdst = pk.k.ptr + pk.k_floats * bh;
@@ -92,17 +134,32 @@ void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
         const int keys = std::min(pk.key_tile, Sk - j0);
         float* tile = kdst + size_t(t) * pk.tile_floats;
         std::fill(tile, tile + size_t(ceil_div(keys, NR)) * NR * D, 0.0f);
-        for (int j = 0; j < keys; ++j) {
+        const float* kf = pb.k_half ? nullptr : static_cast<const float*>(pb.k) + (size_t(bh) * Sk + j0) * D;
+        int j = 0;
+        if (TRANSPOSE8 && kf && D % 8 == 0 && NR % 8 == 0)  // whole groups of 8 keys, 8 dims at a time
+            for (; j + 8 <= keys; j += 8)
+                for (int d0 = 0; d0 < D; d0 += 8)
+                    transpose_keys8(kf + size_t(j) * D, D, d0, tile + size_t(j / NR) * D * NR, j % NR);
+        for (; j < keys; ++j) {
             const size_t at = (size_t(bh) * Sk + j0 + j) * D;
             const float* src = row.data();
             if (pb.k_half)
                 halves_to_floats(static_cast<const uint16_t*>(pb.k) + at, row.data(), D);
             else
                 src = static_cast<const float*>(pb.k) + at;
-            float* panel = tile + size_t(j / NR) * D * NR + j % NR;
+            float* __restrict panel = tile + size_t(j / NR) * D * NR + j % NR;
             for (int d = 0; d < D; ++d) panel[d * NR] = src[d];
+        }
+        if (!pk.bounds) continue;
+        for (int jj = 0; jj < keys; ++jj) {
+            const size_t at = (size_t(bh) * Sk + j0 + jj) * D;
+            const float* src = row.data();
+            if (pb.k_half)
+                halves_to_floats(static_cast<const uint16_t*>(pb.k) + at, row.data(), D);
+            else
+                src = static_cast<const float*>(pb.k) + at;
             const float norm = max_norm(src, 1, D);
-            const int key = j0 + j;
+            const int key = j0 + jj;
             float& largest = pk.key_norm[size_t(bh) * pk.groups + key / pk.group_keys];
             largest = key % pk.group_keys == 0 ? norm
                       : (norm != norm || largest != largest) ? NAN : std::max(largest, norm);
@@ -117,13 +174,11 @@ void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
             std::memcpy(dst, static_cast<const float*>(pb.v) + at, sizeof(float) * Dv);
         std::fill(dst + Dv, dst + dvp, 0.0f);
     }
-    for (int g = 0; g < pk.groups; ++g) {
-        const int j0 = g * pk.group_keys, keys = std::min(pk.group_keys, Sk - j0);
-        bool bounded = true;
-        for (size_t c = size_t(j0) * dvp; c < size_t(j0 + keys) * dvp; ++c)
-            bounded &= std::fabs(vdst[c]) < V_SKIPPABLE_LIMIT;  // false for inf and NaN
-        pk.v_bounded[size_t(bh) * pk.groups + g] = bounded;
-    }
+    if (pk.bounds)
+        for (int g = 0; g < pk.groups; ++g) {
+            const int j0 = g * pk.group_keys, keys = std::min(pk.group_keys, Sk - j0);
+            pk.v_bounded[size_t(bh) * pk.groups + g] = all_bounded(vdst + size_t(j0) * dvp, size_t(keys) * dvp);
+        }
     if (pk.suffix) {
         float* sdst = pk.vsuffix.ptr + pk.s_floats * bh;
         std::fill(sdst + size_t(Sk) * dvp, sdst + size_t(Sk + 1) * dvp, 0.0f);

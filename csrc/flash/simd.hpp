@@ -245,4 +245,33 @@ inline float exp_row(float* s, int n, float ref) {
     return lanes_sum(total0 + total1);
 }
 
+// The naive softmax's normalisation of one row of exps p[0..n) (n a multiple of W) whose sum is
+// `sum` (`extra` the weight of keys entered in closed form, normalised with them). A finite sum
+// (no NaN among the exps, and at least exp(0) = 1) is left to the output row, which P x V makes
+// n / Dv times smaller than the score row: returns it, for divide_rows. Otherwise (NaN or inf in
+// the row) the row is divided here as the spec's softmax does it, with masked_rows="zero"
+// turning its NaN weights into 0, and 1 is returned.
+inline float normalise_row(float* p, int n, float sum, bool zero_rows, float& extra) {
+    if (std::isfinite(sum)) return sum;
+    const vf total = splat(sum);
+    for (int j = 0; j < n; j += W) {
+        vf x = loadu(p + j) / total;
+        if (zero_rows) x = x != x ? splat(0.0f) : x;
+        storeu(p + j, x);
+    }
+    extra /= sum;
+    if (zero_rows && extra != extra) extra = 0.0f;
+    return 1.0f;
+}
+
+// acc[r][0..dvp) /= sum[r] for the rows whose normalisation normalise_row left to the output.
+inline void divide_rows(float* acc, int rows, int dvp, const float* sum) {
+    for (int r = 0; r < rows; ++r) {
+        if (sum[r] == 1.0f) continue;
+        const vf total = splat(sum[r]);
+        float* ar = acc + size_t(r) * dvp;
+        for (int c = 0; c < dvp; c += W) storeu(ar + c, loadu(ar + c) / total);
+    }
+}
+
 }  // namespace
