@@ -5,6 +5,7 @@
 #include "simd.hpp"
 #include "problem.hpp"
 #include "threads.hpp"
+#include "pack.hpp"
 #include "scores.hpp"
 #include "scratch.hpp"
 #include "bounds.hpp"
@@ -91,16 +92,29 @@ inline void transposed_scores_block(const float* q, int D, const float* kt, int 
         for (int x = 0; x < V; ++x) storeu(s + size_t(r) * ld_s + x * W, c[r][x] * scale);
 }
 
+// The last rows (fewer than R) of transposed_scores_rows: the block of exactly that many rows.
+template <int R, int V>
+inline void transposed_scores_rest(int rows, const float* q, int D, const float* kt, int ld_t, float* s, int ld_s,
+                                   float scale) {
+    if constexpr (R > 0) {
+        if (rows == R)
+            transposed_scores_block<R, V>(q, D, kt, ld_t, s, ld_s, scale);
+        else
+            transposed_scores_rest<R - 1, V>(rows, q, D, kt, ld_t, s, ld_s, scale);
+    }
+}
+
+// 12 accumulators (6 rows x 2 vectors, or 12 rows x 1) with the loaded key vectors and one
+// broadcast in 16 registers, as qk_block: 3 loads per 4 FMAs. The 2 x 4 block it replaces
+// loaded 6 per 8, and B=1, H=12, D=32 spent more on its scores than on P x V at S = 32.
 template <int V>
 void transposed_scores_rows(int rows, const float* q, int D, const float* kt, int ld_t, float* s, int ld_s,
                             float scale) {
-    // About 8 accumulator chains (FMA latency x throughput), leaving registers for the V loads.
-    constexpr int R = V >= 4 ? 2 : V == 3 ? 3 : V == 2 ? 4 : 6;
+    constexpr int R = V == 2 ? 6 : 12;
     int r = 0;
     for (; r + R <= rows; r += R)
         transposed_scores_block<R, V>(q + size_t(r) * D, D, kt, ld_t, s + size_t(r) * ld_s, ld_s, scale);
-    for (; r < rows; ++r)
-        transposed_scores_block<1, V>(q + size_t(r) * D, D, kt, ld_t, s + size_t(r) * ld_s, ld_s, scale);
+    transposed_scores_rest<R - 1, V>(rows - r, q + size_t(r) * D, D, kt, ld_t, s + size_t(r) * ld_s, ld_s, scale);
 }
 
 // direct_scores through a transposed copy of the keys (kt: D x round_up(keys, W) floats). It also
@@ -108,25 +122,17 @@ void transposed_scores_rows(int rows, const float* q, int D, const float* kt, in
 void direct_scores_transposed(int rows, const float* q, int D, const float* k, int keys, float* s, int ld_s,
                               float scale, float* kt) {
     const int width = round_up(keys, W);
-    for (int j = 0; j < keys; ++j)
-        for (int d = 0; d < D; ++d) kt[size_t(d) * width + j] = k[size_t(j) * D + d];
-    for (int j = keys; j < width; ++j)
-        for (int d = 0; d < D; ++d) kt[size_t(d) * width + j] = 0.0f;
     int j = 0;
-    for (; j + 4 * W <= width; j += 4 * W) transposed_scores_rows<4>(rows, q, D, kt + j, width, s + j, ld_s, scale);
-    switch ((width - j) / W) {
-        case 3:
-            transposed_scores_rows<3>(rows, q, D, kt + j, width, s + j, ld_s, scale);
-            break;
-        case 2:
-            transposed_scores_rows<2>(rows, q, D, kt + j, width, s + j, ld_s, scale);
-            break;
-        case 1:
-            transposed_scores_rows<1>(rows, q, D, kt + j, width, s + j, ld_s, scale);
-            break;
-        default:
-            break;
-    }
+    if (TRANSPOSE8 && D % 8 == 0)
+        for (; j + 8 <= keys; j += 8)
+            for (int d0 = 0; d0 < D; d0 += 8) transpose_keys8(k + size_t(j) * D, D, d0, kt, width, j);
+    for (; j < keys; ++j)
+        for (int d = 0; d < D; ++d) kt[size_t(d) * width + j] = k[size_t(j) * D + d];
+    for (j = keys; j < width; ++j)
+        for (int d = 0; d < D; ++d) kt[size_t(d) * width + j] = 0.0f;
+    j = 0;
+    for (; j + 2 * W <= width; j += 2 * W) transposed_scores_rows<2>(rows, q, D, kt + j, width, s + j, ld_s, scale);
+    if (j < width) transposed_scores_rows<1>(rows, q, D, kt + j, width, s + j, ld_s, scale);
 }
 
 // Keys [j0, j0 + keys) of kv head `head` as float32 rows (in place, or converted into scratch).

@@ -84,10 +84,11 @@ inline float max_norm(const float* x, int n, int d) {
     return std::sqrt(largest);
 }
 
-// K^T panel columns [c0, c0 + 8) from 8 key rows (row stride D) for dims [d0, d0 + 8): an 8 x 8
-// transpose in registers. Element for element the same copy as the scalar loop in pack_head.
+// Columns [c0, c0 + 8) of rows [d0, d0 + 8) of a transposed key block (row stride ld: NR in a K^T
+// panel, the chunk's width in decode's kt) from 8 key rows (row stride D): an 8 x 8 transpose in
+// registers. Element for element the same copy as the scalar loops it replaces.
 #if defined(__AVX__) && !defined(__AVX512F__)
-inline void transpose_keys8(const float* src, int D, int d0, float* panel, int c0) {
+inline void transpose_keys8(const float* src, int D, int d0, float* panel, int ld, int c0) {
     __m256 r[8], t[8];
     for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + size_t(i) * D + d0);
     for (int i = 0; i < 8; i += 2) {
@@ -101,13 +102,13 @@ inline void transpose_keys8(const float* src, int D, int d0, float* panel, int c
         r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
     }
     for (int i = 0; i < 4; ++i) {  // row d0 + i: keys 0-3 from r[i], 4-7 from r[i + 4]; rows d0 + 4 + i alike
-        _mm256_storeu_ps(panel + size_t(d0 + i) * NR + c0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-        _mm256_storeu_ps(panel + size_t(d0 + 4 + i) * NR + c0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+        _mm256_storeu_ps(panel + size_t(d0 + i) * ld + c0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(panel + size_t(d0 + 4 + i) * ld + c0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
     }
 }
 constexpr bool TRANSPOSE8 = true;
 #else
-inline void transpose_keys8(const float*, int, int, float*, int) {}
+inline void transpose_keys8(const float*, int, int, float*, int, int) {}
 constexpr bool TRANSPOSE8 = false;
 #endif
 
@@ -139,7 +140,7 @@ void pack_head(const Problem& pb, Packed& pk, int bh, std::vector<float>& row) {
         if (TRANSPOSE8 && kf && D % 8 == 0 && NR % 8 == 0)  // whole groups of 8 keys, 8 dims at a time
             for (; j + 8 <= keys; j += 8)
                 for (int d0 = 0; d0 < D; d0 += 8)
-                    transpose_keys8(kf + size_t(j) * D, D, d0, tile + size_t(j / NR) * D * NR, j % NR);
+                    transpose_keys8(kf + size_t(j) * D, D, d0, tile + size_t(j / NR) * D * NR, NR, j % NR);
         for (; j < keys; ++j) {
             const size_t at = (size_t(bh) * Sk + j0 + j) * D;
             const float* src = row.data();
