@@ -234,10 +234,12 @@ def run_overhead(seq_lens: list[int], rounds: int, budget_s: float) -> dict[str,
     return out
 
 
-def run_models(models: list[str], seq_lens: list[int], rounds: int, budget_s: float) -> dict[str, Any]:
-    out: dict[str, Any] = {"machine": _machine(), "runs": {}}
+def run_models(
+    models: list[str], seq_lens: list[int], rounds: int, budget_s: float, variants: tuple[str, ...] = MODEL_VARIANTS
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"machine": _machine(), "runs": {}, "variants": list(variants)}
     for r in range(rounds):
-        order = MODEL_VARIANTS if r % 2 == 0 else tuple(reversed(MODEL_VARIANTS))
+        order = variants if r % 2 == 0 else tuple(reversed(variants))
         for name in models:
             for s in seq_lens:
                 for variant in order:
@@ -279,6 +281,11 @@ def main() -> None:
     parser.add_argument("--seq-lens", default="16,32,64,128,512")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timed runs per worker")
+    parser.add_argument(
+        "--variants",
+        default=",".join(MODEL_VARIANTS),
+        help="models: which of original,native,bridge to run (original is needed for the ratios)",
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.part == "worker":
@@ -295,7 +302,11 @@ def main() -> None:
     elif args.part == "check":
         result = run_check(args.models.split(","), seq_lens)
     else:
-        result = run_models(args.models.split(","), seq_lens, args.rounds, args.budget)
+        variants = tuple(v for v in MODEL_VARIANTS if v in args.variants.split(","))
+        if "original" not in variants:
+            print("native_op.py: --variants must include original", file=sys.stderr)
+            raise SystemExit(2)
+        result = run_models(args.models.split(","), seq_lens, args.rounds, args.budget, variants)
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).write_text(text)
