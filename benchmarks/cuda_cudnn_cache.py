@@ -102,11 +102,13 @@ def make(folder: str, old: str | None = None) -> None:
             if shape == "symbolic":  # what --ep cuda --seq-lens S writes (the user says the length)
                 variants["ep_cuda_seq_lens"] = ortflash.optimize(model, ep="cuda", seq_lens=[seq])[0]
             variants.update({f"target_{t}": lower(fused, t)[0] for t in ("cuda", "onnx")})
-            saved_reduce, cuda.ROW_REDUCE = cuda.ROW_REDUCE, "direct"
-            try:
-                variants["target_cuda_direct"] = lower(fused, "cuda")[0]
-            finally:
-                cuda.ROW_REDUCE = saved_reduce
+            saved_reduce = getattr(cuda, "ROW_REDUCE", None)  # None: a tree before the switch
+            if saved_reduce is not None:
+                cuda.ROW_REDUCE = "direct"  # type: ignore[attr-defined]
+                try:
+                    variants["target_cuda_direct"] = lower(fused, "cuda")[0]
+                finally:
+                    cuda.ROW_REDUCE = saved_reduce  # type: ignore[attr-defined]
             earlier = os.path.join(old or "", f"padding_b{batch}_s{seq}_{shape}.target_cuda.onnx")
             if old and os.path.exists(earlier):
                 variants["old_cuda"] = onnx.load(earlier)
@@ -263,11 +265,21 @@ def _count_log(log: str) -> dict[str, int]:
     return counts
 
 
-def logged_run(out_dir: str, path: str, feeds: dict[str, np.ndarray], sdpa_kernel: str | None = None) -> dict[str, Any]:
+def rss_mib() -> float:
+    """This process's resident memory (a cuDNN graph built per call grows it: the cache keeps each)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def logged_run(
+    out_dir: str, path: str, feeds: dict[str, np.ndarray], sdpa_kernel: str | None = None, logged: bool = True
+) -> dict[str, Any]:
+    """1 + RUNS runs in a fresh process; with cuDNN's API log on (logged) or off (the same process
+    history but for the log: whether a per-call cost follows the model or the process)."""
     npz = os.path.join(out_dir, "feeds.npz")
     np.savez(npz, **feeds)
     log = os.path.join(out_dir, "cudnn_api.log")
-    env = {**os.environ, "CUDNN_LOGLEVEL_DBG": "3", "CUDNN_LOGDEST_DBG": log}
+    env = {**os.environ, **({"CUDNN_LOGLEVEL_DBG": "3", "CUDNN_LOGDEST_DBG": log} if logged else {})}
     args = [sys.executable, os.path.abspath(__file__), "probe", path, npz] + ([sdpa_kernel] if sdpa_kernel else [])
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
     os.remove(npz)
@@ -376,6 +388,24 @@ def run(folder: str, out_dir: str) -> None:
                     json.dumps({k: row.get(k) for k in ("stem", "case", "variant", "ms", "kernels", "max_abs")}),
                     flush=True,
                 )
+            if entry["group"] != "padding" and not DRY:  # memory over 50 more calls: a graph kept per call grows it
+                import torch
+
+                for v, (once, _k) in timers.items():
+                    rss0, free0 = rss_mib(), torch.cuda.mem_get_info()[0]
+                    calls = [once() for _ in range(50)]
+                    result["rows"].append(
+                        {
+                            "stem": entry["stem"],
+                            "group": entry["group"],
+                            "case": case,
+                            "variant": v + "@50_calls",
+                            "ms": round(statistics.median(calls), 4),
+                            "rss_mib_growth": round(rss_mib() - rss0, 1),
+                            "gpu_free_mib_drop": round((free0 - torch.cuda.mem_get_info()[0]) / 2**20, 1),
+                        }
+                    )
+                    print(json.dumps(result["rows"][-1]), flush=True)
             if entry["group"] != "padding":  # the same sessions with ORT's cuDNN kernel left out (sdpa_kernel=2)
                 for v in (x for x in entry["files"] if x != "original"):
                     try:
@@ -409,9 +439,12 @@ def run(folder: str, out_dir: str) -> None:
             ):
                 if entry["group"] == "padding" and entry["batch"] == 2 and entry["seq"] == 2048:
                     continue
-                got = logged_run(out_dir, os.path.join(folder, entry["files"][v]), feeds_for(entry, case))
-                result["logged"].append({"stem": entry["stem"], "case": case, "variant": v, "runs": 1 + RUNS, **got})
-                print(json.dumps(result["logged"][-1]), flush=True)
+                for logged in (True, False) if entry["group"] != "padding" else (True,):
+                    path = os.path.join(folder, entry["files"][v])
+                    got = logged_run(out_dir, path, feeds_for(entry, case), logged=logged)
+                    rec = {"stem": entry["stem"], "case": case, "variant": v, "runs": 1 + RUNS, "logged": logged}
+                    result["logged"].append({**rec, **got})
+                    print(json.dumps(result["logged"][-1]), flush=True)
                 json.dump(result, open(out_json, "w"), indent=1)
     for batch, seq in () if DRY else PADDING_CASES:
         try:
