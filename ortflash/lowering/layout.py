@@ -1,6 +1,9 @@
 """What the native attention ops need around them: BNSH <-> BSD layouts, repeated K/V heads,
 the causal and boolean masks written as one additive bias, the rows it masks fully, and the cast
-back to Q's type."""
+back to Q's type.
+
+Over 400 lines because the fully-masked-row guard is written here for every GPU lowering (found by
+the keys, not by a ReduceMax of the bias, which the CUDA EP leaves finite): one place, not one per EP."""
 
 from __future__ import annotations
 
