@@ -194,8 +194,18 @@ def lower_ir(
         return model, []
     if record.write is None:
         return model, [_with_reason(n, _keeps(record)) for n in kept]
-    out, notes = _lowered(model.clone(), record, folder, given_heads, infer_shapes=False)
+    out, notes = _lowered(_clone(model), record, folder, given_heads, infer_shapes=False)
     return (model if out is None else out), notes
+
+
+def _clone(model: ir.Model) -> ir.Model:
+    """A copy to lower. onnx_ir's clone refuses a value no node of the graph produces that is not
+    one of its inputs or initializers (an initializer a model reads but does not list, which ONNX
+    Runtime accepts as the proto path always did): such a model is copied through its proto."""
+    try:
+        return model.clone()
+    except (RuntimeError, ValueError):
+        return ir.serde.deserialize_model(ir.serde.serialize_model(model))
 
 
 def _record(target: str) -> Target:
