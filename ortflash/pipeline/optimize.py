@@ -3,7 +3,7 @@ target, with the native ops they lower to), and the choice of target where the u
 
 Over 400 lines because the pipeline is one sequence whose later steps (the blocks kept where the
 cost table says the original ops are faster, the Ifs on the length) fuse and lower again through
-the same ``_fuse`` and ``_lower_for`` as the first pass, which they share here."""
+the same ``fuse_model`` and ``_lower_for`` as the first pass, which they share here."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import copy
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 
 import onnx
 import onnx_ir as ir
@@ -101,7 +100,7 @@ def optimize(
 
     shaped = with_shapes(proto)  # once: the second fusion, with blocks kept, reads the same shapes
     folder = _model_folder(model_or_path)
-    fused = _fuse(proto, shaped, policy, num_heads, prove_causal, folder=folder)
+    fused = fuse_model(proto, shaped, policy, num_heads, prove_causal, folder=folder)
     if isinstance(model_or_path, (str, os.PathLike)):
         fused.report.model = os.fspath(model_or_path)  # the report is titled with the file the user named
     already_fused = native_attention_note(proto)
@@ -286,7 +285,7 @@ def _dispatched_then_lowered(
     block of ``thresholds`` written as an If on the length around its FlashAttention node, then
     lowered for ``target`` (the node inside the If's fused branch too), so no FlashAttention is
     left; or the rows that could not be written so (row -> why), for the caller to keep."""
-    fused = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
+    fused = fuse_model(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
     # the If is written on the serialized fused model (length_dispatch reads protos), and the
     # lowering then reads that model back: the one path with a round trip before the lowering
     fused_proto = proto if fused.model is None else ir.serde.serialize_model(fused.model)
@@ -322,7 +321,7 @@ def _kept_where_faster(
 ) -> tuple[onnx.ModelProto, Report]:
     """The model fused again with the blocks of ``keep`` left as they were, each row with its reason;
     a kept row keeps what the fused one proved (mask kind, head dim, key length)."""
-    fused = _fuse(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
+    fused = fuse_model(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
     fused.report.model = report.model
     faster, faster_report = _lower_for(fused, target)
     _rows_as_chosen(faster_report, report, keep, details)
@@ -382,19 +381,6 @@ def _default_load_check(model_or_path: ModelLike, original: onnx.ModelProto) -> 
         return load_check(original, lambda: make_feeds(original), weights_dir=weights_dir)(model, report)
 
     return check
-
-
-def _fuse(
-    proto: onnx.ModelProto,
-    shaped: tuple[onnx.ModelProto, str],
-    policy: SoftmaxPolicy,
-    num_heads: int | None,
-    prove_causal: bool = True,
-    keep: Mapping[str, str] = MappingProxyType({}),
-    folder: str | None = None,
-) -> FusedModel:
-    """Every block fused, once, whatever the target (pipeline/fused_model.fuse_model)."""
-    return fuse_model(proto, shaped, policy, num_heads, prove_causal, keep, folder)
 
 
 def _lower_for(fused: FusedModel, target: str) -> tuple[onnx.ModelProto, Report]:
