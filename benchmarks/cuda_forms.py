@@ -252,7 +252,15 @@ def make_cliff(folder: str) -> None:
                 if target == "cuda" and name == "cliff_fedbias":
                     for variant, patched in _bias_variants(low).items():
                         onnx.save(patched, os.path.join(folder, f"{name}_{shape}.{variant}.onnx"))
-            index.append({"name": name, "shape": shape, "fused": report.fused, "notes": [n.reason for n in notes]})
+            index.append(
+                {
+                    "name": name,
+                    "shape": shape,
+                    "batch": batch_of(static),
+                    "fused": report.fused,
+                    "notes": [n.reason for n in notes],
+                }
+            )
             print(name, shape, report.fused, [n.op for n in notes], flush=True)
     json.dump(index, open(os.path.join(folder, "cliff.json"), "w"), indent=1)
 
@@ -295,26 +303,32 @@ def _bias_variants(low: Any) -> dict[str, Any]:
     return out
 
 
-def cliff_feeds(sess: Any) -> dict[str, np.ndarray]:
-    """Inputs for a cliff model from its own input list (a quarter of the keys padded)."""
+def batch_of(model: Any) -> int:
+    """The batch a cliff case runs at: its static model's first input dim (the symbolic twin names it)."""
+    return int(model.graph.input[0].type.tensor_type.shape.dim[0].dim_value)
+
+
+def cliff_feeds(sess: Any, batch: int) -> dict[str, np.ndarray]:
+    """Inputs for a cliff model from its own input list, at the case's batch (a symbolic batch dim is
+    fed as the static twin's, not as 1: that fed the symbolic batch-2 block at batch 1, a false
+    "static batch-2 cliff"); a quarter of the keys padded."""
     rng = np.random.default_rng(7)
     out: dict[str, np.ndarray] = {}
     for i in sess.get_inputs():
-        shape = [d if isinstance(d, int) else None for d in i.shape]
+        if isinstance(i.shape[0], int) and i.shape[0] != batch:
+            raise ValueError(f"{i.name}: batch {i.shape[0]} in the model, {batch} asked for")
         if i.name in ("q", "k", "v"):
-            out[i.name] = rng.standard_normal((1, HEADS, CLIFF_SEQ, 64), dtype=np.float32).astype(np.float16)
+            out[i.name] = rng.standard_normal((batch, HEADS, CLIFF_SEQ, 64), dtype=np.float32).astype(np.float16)
         elif i.name == "bias":
             keep = np.ones((1, 1, CLIFF_SEQ, CLIFF_SEQ), bool)
             keep[..., CLIFF_SEQ - CLIFF_SEQ // 4 :] = False
             out["bias"] = np.where(keep, 0.0, np.finfo(np.float16).min).astype(np.float16)
         elif i.name == "attention_mask":
-            b = shape[0] or 1
-            mask = np.ones((b, CLIFF_SEQ), np.int64)
+            mask = np.ones((batch, CLIFF_SEQ), np.int64)
             mask[:, CLIFF_SEQ - CLIFF_SEQ // 4 :] = 0
             out[i.name] = mask
         else:  # q3 / k3 / v3 / hidden_states [B, S, hidden]
-            b = shape[0] or 1
-            out[i.name] = rng.standard_normal((b, CLIFF_SEQ, i.shape[-1]), dtype=np.float32).astype(np.float16)
+            out[i.name] = rng.standard_normal((batch, CLIFF_SEQ, i.shape[-1]), dtype=np.float32).astype(np.float16)
     return out
 
 
@@ -337,7 +351,7 @@ def run_cliff(ort: Any, folder: str, out_dir: str | None = None) -> list[dict[st
                 }
                 try:
                     sess = session(ort, path, True, level)
-                    own = cliff_feeds(sess)
+                    own = cliff_feeds(sess, entry["batch"])
                     t0 = time.perf_counter()
                     with caps.captured_stdout() as lines:
                         sess.run(None, own)
