@@ -65,33 +65,40 @@ def _ops(model: Any) -> dict[str, int]:
     return ops
 
 
-def make(folder: str, old: str | None = None) -> None:
-    """The models; with ``old`` (a folder an earlier tree's make wrote), its padding blocks' cuda
-    target as the variant ``old_cuda`` (the guard as it was), and this tree's guard with the keys'
-    axis reduced in place (``target_cuda_direct``, cuda.ROW_REDUCE = "direct")."""
-    import cuda_capabilities as caps
+def _save(
+    folder: str, index: list[dict[str, Any]], group: str, stem: str, variants: dict[str, Any], **facts: Any
+) -> None:
+    import onnx
+
+    files = {}
+    for name, m in variants.items():
+        files[name] = f"{stem}.{name}.onnx"
+        onnx.save(m, os.path.join(folder, files[name]))
+    index.append(
+        {"group": group, "stem": stem, "files": files, "ops": {k: _ops(m) for k, m in variants.items()}, **facts}
+    )
+    print(stem, {k: _ops(m) for k, m in variants.items() if k != "original"}, flush=True)
+
+
+def make(
+    folder: str,
+    old: str | None = None,
+    padding_cases: tuple[tuple[int, int], ...] = PADDING_CASES,
+    groups: tuple[str, ...] = ("padding", "fedbias", "if"),
+) -> None:
+    """The models of ``groups``: the padding blocks at ``padding_cases`` ((batch, length) each), the
+    fed-bias block, the length If. With ``old`` (a folder an earlier tree's make wrote), its padding
+    blocks' cuda target as the variant ``old_cuda`` (the guard as it was), and this tree's guard with
+    the keys' axis reduced in place (``target_cuda_direct``, cuda.ROW_REDUCE = "direct")."""
     import cuda_forms as cf
-    import decode_gpu as dg
     import onnx
 
     import ortflash
     from ortflash.lowering import cuda, lower
-    from ortflash.pipeline import forms
 
     os.makedirs(folder, exist_ok=True)
     index: list[dict[str, Any]] = []
-
-    def save(group: str, stem: str, variants: dict[str, Any], **facts: Any) -> None:
-        files = {}
-        for name, m in variants.items():
-            files[name] = f"{stem}.{name}.onnx"
-            onnx.save(m, os.path.join(folder, files[name]))
-        index.append(
-            {"group": group, "stem": stem, "files": files, "ops": {k: _ops(m) for k, m in variants.items()}, **facts}
-        )
-        print(stem, {k: _ops(m) for k, m in variants.items() if k != "original"}, flush=True)
-
-    for batch, seq in PADDING_CASES:  # cuda_forms.block at this batch, static and with named dims
+    for batch, seq in padding_cases if "padding" in groups else ():  # cuda_forms.block at this batch, static and named
         static = cf.block("padding", HEAD_DIM, "float16", seq)
         for value in list(static.graph.input) + list(static.graph.output):
             value.type.tensor_type.shape.dim[0].dim_value = batch
@@ -112,7 +119,30 @@ def make(folder: str, old: str | None = None) -> None:
             earlier = os.path.join(old or "", f"padding_b{batch}_s{seq}_{shape}.target_cuda.onnx")
             if old and os.path.exists(earlier):
                 variants["old_cuda"] = onnx.load(earlier)
-            save("padding", f"padding_b{batch}_s{seq}_{shape}", variants, batch=batch, seq=seq, shape=shape)
+            _save(
+                folder,
+                index,
+                "padding",
+                f"padding_b{batch}_s{seq}_{shape}",
+                variants,
+                batch=batch,
+                seq=seq,
+                shape=shape,
+            )
+    if "fedbias" in groups:
+        make_fedbias(folder, index)
+    if "if" in groups:
+        make_if(folder, index)
+    json.dump(index, open(os.path.join(folder, "index.json"), "w"), indent=1)
+
+
+def make_fedbias(folder: str, index: list[dict[str, Any]]) -> None:
+    """The probe's unfused block with its [1, 1, S, S] bias fed whole, static and symbolic."""
+    import cuda_capabilities as caps
+    import onnx
+
+    import ortflash
+    from ortflash.lowering import lower
 
     case = caps.Case("padding", "float16", HEAD_DIM, FEDBIAS_SEQ, 1, HEADS)
     fed = caps.build("unfused", case)
@@ -130,7 +160,18 @@ def make(folder: str, old: str | None = None) -> None:
             direct = onnx.ModelProto.FromString(low.SerializeToString())
             next(n for n in direct.graph.node if n.op_type == "MultiHeadAttention").input[5] = "bias"
             variants["cuda_direct"] = direct
-        save("fedbias", f"fedbias_s{FEDBIAS_SEQ}_{shape}", variants, batch=1, seq=FEDBIAS_SEQ, shape=shape)
+        _save(
+            folder, index, "fedbias", f"fedbias_s{FEDBIAS_SEQ}_{shape}", variants, batch=1, seq=FEDBIAS_SEQ, shape=shape
+        )
+
+
+def make_if(folder: str, index: list[dict[str, Any]]) -> None:
+    """The cached decoder block with the length If (LOWERED_DISPATCH_EPS forced to cuda)."""
+    import decode_gpu as dg
+    import onnx
+
+    import ortflash
+    from ortflash.pipeline import forms
 
     block = dg._cached_block(onnx.TensorProto.FLOAT16)
     saved = forms.LOWERED_DISPATCH_EPS
@@ -141,8 +182,7 @@ def make(folder: str, old: str | None = None) -> None:
         forms.LOWERED_DISPATCH_EPS = saved
     assert _ops(with_if).get("If") == 1 and _ops(with_if).get("MultiHeadAttention") == 1, _ops(with_if)
     variants = {"original": block, "target_cuda": ortflash.optimize(block, target="cuda")[0], "ep_cuda_if": with_if}
-    save("if", "cached_block_f16", variants, batch=1, seq=IF_PREFILL, shape="symbolic")
-    json.dump(index, open(os.path.join(folder, "index.json"), "w"), indent=1)
+    _save(folder, index, "if", "cached_block_f16", variants, batch=1, seq=IF_PREFILL, shape="symbolic")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -446,7 +486,8 @@ def run(folder: str, out_dir: str) -> None:
                     result["logged"].append({**rec, **got})
                     print(json.dumps(result["logged"][-1]), flush=True)
                 json.dump(result, open(out_json, "w"), indent=1)
-    for batch, seq in () if DRY else PADDING_CASES:
+    peer_cases = sorted({(e["batch"], e["seq"]) for e in index if e["group"] == "padding"})
+    for batch, seq in () if DRY else peer_cases:
         try:
             result["torch_sdpa"].append(torch_peer(batch, seq))
         except Exception as exc:  # noqa: BLE001
@@ -466,9 +507,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/cuda_cudnn_cache.md")
     steps.make.add_argument("--old", help="a folder an earlier tree's make wrote (its cuda target: old_cuda)")
+    steps.make.add_argument(
+        "--padding-cases",
+        default=",".join(f"{b}x{s}" for b, s in PADDING_CASES),
+        help="the padding blocks' BATCHxLENGTH, comma-separated",
+    )
+    steps.make.add_argument("--groups", default="padding,fedbias,if", help="of padding, fedbias, if")
     return steps.call(
         argv,
-        make=lambda a: make(a.folder, a.old),
+        make=lambda a: make(
+            a.folder,
+            a.old,
+            tuple((int(b), int(s)) for b, s in (c.split("x") for c in a.padding_cases.split(","))),
+            tuple(a.groups.split(",")),
+        ),
         run=lambda a: run(a.folder, a.out),
         table=lambda a: table(a.json, a.md),
     )

@@ -141,6 +141,12 @@ def lowered_variants(model: Any, stack: str) -> dict[str, tuple[Any, str]]:
     out: dict[str, tuple[Any, str]] = {}
     low, notes = lower(fused, "cuda")
     out["cuda"] = (low, notes[0].reason)
+    ep_model, _ = ortflash.optimize(model, ep="cuda")  # what --ep cuda writes: a lowered form or the ops kept
+    attention_ops = {"MultiHeadAttention", "GroupQueryAttention", "Attention", "Softmax"}
+    out["ep_cuda"] = (
+        ep_model,
+        "--ep cuda: " + ",".join(sorted(attention_ops & {n.op_type for n in ep_model.graph.node})),
+    )
     if stack == "causal":
         choose = cuda.choose_form
         try:
@@ -156,15 +162,22 @@ def lowered_variants(model: Any, stack: str) -> dict[str, tuple[Any, str]]:
     return out
 
 
-def make(folder: str) -> None:
+def make(
+    folder: str,
+    dtypes: tuple[str, ...] = ("float16", "float32"),
+    lengths: tuple[int, ...] = LENGTHS,
+    cliff: bool = True,
+) -> None:
+    """The blocks in ``dtypes``; float16 ones static at each of ``lengths`` and symbolic (run at
+    each of them); float32 symbolic only (at F32_LENGTHS); with ``cliff``, make_cliff's cases."""
     import onnx
 
     os.makedirs(folder, exist_ok=True)
     index = []
-    for dtype in ("float16", "float32"):
+    for dtype in dtypes:
         for stack in STACKS:
             for d in HEAD_DIMS if dtype == "float16" else (64,):
-                for s in (None, *(LENGTHS if dtype == "float16" else ())):
+                for s in (None, *(lengths if dtype == "float16" else ())):
                     name = stem(stack, d, dtype, s)
                     original = block(stack, d, dtype, s)
                     onnx.save(original, os.path.join(folder, f"{name}.original.onnx"))
@@ -178,13 +191,15 @@ def make(folder: str) -> None:
                             "head_dim": d,
                             "dtype": dtype,
                             "static": s,
+                            "lengths": [s] if s else list(lengths if dtype == "float16" else F32_LENGTHS),
                             "variants": ["original", *variants],
                             "notes": {v: n for v, (_, n) in variants.items()},
                         }
                     )
                     print(name, list(variants), flush=True)
     json.dump(index, open(os.path.join(folder, "index.json"), "w"), indent=1)
-    make_cliff(folder)
+    if cliff:
+        make_cliff(folder)
 
 
 # The other shapes a static padding block comes in (the issue's 44-58 ms was not seen on the blocks
@@ -455,7 +470,7 @@ def run(folder: str, out_dir: str, budget_s: float) -> None:
     order = sorted(index, key=lambda e: (e["dtype"] != "float16", e["static"] is None, e["stem"]))
     for entry in order:
         stack, d, dtype = entry["stack"], entry["head_dim"], entry["dtype"]
-        lengths = [entry["static"]] if entry["static"] else list(LENGTHS if dtype == "float16" else F32_LENGTHS)
+        lengths = entry["lengths"]
         for tf32 in (True, False) if dtype == "float32" else (True,):
             for s in lengths:
                 if time.perf_counter() - started > budget_s:
@@ -536,20 +551,19 @@ def run(folder: str, out_dir: str, budget_s: float) -> None:
                         print(json.dumps(result["sdpa_kernel"][-1]), flush=True)
                 del sessions
         json.dump(result, open(out_json, "w"), indent=1)
-    for dtype in ("float16", "float32"):
+    measured = sorted({(e["dtype"], e["head_dim"], s) for e in index for s in e["lengths"]})
+    for dtype, d, s in measured:  # the peer at each (dtype, head dim, length) a block ran at
         for keep in ("causal", "padding", "none"):
-            for d in HEAD_DIMS if dtype == "float16" else (64,):
-                for s in LENGTHS if dtype == "float16" else F32_LENGTHS:
-                    case = caps.Case(keep, dtype, d, s, 1, HEADS)
-                    try:
-                        result["torch_sdpa"].append(
-                            {"keep": keep, "dtype": dtype, "head_dim": d, "seq": s, **caps.torch_peer(case)}
-                        )
-                    except Exception as exc:  # noqa: BLE001 - recorded
-                        result["torch_sdpa"].append(
-                            {"keep": keep, "dtype": dtype, "head_dim": d, "seq": s, "error": str(exc)[:200]}
-                        )
-                    print(json.dumps(result["torch_sdpa"][-1]), flush=True)
+            case = caps.Case(keep, dtype, d, s, 1, HEADS)
+            try:
+                result["torch_sdpa"].append(
+                    {"keep": keep, "dtype": dtype, "head_dim": d, "seq": s, **caps.torch_peer(case)}
+                )
+            except Exception as exc:  # noqa: BLE001 - recorded
+                result["torch_sdpa"].append(
+                    {"keep": keep, "dtype": dtype, "head_dim": d, "seq": s, "error": str(exc)[:200]}
+                )
+            print(json.dumps(result["torch_sdpa"][-1]), flush=True)
     json.dump(result, open(out_json, "w"), indent=1)
 
 
@@ -657,9 +671,17 @@ def table(json_path: str, md_path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     steps = ep_probe.StepCommandLine(__doc__, md="benchmarks/results/cuda_forms.md", device=None)
     steps.run.add_argument("--budget-s", type=float, default=300.0)
+    steps.make.add_argument("--dtypes", default="float16,float32")
+    steps.make.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="float16's lengths")
+    steps.make.add_argument("--no-cliff", action="store_true", help="leave out make_cliff's cases")
     return steps.call(
         argv,
-        make=lambda args: make(args.folder),
+        make=lambda args: make(
+            args.folder,
+            tuple(args.dtypes.split(",")),
+            tuple(int(s) for s in args.lengths.split(",")),
+            not args.no_cliff,
+        ),
         run=lambda args: run(args.folder, args.out, args.budget_s),
         table=lambda args: table(args.json, args.md),
     )
