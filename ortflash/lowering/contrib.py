@@ -223,10 +223,9 @@ def _group_query_attention(
 ) -> ir.Value:
     """GroupQueryAttention without past: causal with seqlens_k = Sk - 1 for every row is the
     top-left mask when Sq == Sk; causal=0 where the causality is folded into attention_bias."""
-    q3, k3, v3 = (layout.to_bsd(e, x, h, reuse) for x, h in ((q, hq), (k, hkv), (v, hkv)))
-    lengths = layout.SeqLengths(q=(q3, 1), k=(k3, 1))
-    seqlens = native.key_lengths(e, lengths.of(e, "k", scalar=True), q3)
-    bias = layout.additive_bias(e, call, lengths, fold_causal=not native_causal, avoid_lowest=False)
+    ops = layout.bsd_operands(e, (q, k, v), (hq, hkv), reuse, parts)
+    seqlens = native.key_lengths(e, ops.lengths.of(e, "k", scalar=True), ops.q)
+    bias = layout.additive_bias(e, call, ops.lengths, fold_causal=not native_causal, avoid_lowest=False)
     attrs = native.gqa_attributes(hq, hkv, call.scale)
     if not native_causal:
         attrs["causal"] = 0
@@ -235,4 +234,5 @@ def _group_query_attention(
     if call.softcap > 0:
         attrs["softcap"] = call.softcap
     # the attention_bias slot is written even when empty (an 11-input node)
-    return native.group_query_attention(e, native.gqa_inputs(q3, k3, v3, seqlens, attention_bias=(bias,)), attrs)
+    inputs = native.gqa_inputs(ops.q, ops.k, ops.v, seqlens, attention_bias=(bias,))
+    return native.group_query_attention(e, inputs, attrs)

@@ -2,7 +2,10 @@
 
 The choice per block rests on CAPABILITIES below: what one H200 run measured for each candidate
 form (benchmarks/cuda_capabilities.py; the table is benchmarks/results/cuda_capabilities.md, the
-raw rows cuda_capabilities.json, and tests/test_cuda_table.py checks the two agree).
+raw rows cuda_capabilities.json, and tests/test_cuda_table.py checks the two agree). CUDA_PROFILE
+(the module's end) is what the one GPU writer, lowering/gpu.lower_gpu, reads for this EP: the table,
+the refusals, the choice (choose_form), the writer of each form, float16 computed natively, and the
+cached-step shortcut.
 
 - float16 blocks run in float16 (the casts around the fused node are not written): the EP's fast
   kernels (flash, memory-efficient, cuDNN) take float16 only, and a float16 model computes its
@@ -41,7 +44,6 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from ..errors import NotLowered
 from ..graph import ir_utils as u
 from ..graph import shapes
 from ..graph.emitter import Emitter
@@ -49,8 +51,9 @@ from ..op.call import FlashAttentionCall
 from . import layout, native
 from .cache import find_cache_append
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA, lower_contrib
+from .gpu import GpuBlock, GpuForm, GpuProfile, Refusal, float16_source, with_mask_notes
 from .measured import Capability, CapabilityTable
-from .read import CallDims, aligned_batch, call_dims
+from .read import CallDims
 from .standard import OP_ATTENTION
 
 # (form, case) -> what the CUDA EP did, measured 2026-12-01 on an NVIDIA H200 (driver 580.159.04)
@@ -152,63 +155,19 @@ CAPABILITIES = CapabilityTable(
 )
 
 
-def lower_cuda(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[str, str]:
-    """Write the CUDA EP's form of call and reroute output to it: (op, how)."""
-    native.require_contrib_opset(e)
-    if call.bias_after_mask and call.bias is not None and call.masked:
-        raise NotLowered("bias_after_mask: the bias is added after the fills, which one additive bias does not express")
-    if call.softcap > 0:
-        raise NotLowered("softcap: MultiHeadAttention has none, and the CUDA capability table has no softcap row")
-    dims = call_dims(call)
-    hq, hkv = native.head_counts(dims)
-    native.require_castlike_for_unknown_dtype(e, call)
-    if hq == hkv and call.dtype == ir.DataType.FLOAT and find_cache_append(call) is not None:
-        # a float32 decoder step with a cache and one key/value head per query head: the contrib
-        # target's MultiHeadAttention with past_key/past_value (the append inside the op) ran a
-        # decode step at past 2048 as fast as the original graph (GPT-2: 0.58 against 0.57 ms),
-        # where the cache append kept outside and the row guards cost half as much again
-        # (0.86 ms; benchmarks/results/cuda_zoo.md)
-        op, how = lower_contrib(e, call, output)
-        return op, f"the contrib target's form for a cached float32 step (MultiHeadAttention on the GPU); {how}"
-    halves = [_float16_source(x) for x in (call.q, call.k, call.v)]
-    half = call.dtype == ir.DataType.FLOAT16 or all(h is not None for h in halves)
-    form, chosen = choose_form(call, dims, half, e.opset)
-    if form is None:
-        raise NotLowered("no form in the CUDA capability table is right on the GPU for this block")
-
-    call, broadcast = aligned_batch(e, call, dims)
-    parts = [f"{hq} query / {hkv} key-value heads"] + ([broadcast] if broadcast else [])
-    if half:  # native float16: no casts, so the surrounding Transposes are the inputs
-        q, k, v = (x if h is None else h for x, h in zip((call.q, call.k, call.v), halves))
-        reuse = True
-        parts.append("computed in float16 (the EP's fast kernels are float16 ones; checked at a float16 tolerance)")
-    else:
-        q, k, v = (e.cast(x, ir.DataType.FLOAT) for x in (call.q, call.k, call.v))
-        reuse = call.dtype == ir.DataType.FLOAT
-    if form == FORM_GQA:
-        op = OP_GQA
-        # present_key / present_value are written although nothing reads them: the CUDA EP refuses
-        # the node without them ("present_key and present_value are required", onnxruntime-gpu 1.31.1)
-        out = native.gqa_own_causal(e, call, q, k, v, hq, hkv, reuse, presents=True)
-        parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask)")
-    elif form in (FORM_MHA_CAUSAL, FORM_ATTN23_CAUSAL):
-        op = OP_MHA if form == FORM_MHA_CAUSAL else OP_ATTENTION
-        out = _own_causal(e, call, form, q, k, v, hq, hkv, reuse, parts)
-        parts.append(f"{op}'s own causal mask (Sq == Sk proved; no bias or mask)")
-    else:
-        op = OP_MHA
-        out, guard = _multi_head_attention(e, call, q, k, v, hq, hkv, reuse, half, parts)
-        parts += layout.mask_parts(call, causal_folded=True)
-        if guard:
-            parts.append(guard)
-    why = chosen
-    if not half and call.dtype != ir.DataType.FLOAT:
-        out, note = layout.cast_back(e, out, call)
-        parts.append(note)
-    if half and call.dtype == ir.DataType.FLOAT:  # the fused node's float32 output, cast back after it
-        out = e.cast(out, ir.DataType.FLOAT)
-    layout.replace_bsd_output(e, out, hq, output, reuse)
-    return op, f"{why}; " + "; ".join(parts)
+def _cached_float32_step(
+    e: Emitter, call: FlashAttentionCall, output: ir.Value, heads: tuple[int, int]
+) -> tuple[str, str] | None:
+    """A float32 decoder step with a cache and one key/value head per query head: the contrib
+    target's MultiHeadAttention with past_key/past_value (the append inside the op) ran a decode
+    step at past 2048 as fast as the original graph (GPT-2: 0.58 against 0.57 ms), where the cache
+    append kept outside and the row guards cost half as much again (0.86 ms;
+    benchmarks/results/cuda_zoo.md). None for every other block."""
+    hq, hkv = heads
+    if hq != hkv or call.dtype != ir.DataType.FLOAT or find_cache_append(call) is None:
+        return None
+    op, how = lower_contrib(e, call, output)
+    return op, f"the contrib target's form for a cached float32 step (MultiHeadAttention on the GPU); {how}"
 
 
 # The forms the target writes, by the capability table's names (benchmarks/cuda_capabilities.py).
@@ -276,42 +235,37 @@ def choose_form(call: FlashAttentionCall, dims: CallDims, half: bool, opset: int
     return None, ""
 
 
-def _own_causal(
-    e: Emitter,
-    call: FlashAttentionCall,
-    form: str,
-    q: ir.Value,
-    k: ir.Value,
-    v: ir.Value,
-    hq: int,
-    hkv: int,
-    reuse: bool,
-    parts: list[str],
-) -> ir.Value:
+def _gqa_causal(e: Emitter, block: GpuBlock) -> ir.Value:
+    # present_key / present_value are written although nothing reads them: the CUDA EP refuses
+    # the node without them ("present_key and present_value are required", onnxruntime-gpu 1.31.1)
+    out = native.gqa_own_causal(e, block.call, block.ops, presents=True)
+    block.parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask)")
+    return out
+
+
+def _own_causal(e: Emitter, block: GpuBlock) -> ir.Value:
     """[B, Sq, Hq·Dv] of MultiHeadAttention (unidirectional=1; key/value heads repeated for
     grouped-query blocks) or Attention-23 (is_causal=1, its own head counts) on [B, S, H·D]
     operands, no bias: causal top-left is the call's mask where Sq == Sk, and no row is fully
     masked (row i sees key 0), so no guard is written."""
-    q3 = layout.to_bsd(e, q, hq, reuse)
-    if form == FORM_MHA_CAUSAL:
-        if hkv != hq:
-            k3, v3 = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
-        else:
-            k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
-        return e.node(
-            "MultiHeadAttention", [q3, k3, v3], domain=CONTRIB_DOMAIN, num_heads=hq, scale=call.scale, unidirectional=1
+    ops, scale = block.ops, block.call.scale
+    if block.form == FORM_MHA_CAUSAL:
+        op = OP_MHA
+        out = e.node(
+            "MultiHeadAttention",
+            [ops.q, ops.k, ops.v],
+            domain=CONTRIB_DOMAIN,
+            num_heads=ops.hq,
+            scale=scale,
+            unidirectional=1,
         )
-    k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
-    return e.node("Attention", [q3, k3, v3], q_num_heads=hq, kv_num_heads=hkv, scale=call.scale, is_causal=1)
-
-
-def _float16_source(x: ir.Value) -> ir.Value | None:
-    """The float16 value x was cast to float32 from (the fusion's Cast before the node), or None."""
-    cast = u.producer(x, "Cast")
-    if cast is None or u.attr_int(cast, "to") != ir.DataType.FLOAT:
-        return None
-    source = u.operand(cast, 0)
-    return source if source.dtype == ir.DataType.FLOAT16 else None
+    else:
+        op = OP_ATTENTION
+        out = e.node(
+            "Attention", [ops.q, ops.k, ops.v], q_num_heads=ops.hq, kv_num_heads=ops.hkv, scale=scale, is_causal=1
+        )
+    block.parts.append(f"{op}'s own causal mask (Sq == Sk proved; no bias or mask)")
+    return out
 
 
 def _held_bias(e: Emitter, bias: ir.Value) -> ir.Value:
@@ -321,27 +275,23 @@ def _held_bias(e: Emitter, bias: ir.Value) -> ir.Value:
     the Cast pair and the Expand (a no-op there) and MultiHeadAttention with a whole [1, 1, S, S]
     bias ran 41-64 ms instead of 1.3 (float16, S=4096, H=16, D=64; the same block with a symbolic dim
     or ORT's optimizations off: 1.3 ms; benchmarks/results/cuda_forms.md, the static-shape cliff)."""
-    if _float16_source(bias) is None:
+    if float16_source(bias) is None:
         return bias
     lowest = e.node("Equal", [bias, e.f32(layout.F32_LOWEST)])
     return e.node("Where", [lowest, e.f32(STATIC_CLIFF_ABOVE_LOWEST), bias])
 
 
-def _multi_head_attention(
-    e: Emitter,
-    call: FlashAttentionCall,
-    q: ir.Value,
-    k: ir.Value,
-    v: ir.Value,
-    hq: int,
-    hkv: int,
-    reuse: bool,
-    half: bool,
-    parts: list[str],
-) -> tuple[ir.Value, str]:
+def _multi_head_attention(e: Emitter, block: GpuBlock) -> ir.Value:
     """MultiHeadAttention [B, Sq, Hq·Dv] with every mask in attention_bias, and the masked-rows guard
     (computed in float32 on the float32 bias; the output cast around it for float16)."""
-    q3, k3, v3, expanded = native.mha_operands(e, call, q, k, v, hq, hkv, reuse, parts)
+    out, guard = _with_row_guard(e, block)
+    return with_mask_notes(block, out, guard)
+
+
+def _with_row_guard(e: Emitter, block: GpuBlock) -> tuple[ir.Value, str]:
+    call, half, ops = block.call, block.half, block.ops
+    q3, k3, v3, hq = ops.q, ops.k, ops.v, ops.hq
+    expanded = layout.additive_bias(e, call, ops.lengths, fold_causal=True, avoid_lowest=False)
     # the bias before its Expand to [.., Sq, Sk]: the row guard reads it there (a padding mask is
     # [B, 1, 1, Sk], not Sq·Sk values), and a float16 block casts it there, before the Expand
     expand = u.producer(expanded, "Expand")
@@ -383,3 +333,33 @@ def _multi_head_attention(
     mean_v = e.reshape(v_keys, [0, 0, hq, -1])  # [B, 1, Hq, Dv]
     out3, guard = layout.write_out_masked_rows(e, call, out32, (uniform, mean_v, dead), hq)
     return (e.cast(out3, ir.DataType.FLOAT16) if half else out3), guard
+
+
+def _choose(call: FlashAttentionCall, dims: CallDims, half: bool, opset: int) -> tuple[str | None, str]:
+    # choose_form looked up per call: benchmarks/cuda_forms.py forces a form by replacing it
+    return choose_form(call, dims, half, opset)
+
+
+CUDA_PROFILE = GpuProfile(
+    ep="CUDA",
+    capabilities=CAPABILITIES,
+    refusals=(
+        Refusal(
+            lambda call: call.bias_after_mask and call.bias is not None and call.masked,
+            "bias_after_mask: the bias is added after the fills, which one additive bias does not express",
+        ),
+        Refusal(
+            lambda call: call.softcap > 0,
+            "softcap: MultiHeadAttention has none, and the CUDA capability table has no softcap row",
+        ),
+    ),
+    choose=_choose,
+    forms={
+        FORM_GQA: GpuForm(OP_GQA, _gqa_causal, one_head_count=False),
+        FORM_MHA_CAUSAL: GpuForm(OP_MHA, _own_causal, one_head_count=True),
+        FORM_ATTN23_CAUSAL: GpuForm(OP_ATTENTION, _own_causal, one_head_count=False),
+        FORM_MHA_BIAS: GpuForm(OP_MHA, _multi_head_attention, one_head_count=True),
+    },
+    native_float16=True,
+    cached_step=_cached_float32_step,
+)

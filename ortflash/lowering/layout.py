@@ -97,6 +97,41 @@ def repeat_kv_bsd(
     return k3, v3
 
 
+@dataclass(frozen=True)
+class BsdOperands:
+    """A block's query, key and value as [B, S, H·D], the form every native op here takes, built
+    once per block: the head counts they stand for, whether they started from the graph's own
+    Transposes (``reuse``), and where the lowered graph reads Sq and Sk."""
+
+    q: ir.Value
+    k: ir.Value
+    v: ir.Value
+    hq: int
+    hkv: int  # the block's key/value heads (k and v hold hq of them where one_head_count repeated them)
+    reuse: bool
+    lengths: SeqLengths
+
+
+def bsd_operands(
+    e: Emitter,
+    qkv: tuple[ir.Value, ir.Value, ir.Value],
+    heads: tuple[int, int],
+    reuse: bool,
+    parts: list[str],
+    one_head_count: bool = False,
+) -> BsdOperands:
+    """Q, K and V [B, H, S, D] as [B, S, H·D]; one_head_count: key/value heads repeated to the query
+    heads (for MultiHeadAttention, which has one head count; the note's words go to parts)."""
+    q, k, v = qkv
+    hq, hkv = heads
+    q3 = to_bsd(e, q, hq, reuse)
+    if one_head_count and hkv != hq:
+        k3, v3 = repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
+    else:
+        k3, v3 = to_bsd(e, k, hkv, reuse), to_bsd(e, v, hkv, reuse)
+    return BsdOperands(q3, k3, v3, hq, hkv, reuse, SeqLengths(q=(q3, 1), k=(k3, 1)))
+
+
 def replace_bsd_output(e: Emitter, out3: ir.Value, heads: int, old: ir.Value, reuse_transpose: bool) -> None:
     """Make out3 [B, S, H·Dv] stand for old [B, H, S, Dv], taking the place of the Transpose or
     Squeeze that reads old when it is old's only reader."""

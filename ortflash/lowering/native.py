@@ -1,7 +1,7 @@
 """Writes the native attention nodes the targets share: a node with present_key/present_value
 outputs (and the cache append moved into it), GroupQueryAttention with its key lengths (and with
-its own causal mask, as the GPU targets write it), MultiHeadAttention's operands with every mask
-in attention_bias, and the head counts, head size and opsets those nodes need."""
+its own causal mask, as the GPU targets write it), and the head counts, head size and opsets those
+nodes need."""
 
 from __future__ import annotations
 
@@ -141,53 +141,10 @@ def group_query_attention(
     return e.node("GroupQueryAttention", inputs, domain=CONTRIB_DOMAIN, **attributes)
 
 
-def gqa_own_causal(
-    e: Emitter,
-    call: FlashAttentionCall,
-    q: ir.Value,
-    k: ir.Value,
-    v: ir.Value,
-    hq: int,
-    hkv: int,
-    reuse: bool,
-    presents: bool = False,
-) -> ir.Value:
+def gqa_own_causal(e: Emitter, call: FlashAttentionCall, ops: layout.BsdOperands, presents: bool = False) -> ir.Value:
     """GroupQueryAttention without past and its own causal mask (gqa_own_causal_fits): causal with
     seqlens_k = Sk - 1 for every row is the top-left mask when Sq == Sk (no row is fully masked:
     row i sees key 0). presents as for group_query_attention."""
-    q3, k3, v3 = (layout.to_bsd(e, x, h, reuse) for x, h in ((q, hq), (k, hkv), (v, hkv)))
-    seqlens = key_lengths(e, e.dim(k3, 1, scalar=True), q3)
-    inputs = gqa_inputs(q3, k3, v3, seqlens)
-    return group_query_attention(e, inputs, gqa_attributes(hq, hkv, call.scale), presents=presents)
-
-
-def mha_operands(
-    e: Emitter,
-    call: FlashAttentionCall,
-    q: ir.Value,
-    k: ir.Value,
-    v: ir.Value,
-    hq: int,
-    hkv: int,
-    reuse: bool,
-    parts: list[str],
-) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value | None]:
-    """MultiHeadAttention's query, key and value [B, S, H·D] (key/value heads repeated for
-    grouped-query blocks) and its attention_bias with every mask and causality folded in (None
-    where there is none), as the GPU targets write them."""
-    q3, k3, v3, lengths = bsd_operands(e, q, k, v, hq, hkv, reuse, parts)
-    bias = layout.additive_bias(e, call, lengths, fold_causal=True, avoid_lowest=False)
-    return q3, k3, v3, bias
-
-
-def bsd_operands(
-    e: Emitter, q: ir.Value, k: ir.Value, v: ir.Value, hq: int, hkv: int, reuse: bool, parts: list[str]
-) -> tuple[ir.Value, ir.Value, ir.Value, layout.SeqLengths]:
-    """Query, key and value as [B, S, H·D] (key/value heads repeated for grouped-query blocks),
-    and their lengths."""
-    q3 = layout.to_bsd(e, q, hq, reuse)
-    if hkv != hq:
-        k3, v3 = layout.repeat_kv_bsd(e, k, v, hq, hkv, reuse, parts)
-    else:
-        k3, v3 = layout.to_bsd(e, k, hkv, reuse), layout.to_bsd(e, v, hkv, reuse)
-    return q3, k3, v3, layout.SeqLengths(q=(q3, 1), k=(k3, 1))
+    seqlens = key_lengths(e, e.dim(ops.k, 1, scalar=True), ops.q)
+    inputs = gqa_inputs(ops.q, ops.k, ops.v, seqlens)
+    return group_query_attention(e, inputs, gqa_attributes(ops.hq, ops.hkv, call.scale), presents=presents)

@@ -18,9 +18,9 @@ import onnx_ir as ir
 from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
 from .contrib import CONTRIB_DOMAIN, CONTRIB_VERSION, MIN_CONTRIB_OPSET, lower_contrib
-from .cuda import lower_cuda
+from .cuda import CUDA_PROFILE
 from .standard import ONNX_ATTENTION_OPSET, ONNX_IR_VERSION, lower_standard
-from .webgpu import lower_webgpu
+from .webgpu import WEBGPU_PROFILE
 
 # Writes one call as the target's ops after ``e``'s anchor; returns (op written, how), or raises NotLowered.
 Writer = Callable[[Emitter, FlashAttentionCall, ir.Value], tuple[str, str]]
@@ -77,7 +77,7 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
             ),
             Target(
                 "cuda",
-                lower_cuda,
+                CUDA_PROFILE.lower,
                 "the forms ONNX Runtime's CUDA EP runs on the GPU and right, float16 blocks in float16 "
                 "(benchmarks/results/cuda_capabilities.md)",
                 min_opset=MIN_CONTRIB_OPSET,
@@ -85,7 +85,7 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
             ),
             Target(
                 "webgpu",
-                lower_webgpu,
+                WEBGPU_PROFILE.lower,
                 "the forms ONNX Runtime's WebGPU EP runs on the GPU and right (benchmarks/results/webgpu_capabilities.md)",
                 min_opset=MIN_CONTRIB_OPSET,
                 domain=(CONTRIB_DOMAIN, CONTRIB_VERSION),

@@ -3,6 +3,9 @@
 The choice per block rests on CAPABILITIES below: what one H200 run measured for each candidate
 form (benchmarks/webgpu_capabilities.py; the table is benchmarks/results/webgpu_capabilities.md,
 the raw rows webgpu_capabilities.json, and tests/test_webgpu_target.py checks the two agree).
+WEBGPU_PROFILE (the module's end) is what the one GPU writer, lowering/gpu.lower_gpu, reads for this
+EP: the table, the refusals, the choice (choose_form), the writer of each form, and every block in
+float32 between casts.
 
 - Causal blocks with no bias or mask, Sq == Sk proved: GroupQueryAttention (its own causal mask;
   on the GPU and right, and at S=4096 faster than MultiHeadAttention with the causal mask written
@@ -37,14 +40,14 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from ..errors import NotLowered
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
 from . import layout, native
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
+from .gpu import GpuBlock, GpuForm, GpuProfile, Refusal, with_mask_notes
 from .measured import Capability, CapabilityTable
-from .read import ABSORBING_FILL, CallDims, aligned_batch, call_dims
+from .read import ABSORBING_FILL, CallDims
 
 # (form, case) -> what the WebGPU EP did, measured 2026-11-30 on an NVIDIA H200 with onnxruntime
 # 1.32.0 + onnxruntime-ep-webgpu 0.4.0, re-measured 2026-12-02 on onnxruntime 1.31.1 + the same
@@ -70,79 +73,43 @@ CAPABILITIES = CapabilityTable(
 )
 
 
-def lower_webgpu(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[str, str]:
-    """Write the WebGPU-safe form of call and reroute output to it: (op, how)."""
-    native.require_contrib_opset(e)
-    # is_causal 2 (bottom-right: decoders with a cache) takes the MultiHeadAttention path below, its
-    # causal part folded into attention_bias like any mask: the form the table measures right for
-    # causal masks given as a bias; GroupQueryAttention's own mask is used for top-left only.
-    if call.bias_after_mask and call.mask is not None:
-        # Proved causal or a window (fusion/causal), the fills are is_causal and the window: the
-        # masked-mean guard of _multi_head_attention covers the rows that then see no key.
-        raise NotLowered(
-            "bias_after_mask after a mask tensor (not proved causal or a window): the bias is added after "
-            "the fills, which one additive bias does not express"
+# The forms the target writes, by the capability table's names (benchmarks/webgpu_capabilities.py).
+FORM_GQA = "gqa"  # GroupQueryAttention with its own causal mask
+FORM_MHA_BIAS = "mha_bias"  # MultiHeadAttention with every mask and causality in attention_bias
+
+
+def choose_form(call: FlashAttentionCall, dims: CallDims, half: bool, opset: int) -> tuple[str | None, str]:
+    """(form, why) for one block: GroupQueryAttention's own causal mask where it is top-left with
+    Sq == Sk and nothing else masks (GroupQueryAttention with attention_bias is wrong on the EP for
+    fully masked rows; a window goes into attention_bias), else MultiHeadAttention with
+    attention_bias (None: the table has neither right on the GPU). is_causal 2 (bottom-right:
+    decoders with a cache) takes MultiHeadAttention, its causal part folded into attention_bias like
+    any mask: the form the table measures right for causal masks given as a bias."""
+    if CAPABILITIES.usable(FORM_GQA, "causal") and native.gqa_own_causal_fits(call, dims):
+        return FORM_GQA, (
+            "GroupQueryAttention: on the GPU and right for causal blocks, faster than MultiHeadAttention with a "
+            "causal bias"
         )
-    if call.softcap > 0:
-        raise NotLowered(
-            "softcap: MultiHeadAttention has none, and GroupQueryAttention's softcap is not in the WebGPU capability table"
+    if CAPABILITIES.usable(FORM_MHA_BIAS, "padding"):
+        return FORM_MHA_BIAS, (
+            "MultiHeadAttention with attention_bias: on the GPU and right (key_padding_mask is refused by the EP, "
+            "Attention-23 runs on the CPU, the unfused graph is wrong at S=8192)"
         )
-    dims = call_dims(call)
-    hq, hkv = native.head_counts(dims)
-    native.require_castlike_for_unknown_dtype(e, call)
-    # GroupQueryAttention's own causal mask: top-left when Sq == Sk; no bias or mask, since
-    # GroupQueryAttention with attention_bias is wrong on the EP for fully masked rows.
-    use_gqa = (
-        CAPABILITIES.usable("gqa", "causal")
-        and native.gqa_own_causal_fits(call, dims)  # a window goes into attention_bias (MultiHeadAttention below)
-    )
-    if not use_gqa and not CAPABILITIES.usable("mha_bias", "padding"):
-        raise NotLowered("no form in the WebGPU capability table is right on the GPU for this block")
-
-    f16 = call.dtype != ir.DataType.FLOAT  # float16, or not known: computed in float32 between casts
-    call, broadcast = aligned_batch(e, call, dims)
-    q, k, v = (e.cast(x, ir.DataType.FLOAT) for x in (call.q, call.k, call.v))
-    reuse = not f16  # with casts around, the surrounding Transposes are not the inputs
-    parts = [f"{hq} query / {hkv} key-value heads"] + ([broadcast] if broadcast else [])
-    if use_gqa:
-        op = OP_GQA
-        # Row i keeps keys 0..i: no row is fully masked, so masked_rows "zero" changes nothing
-        # (for finite inputs: the contrib target's IsNaN guard is exact only for those too).
-        out = native.gqa_own_causal(e, call, q, k, v, hq, hkv, reuse)
-        parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask; no row fully masked)")
-    else:
-        op = OP_MHA
-        out, guard = _multi_head_attention(e, call, q, k, v, (hq, hkv), reuse, parts, dims)
-        parts += layout.mask_parts(call, causal_folded=True)
-        parts.append(guard)
-    if f16:
-        out, note = layout.cast_back(e, out, call)
-        parts.append(note)
-    layout.replace_bsd_output(e, out, hq, output, reuse)
-    why = (
-        "GroupQueryAttention: on the GPU and right for causal blocks, faster than MultiHeadAttention with a causal bias"
-        if use_gqa
-        else "MultiHeadAttention with attention_bias: on the GPU and right (key_padding_mask is refused by the EP, "
-        "Attention-23 runs on the CPU, the unfused graph is wrong at S=8192)"
-    )
-    return op, f"{why}; " + "; ".join(parts)
+    return None, ""
 
 
-def _multi_head_attention(
-    e: Emitter,
-    call: FlashAttentionCall,
-    q: ir.Value,
-    k: ir.Value,
-    v: ir.Value,
-    heads: tuple[int, int],
-    reuse: bool,
-    parts: list[str],
-    dims: CallDims,
-) -> tuple[ir.Value, str]:
+def _gqa_causal(e: Emitter, block: GpuBlock) -> ir.Value:
+    # Row i keeps keys 0..i: no row is fully masked, so masked_rows "zero" changes nothing
+    # (for finite inputs: the contrib target's IsNaN guard is exact only for those too).
+    out = native.gqa_own_causal(e, block.call, block.ops)
+    block.parts.append("GroupQueryAttention's causal mask (Sq == Sk proved; no bias or mask; no row fully masked)")
+    return out
+
+
+def _multi_head_attention(e: Emitter, block: GpuBlock) -> ir.Value:
     """MultiHeadAttention [B, Sq, Hq·Dv] with every mask in attention_bias, and what fully masked
     rows need (guard_rows)."""
-    hq, hkv = heads
-    q3, k3, v3, lengths = native.bsd_operands(e, q, k, v, hq, hkv, reuse, parts)
+    call, dims, ops = block.call, block.dims, block.ops
     key = _share_key(call, dims)
     masks = call.bias is not None or call.mask is not None or _bounded(call)
     pre = expanded = None
@@ -151,15 +118,18 @@ def _multi_head_attention(
         # layer of an export): the WebGPU EP pays per node, and the causal part's Range and int64
         # compares run on the CPU.
         pre = _maybe_shared(
-            e, key, "bias", lambda: layout.bias_before_expand(e, call, lengths, fold_causal=True, avoid_lowest=False)
+            e,
+            key,
+            "bias",
+            lambda: layout.bias_before_expand(e, call, ops.lengths, fold_causal=True, avoid_lowest=False),
         )
         assert pre is not None
-        expanded = _maybe_shared(e, key, "expanded", lambda: layout.expand_to_scores(e, pre, lengths))
-    inputs = [q3, k3, v3] + ([None, None, expanded] if expanded is not None else [])
-    out = e.node("MultiHeadAttention", inputs, domain=CONTRIB_DOMAIN, num_heads=hq, scale=call.scale)
+        expanded = _maybe_shared(e, key, "expanded", lambda: layout.expand_to_scores(e, pre, ops.lengths))
+    inputs = [ops.q, ops.k, ops.v] + ([None, None, expanded] if expanded is not None else [])
+    out = e.node("MultiHeadAttention", inputs, domain=CONTRIB_DOMAIN, num_heads=ops.hq, scale=call.scale)
     if pre is None or expanded is None:
-        return out, "no mask or bias: no row is fully masked, no guard"
-    return guard_rows(e, call, dims, out, (pre, expanded, v3), hq, key)
+        return with_mask_notes(block, out, "no mask or bias: no row is fully masked, no guard")
+    return with_mask_notes(block, *guard_rows(e, call, dims, out, (pre, expanded, ops.v), ops.hq, key))
 
 
 def _bounded(call: FlashAttentionCall) -> bool:
@@ -352,3 +322,29 @@ def _general_guard(
     return layout.write_out_masked_rows(
         e, call, out, (uniform, mean_v, dead), hq, why="the EP gets either wrong in some shapes"
     )
+
+
+WEBGPU_PROFILE = GpuProfile(
+    ep="WebGPU",
+    capabilities=CAPABILITIES,
+    refusals=(
+        # Proved causal or a window (fusion/causal), the fills are is_causal and the window: the
+        # masked-mean guard of _general_guard covers the rows that then see no key.
+        Refusal(
+            lambda call: call.bias_after_mask and call.mask is not None,
+            "bias_after_mask after a mask tensor (not proved causal or a window): the bias is added after "
+            "the fills, which one additive bias does not express",
+        ),
+        Refusal(
+            lambda call: call.softcap > 0,
+            "softcap: MultiHeadAttention has none, and GroupQueryAttention's softcap is not in the WebGPU capability "
+            "table",
+        ),
+    ),
+    choose=choose_form,
+    forms={
+        FORM_GQA: GpuForm(OP_GQA, _gqa_causal, one_head_count=False),
+        FORM_MHA_BIAS: GpuForm(OP_MHA, _multi_head_attention, one_head_count=True),
+    },
+    native_float16=False,  # float16 blocks computed in float32 between casts
+)
