@@ -98,7 +98,7 @@ def run(folder: str, out_dir: str, budget_s: float) -> None:
 
 # A table row's head dim bucket (forms.crossover reads a head dim <= 32 from the 32 row, one
 # between from both, >= 64 from the 64 row) and its stack: the kinds the stacks did not measure
-# take the padding row (forms.WEBGPU_CROSSOVERS), so an export's no-mask or full-bias block counts there.
+# take the padding row (lowering/webgpu.py CROSSOVERS), so an export's no-mask or full-bias block counts there.
 _STACK_OF_KIND = {"causal": "causal", "padding": "padding", "none": "padding", "bias": "padding"}
 
 
@@ -183,7 +183,7 @@ def table(json_path: str, md_path: str, exports_path: str | None = None) -> None
             f"## With the held-out exports (benchmarks/results/webgpu_outside.md, {data['exports']['date']}, "
             f"{data['exports']['models']} model runs)",
             "",
-            "The table's crossover (forms.WEBGPU_CROSSOVERS): per length the least ratio of the stack and of every export "
+            "The table's crossover (lowering/webgpu.py CROSSOVERS): per length the least ratio of the stack and of every export "
             "with a block of that kind and head dim (D <= 32 in the 32 row; no-mask and full-bias blocks in the padding row; "
             "causal exports in both causal rows, since the causal stack's original, Attention-23, runs on the CPU), "
             "then the rule above.",

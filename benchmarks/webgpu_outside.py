@@ -10,7 +10,7 @@ Per model: right or wrong against the original on the CPU EP (batch 2, 37 positi
 padded masks); then every variant in one process, batch 1, alternating order over ROUNDS rounds of
 REPEATS host-to-host runs (median); ratio = original ms / variant ms. One profiled run per variant
 at PROFILE_SEQ counts the nodes the EP left to the CPU and the GPU->CPU copies (MemcpyToHost).
-The cost table (forms.WEBGPU_CROSSOVERS) is read from the webgpu variant's ratios by mask kind and
+The cost table (lowering/webgpu.py CROSSOVERS) is read from the webgpu variant's ratios by mask kind and
 head dim: crossover.py's rule over every model of that kind.
 """
 

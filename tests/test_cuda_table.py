@@ -19,7 +19,7 @@ from ortflash.checks.feeds import make_feeds
 from ortflash.lowering import cuda, lower
 from ortflash.lowering.cuda import CAPABILITIES
 from ortflash.lowering.measured import CapabilityTable
-from ortflash.lowering.targets import EP_ORDER
+from ortflash.lowering.targets import PROVIDERS
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "cuda_capabilities.json"
@@ -60,7 +60,7 @@ def test_the_measurement_says_what_the_choices_rest_on() -> None:
 
 
 def test_cuda_is_first_for_the_cuda_ep_and_onnx_is_not_offered() -> None:
-    assert EP_ORDER["cuda"] == ("cuda", "contrib")
+    assert PROVIDERS["cuda"].targets == ("cuda", "contrib")
 
 
 def _lowered_ops(model: onnx.ModelProto) -> list[str]:

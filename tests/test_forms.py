@@ -11,6 +11,8 @@ import pytest
 from attention_graphs import Variant, build
 from conftest import PINNED_CPU_CLASS
 
+from ortflash.lowering import cuda, webgpu
+from ortflash.lowering.targets import PROVIDERS, ExecutionProvider
 from ortflash.op.policy import SoftmaxPolicy
 from ortflash.pipeline import forms
 from ortflash.pipeline.optimize import optimize
@@ -381,20 +383,22 @@ def test_ep_cuda_keeps_float32_blocks_and_short_float16_ones_and_says_why():
 def test_the_cuda_table_is_its_committed_benchmark_results():
     doc = json.loads((RESULTS_DIR / "crossover_cuda.json").read_text())
     kinds = {"padding": "padding", "causal_mask": "causal", "nomask": "none", "bias": "bias"}
-    assert set(doc["by_dtype"]) == set(forms.CUDA_CROSSOVERS)
+    cuda_ep = PROVIDERS["cuda"]
+    assert cuda_ep.costs is cuda.CROSSOVERS and cuda_ep.results == "benchmarks/results/crossover_cuda.md"
+    assert set(doc["by_dtype"]) == set(cuda.CROSSOVERS)
     for dtype, by_stack in doc["by_dtype"].items():
         assert set(by_stack) == set(kinds)
         for stack, kind in kinds.items():
             rows = by_stack[stack]["cuda"]
-            assert {int(d) for d in rows} == set(forms.CUDA_CROSSOVERS[dtype][kind]["cuda"]), (dtype, stack)
+            assert {int(d) for d in rows} == set(cuda.CROSSOVERS[dtype][kind]["cuda"]), (dtype, stack)
             for dim, row in rows.items():
-                assert forms.CUDA_CROSSOVERS[dtype][kind]["cuda"][int(dim)] == row["crossover"], (dtype, stack, dim)
+                assert cuda.CROSSOVERS[dtype][kind]["cuda"][int(dim)] == row["crossover"], (dtype, stack, dim)
             # contrib writes the ops the cuda target chooses among: it takes the measured row
-            assert forms.CUDA_CROSSOVERS[dtype][kind]["contrib"] == forms.CUDA_CROSSOVERS[dtype][kind]["cuda"]
-    assert max(doc["seq_lens"]) == forms.CUDA_MEASURED_UP_TO
+            assert cuda.CROSSOVERS[dtype][kind]["contrib"] == cuda.CROSSOVERS[dtype][kind]["cuda"]
+    assert max(doc["seq_lens"]) == cuda_ep.measured_up_to
     # the table an unknown element type takes keeps every block any other table keeps
-    taken = forms.CUDA_CROSSOVERS[forms.CUDA_UNKNOWN_DTYPE]
-    for table in forms.CUDA_CROSSOVERS.values():
+    taken = cuda.CROSSOVERS[cuda_ep.unknown_dtype]
+    for table in cuda.CROSSOVERS.values():
         for kind, by_form in table.items():
             for dim, at in by_form["cuda"].items():
                 mine = taken[kind]["cuda"][dim]
@@ -405,10 +409,11 @@ def test_the_webgpu_table_is_its_committed_benchmark_results():
     doc = json.loads((RESULTS_DIR / "crossover_webgpu.json").read_text())
     for stack, kind in (("padding", "padding"), ("causal", "causal")):
         for dim, row in doc["by_stack"][stack]["webgpu"].items():
-            assert forms.WEBGPU_CROSSOVERS[kind]["webgpu"][int(dim)] == row["crossover"], (stack, dim)
+            assert webgpu.CROSSOVERS[kind]["webgpu"][int(dim)] == row["crossover"], (stack, dim)
     # the kinds not measured take the padding row, the slower of the two
-    assert forms.WEBGPU_CROSSOVERS["none"] == forms.WEBGPU_CROSSOVERS["bias"] == forms.WEBGPU_CROSSOVERS["padding"]
-    assert max(doc["seq_lens"]) == forms.MEASURED_UP_TO
+    assert webgpu.CROSSOVERS["none"] == webgpu.CROSSOVERS["bias"] == webgpu.CROSSOVERS["padding"]
+    assert max(doc["seq_lens"]) == PROVIDERS["webgpu"].measured_up_to
+    assert PROVIDERS["webgpu"].cost_table("float16") is webgpu.CROSSOVERS  # one table for every element type
 
 
 def test_ep_webgpu_keeps_a_short_block_that_the_webgpu_table_says_is_slower_and_says_so():
@@ -431,3 +436,23 @@ def test_the_avx512_padding_row_is_bounded_by_the_native_op_run():
         assert dynamic.dispatch_from == start, (dim, dynamic)
         assert "crossover_real_size_avx512_native.md" in dynamic.detail
         assert "crossover_real_size_avx512_run2" not in dynamic.detail
+
+
+def test_a_third_ep_is_a_record_the_choice_reads(monkeypatch):
+    """An EP's cost table, longest measured length and results file come from its record
+    (lowering/targets.PROVIDERS): a new EP is a record with its table, no branch in forms.py."""
+    by_dtype = {"float16": {kind: {"contrib": {64: 512}} for kind in forms.MASK_KINDS}}
+    npu = ExecutionProvider(
+        "npu", ("contrib",), measured_up_to=1024, costs=by_dtype, unknown_dtype="float16", results="npu_results.md"
+    )
+    monkeypatch.setattr(forms, "PROVIDERS", {**PROVIDERS, "npu": npu})
+    policy = SoftmaxPolicy.for_new_nodes()
+    short = forms.choose("contrib", policy, 64, [256], "padding", "npu", "float16")
+    assert not short.fused and "only from 512" in short.detail and "npu_results.md" in short.detail, short.detail
+    assert forms.choose("contrib", policy, 64, [512], "padding", "npu", "float16").fused
+    unknown = forms.choose("contrib", policy, 64, [256], "padding", "npu", None)
+    assert not unknown.fused and "without a table of its own (as float16)" in unknown.detail, unknown.detail
+    # a form the record's table has no row for: fused as asked, the record's name in the reason
+    assert "on the npu EP" in forms.choose("onnx", policy, 64, [256], "padding", "npu", "float16").why
+    # an EP without a record: the target's own form, said so
+    assert "no measured cost table for the tpu EP" in forms.choose("contrib", policy, 64, [256], "padding", "tpu").why

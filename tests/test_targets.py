@@ -12,7 +12,7 @@ from attention_graphs import Variant, build
 
 from ortflash import lowering
 from ortflash.lowering.head_count import GivenHeads
-from ortflash.lowering.targets import EP_ORDER, ORT_KERNEL_TARGETS, REGISTRY, TARGETS
+from ortflash.lowering.targets import EXECUTION_PROVIDERS, ORT_KERNEL_TARGETS, PROVIDERS, REGISTRY, TARGETS
 from ortflash.pipeline import fused_model, fused_rows
 from ortflash.pipeline.optimize import optimize
 
@@ -24,7 +24,8 @@ def test_every_target_has_one_record_and_every_ep_order_names_registered_targets
     assert TARGETS == ("ortflash", "contrib", "onnx", "cuda", "webgpu") == lowering.TARGETS
     assert [t.name for t in REGISTRY.values() if t.needs_ortflash] == ["ortflash"]
     assert ORT_KERNEL_TARGETS == ("contrib", "onnx")
-    assert all(set(order) <= set(TARGETS) for order in EP_ORDER.values())
+    assert all(set(ep.targets) <= set(TARGETS) for ep in PROVIDERS.values())
+    assert EXECUTION_PROVIDERS == ("cpu", "cuda", "webgpu") == tuple(ep.name for ep in PROVIDERS.values())
 
 
 def _counting_shape_inference(monkeypatch) -> list[int]:
@@ -122,7 +123,7 @@ def test_auto_where_no_target_lowers_any_block_says_so_once():
     # issue 24 item 5: "contrib lowers the most" beside "passed over contrib: 1 of 1 not lowered"
     model = build(Variant(where_mask="keep", fill=-1e4))
     _, report = optimize(model, ep="cuda", load_check=lambda m, r: None)
-    assert report.target is not None and report.target.chosen == "cuda"  # the first of EP_ORDER["cuda"]
+    assert report.target is not None and report.target.chosen == "cuda"  # the first of PROVIDERS["cuda"].targets
     assert "lowers any block" in report.target.why and "lowers the most" not in report.target.why
     assert [t.split(":")[0] for t in report.target.tried] == ["contrib"]
 

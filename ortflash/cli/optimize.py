@@ -14,7 +14,7 @@ import onnx
 
 from ..arg_types import console_for
 from ..errors import OrtflashError
-from ..lowering.targets import EP_ORDER, REGISTRY, TARGETS
+from ..lowering.targets import PROVIDERS, REGISTRY, TARGETS
 from ..model_io import load
 from ..pipeline.optimize import AUTO, EXECUTION_PROVIDERS, optimize, save
 from ..pipeline.tune import TuneSettings, default_cache_dir, optimize_tuned
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=EXECUTION_PROVIDERS,
         help="the ONNX Runtime execution provider the model is for; without --target, or with --target auto, "
         "it picks the target "
-        "(in order: " + "; ".join(f"{ep}: {', '.join(order)}" for ep, order in EP_ORDER.items()) + ")",
+        "(in order: " + "; ".join(f"{ep.name}: {', '.join(ep.targets)}" for ep in PROVIDERS.values()) + ")",
     )
     p.add_argument(
         "--verify",

@@ -40,6 +40,8 @@ The float32 products on the CUDA EP use TF32 unless the session sets ``use_tf32=
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 import onnx_ir as ir
@@ -52,7 +54,7 @@ from . import layout, native
 from .cache import find_cache_append
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA, lower_contrib
 from .gpu import GpuBlock, GpuForm, GpuProfile, Refusal, float16_source, with_mask_notes
-from .measured import Capability, CapabilityTable
+from .measured import Capability, CapabilityTable, Crossovers
 from .read import CallDims
 from .standard import OP_ATTENTION
 
@@ -184,7 +186,7 @@ ATTENTION_OPSET = 23  # Attention is in the default domain from this opset
 TABLE_HEAD_DIMS = (64, 128)  # the long cases' head dims and key lengths (cuda_capabilities.py)
 TABLE_LENGTHS = (1024, 4096, 16384)
 # a key length known only at run time is read at this row: the length from which --ep cuda lowers
-# float16 causal blocks (pipeline/forms.py's CUDA_CROSSOVERS), the issue's S=4096 target
+# float16 causal blocks (CROSSOVERS below), the issue's S=4096 target
 RUN_TIME_LENGTH = 4096
 # How the masked-rows guard reduces over the keys: "outer_first" (layout.reduce_outer_first: the
 # reduced axis moved to the front, where the CUDA EP's reduce kernel is fast) or "direct".
@@ -333,6 +335,45 @@ def _with_row_guard(e: Emitter, block: GpuBlock) -> tuple[ir.Value, str]:
     mean_v = e.reshape(v_keys, [0, 0, hq, -1])  # [B, 1, Hq, Dv]
     out3, guard = layout.write_out_masked_rows(e, call, out32, (uniform, mean_v, dead), hq)
     return (e.cast(out3, ir.DataType.FLOAT16) if half else out3), guard
+
+
+# The CUDA EP's cost table, by element type, which pipeline/forms.py reads through the EP's record
+# (lowering/targets.py: PROVIDERS["cuda"]) where --ep cuda leaves the form open (onnxruntime-gpu
+# 1.31.1 on an NVIDIA H200, its defaults: TF32 on; wall time with inputs and outputs bound on the
+# GPU; benchmarks/crossover_cuda.py -> CROSSOVER_RESULTS): the `cuda` target's output against the
+# original graph. In float32 the original's TF32 products beat every form the target writes
+# (MultiHeadAttention's float32 kernels do not use them) at every measured length; in float16
+# cuDNN's flash attention wins from 2048 keys with a padding mask and 4096 with an exported causal
+# mask, at every length without a mask, and never with a full bias ([1, H, S, S], read whole).
+# The contrib target's blocks take the cuda row there: it writes the same MultiHeadAttention and
+# GroupQueryAttention ops the cuda target chooses among (--ep cuda falls back to it where cuda
+# cannot lower a block, GPT-Neo's), and was not measured apart.
+CROSSOVER_RESULTS = "benchmarks/results/crossover_cuda.md"
+CROSSOVERS_MEASURED_UP_TO = 4096  # the table's longest key length
+
+
+def _cost_row(crossovers: Mapping[int, int | None]) -> Mapping[str, Mapping[int, int | None]]:
+    row = MappingProxyType(dict(crossovers))
+    return MappingProxyType({"cuda": row, "contrib": row})
+
+
+_NEVER = _cost_row({32: None, 64: None, 128: None})
+CROSSOVERS: Mapping[str, Crossovers] = MappingProxyType(
+    {
+        "float32": MappingProxyType({"padding": _NEVER, "none": _NEVER, "causal": _NEVER, "bias": _NEVER}),
+        "float16": MappingProxyType(
+            {
+                "padding": _cost_row({32: 2048, 64: 2048, 128: 2048}),
+                "none": _cost_row({32: 64, 64: 64, 128: 64}),
+                "causal": _cost_row({32: 4096, 64: 4096, 128: 4096}),
+                "bias": _NEVER,
+            }
+        ),
+    }
+)
+# A block whose element type is not known (or has no table of its own: bfloat16) takes this one's:
+# its crossovers are at least every other's (tests/test_forms.py holds them to it).
+CROSSOVERS_UNKNOWN_DTYPE = "float32"
 
 
 def _choose(call: FlashAttentionCall, dims: CallDims, half: bool, opset: int) -> tuple[str | None, str]:

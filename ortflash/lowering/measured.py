@@ -1,11 +1,15 @@
 """A measured capability table (does an EP run a form on the GPU, and right; which kernel ORT took
-and how fast) and the lookups that the GPU targets' choices read; each target keeps its own rows
-(lowering/webgpu.py, lowering/cuda.py)."""
+and how fast) and the lookups that the GPU targets' choices read, and the shape of a measured cost
+table (Crossovers); each target keeps its own rows (lowering/webgpu.py, lowering/cuda.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+# A cost table (pipeline/forms.py chooses by it): mask kind -> form -> head dim -> the least key
+# length from which the form ran faster than the original ops (None: at no measured length).
+Crossovers = Mapping[str, Mapping[str, Mapping[int, int | None]]]
 
 
 @dataclass(frozen=True)

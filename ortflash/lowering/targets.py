@@ -1,10 +1,16 @@
-"""The targets a fused model can be written for: one record each, and the order per execution provider.
+"""The targets a fused model can be written for, and the execution providers it can be written for:
+one record each.
 
 Everything the pipeline knows about a target lives in its record: the writer that lowers one
 FlashAttention node (None: the node stays), its one line for ``--target --help``, the opset and
 IR version its ops need, the domain it imports, and whether the written model still needs
 ortflash at run time. ``optimize`` fuses once and then lowers the same fused model for each
 candidate target; nothing upstream of the lowering reads a target's name.
+
+An execution provider's record holds its targets in order of preference (``--ep``, ``--target
+auto``) and the measured cost table that decides, per block, where the user leaves the form open
+(pipeline/forms.py): the table by element type, its longest measured key length and its results
+file. A GPU EP's table stands beside its capability table and GpuProfile in its lowering module.
 """
 
 from __future__ import annotations
@@ -17,10 +23,10 @@ import onnx_ir as ir
 
 from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
+from . import cuda, webgpu
 from .contrib import CONTRIB_DOMAIN, CONTRIB_VERSION, MIN_CONTRIB_OPSET, lower_contrib
-from .cuda import CUDA_PROFILE
+from .measured import Crossovers
 from .standard import ONNX_ATTENTION_OPSET, ONNX_IR_VERSION, lower_standard
-from .webgpu import WEBGPU_PROFILE
 
 # Writes one call as the target's ops after ``e``'s anchor; returns (op written, how), or raises NotLowered.
 Writer = Callable[[Emitter, FlashAttentionCall, ir.Value], tuple[str, str]]
@@ -77,7 +83,7 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
             ),
             Target(
                 "cuda",
-                CUDA_PROFILE.lower,
+                cuda.CUDA_PROFILE.lower,
                 "the forms ONNX Runtime's CUDA EP runs on the GPU and right, float16 blocks in float16 "
                 "(benchmarks/results/cuda_capabilities.md)",
                 min_opset=MIN_CONTRIB_OPSET,
@@ -85,7 +91,7 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
             ),
             Target(
                 "webgpu",
-                WEBGPU_PROFILE.lower,
+                webgpu.WEBGPU_PROFILE.lower,
                 "the forms ONNX Runtime's WebGPU EP runs on the GPU and right (benchmarks/results/webgpu_capabilities.md)",
                 min_opset=MIN_CONTRIB_OPSET,
                 domain=(CONTRIB_DOMAIN, CONTRIB_VERSION),
@@ -95,24 +101,71 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
 )
 TARGETS = tuple(REGISTRY)
 
-# Per execution provider, the targets whose ops run there natively, in order of preference
-# (docs/targets.md, "Targets"). contrib first on the CPU and CUDA: ONNX Runtime's own
-# MultiHeadAttention / GroupQueryAttention kernels need nothing but onnxruntime at run time, were
-# bit-identical to the original graph on the CPU EP for most zoo models and 1.16-1.27x faster than it
-# (benchmarks/results/cpu_attention_*.md). onnx next: Attention-23 is the standard form, but on the
-# WebGPU EP it falls back to the CPU (issue 11), so it is not offered there. On the CPU the last
-# resort is ortflash's own op: faster still at long sequences but a custom op that needs ortflash
-# and onnxruntime-extensions wherever the model runs. On CUDA the cuda target first (its form per
-# block from the EP's measured capability table, ortflash/lowering/cuda.py), then contrib; onnx is
-# not offered there: Attention-23 was wrong on the CUDA EP for causal decoders (issue 23).
-EP_ORDER: Mapping[str, tuple[str, ...]] = MappingProxyType(
+ANY_DTYPE = "*"  # a cost table's element type that stands for every type
+
+
+@dataclass(frozen=True)
+class ExecutionProvider:
+    name: str  # as --ep names it
+    targets: tuple[str, ...]  # the targets whose ops run there natively, in order of preference
+    measured_up_to: int  # the cost table's longest measured key length
+    # element type ("float32", "float16"; ANY_DTYPE: every type) -> the cost table; None: the CPU
+    # EP's, one per CPU class, chosen per optimize call (pipeline/forms.py: CPU_CROSSOVERS)
+    costs: Mapping[str, Crossovers] | None = None
+    unknown_dtype: str = ""  # the type whose table a block of no known type (or one without a table) takes
+    results: str = ""  # the cost table's results file (the CPU EP's: per class and mask kind, in forms.py)
+
+    def cost_table(self, dtype: str | None) -> Crossovers:
+        """The cost table for blocks of element type ``dtype`` ("float32", "float16"; None or "": not
+        known); a GPU EP's only (the CPU EP's is chosen by CPU class)."""
+        assert self.costs is not None, f"the {self.name} EP's cost table is per CPU class (pipeline/forms.py)"
+        if ANY_DTYPE in self.costs:
+            return self.costs[ANY_DTYPE]
+        return self.costs.get(dtype or "", self.costs[self.unknown_dtype])
+
+    def dtype_said(self, dtype: str | None) -> str:
+        """The element type as a choice's detail names it ("" where one table serves every type)."""
+        if self.costs is None or ANY_DTYPE in self.costs:
+            return ""
+        if dtype in self.costs:
+            return f", {dtype}"
+        return f", an element type without a table of its own (as {self.unknown_dtype})"
+
+
+# The order per EP (docs/targets.md, "Targets"). contrib first on the CPU and CUDA: ONNX Runtime's
+# own MultiHeadAttention / GroupQueryAttention kernels need nothing but onnxruntime at run time,
+# were bit-identical to the original graph on the CPU EP for most zoo models and 1.16-1.27x faster
+# than it (benchmarks/results/cpu_attention_*.md). onnx next: Attention-23 is the standard form, but
+# on the WebGPU EP it falls back to the CPU (issue 11), so it is not offered there. On the CPU the
+# last resort is ortflash's own op: faster still at long sequences but a custom op that needs
+# ortflash and onnxruntime-extensions wherever the model runs. On CUDA the cuda target first (its
+# form per block from the EP's measured capability table, ortflash/lowering/cuda.py), then contrib;
+# onnx is not offered there: Attention-23 was wrong on the CUDA EP for causal decoders (issue 23).
+PROVIDERS: Mapping[str, ExecutionProvider] = MappingProxyType(
     {
-        "cpu": ("contrib", "onnx", "ortflash"),
-        "cuda": ("cuda", "contrib"),
-        "webgpu": ("webgpu", "contrib"),
+        ep.name: ep
+        for ep in (
+            # the CPU tables' longest key length (benchmarks/crossover.py, S = 16-2048)
+            ExecutionProvider("cpu", ("contrib", "onnx", "ortflash"), measured_up_to=2048),
+            ExecutionProvider(
+                "cuda",
+                ("cuda", "contrib"),
+                measured_up_to=cuda.CROSSOVERS_MEASURED_UP_TO,
+                costs=cuda.CROSSOVERS,
+                unknown_dtype=cuda.CROSSOVERS_UNKNOWN_DTYPE,
+                results=cuda.CROSSOVER_RESULTS,
+            ),
+            ExecutionProvider(
+                "webgpu",
+                ("webgpu", "contrib"),
+                measured_up_to=webgpu.CROSSOVERS_MEASURED_UP_TO,
+                costs=MappingProxyType({ANY_DTYPE: webgpu.CROSSOVERS}),
+                results=webgpu.CROSSOVER_RESULTS,
+            ),
+        )
     }
 )
-EXECUTION_PROVIDERS = tuple(EP_ORDER)
+EXECUTION_PROVIDERS = tuple(PROVIDERS)
 # For blocks that feed a quantizer, in order: the targets whose ops are ONNX Runtime's own kernels.
 ORT_KERNEL_TARGETS = tuple(t.name for t in REGISTRY.values() if t.ort_kernels)
 DEFAULT_TARGET = ORTFLASH.name

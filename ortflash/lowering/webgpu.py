@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import MappingProxyType
 
 import onnx_ir as ir
 
@@ -46,7 +47,7 @@ from ..op.call import FlashAttentionCall
 from . import layout, native
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .gpu import GpuBlock, GpuForm, GpuProfile, Refusal, with_mask_notes
-from .measured import Capability, CapabilityTable
+from .measured import Capability, CapabilityTable, Crossovers
 from .read import ABSORBING_FILL, CallDims
 
 # (form, case) -> what the WebGPU EP did, measured 2026-11-30 on an NVIDIA H200 with onnxruntime
@@ -323,6 +324,30 @@ def _general_guard(
         e, call, out, (uniform, mean_v, dead), hq, why="the EP gets either wrong in some shapes"
     )
 
+
+# The WebGPU EP's cost table, which pipeline/forms.py reads through the EP's record
+# (lowering/targets.py: PROVIDERS["webgpu"]) where --ep webgpu leaves the form open: measured in
+# float32, taken for every element type (the onnxruntime-ep-webgpu 0.4.0 plugin on onnxruntime
+# 1.31.1, Dawn on Vulkan, on an NVIDIA H200, driver 580.159.04, 2026-12-02; wall time;
+# benchmarks/crossover_webgpu.py -> CROSSOVER_RESULTS): the `webgpu` target's output against the
+# original graph, per length the least ratio of the 12-head stacks and of 17 held-out exports of
+# real shapes (benchmarks/webgpu_outside.py: 2 layers, 2-4 heads, head dims 16-32), then the rule.
+# The exports are at parity at S = 32-512 (0.79-1.01 at the worst model; 0.93 the worst causal one
+# at 128, up to 1.9 where the export's own mask subgraph is heavy), so no kind is fused below 1024
+# keys. The padding row stands for the kinds not measured apart (no mask, a full bias; the exports'
+# no-mask and ALiBi blocks counted in it). The causal stack's original is Attention-23, which the EP
+# runs on the CPU: every causal export counts in both causal rows (none has head dim 64).
+CROSSOVER_RESULTS = "benchmarks/results/crossover_webgpu.md"
+CROSSOVERS_MEASURED_UP_TO = 2048  # the table's longest key length
+_PADDING_COSTS = MappingProxyType({"webgpu": MappingProxyType({32: 2048, 64: 1024})})
+CROSSOVERS: Crossovers = MappingProxyType(
+    {
+        "padding": _PADDING_COSTS,
+        "none": _PADDING_COSTS,
+        "causal": MappingProxyType({"webgpu": MappingProxyType({32: 1024, 64: 1024})}),
+        "bias": _PADDING_COSTS,
+    }
+)
 
 WEBGPU_PROFILE = GpuProfile(
     ep="WebGPU",

@@ -2,14 +2,15 @@
 where the model runs, by a measured cost table, never a form predicted to be slower than the
 original ops.
 
-The tables come from committed benchmarks, one per execution provider (``TABLES``): the CPU EP's
-(``CPU_CROSSOVERS``, ``benchmarks/crossover.py``, one per CPU class: AVX-512, AVX2 and the generic
-build, chosen per optimize call, default the running kernel build's; a row per mask kind, bounded
-where measured by real-size exports, ``benchmarks/crossover_real_size.py``) and the WebGPU EP's
-(``WEBGPU_CROSSOVERS``, ``benchmarks/crossover_webgpu.py``), measured in float32 and taken for
-every element type; and the CUDA EP's, one per element type (``CUDA_CROSSOVERS``,
-``benchmarks/crossover_cuda.py``). Each gives, per form and head dim, the
-least key length at which the form ran faster than the original graph in one run; tests check
+The tables come from committed benchmarks, one per execution provider, read through the EP's
+record (lowering/targets.py: ``PROVIDERS``): the CPU EP's here (``CPU_CROSSOVERS``,
+``benchmarks/crossover.py``, one per CPU class: AVX-512, AVX2 and the generic build, chosen per
+optimize call, default the running kernel build's; a row per mask kind, bounded where measured by
+real-size exports, ``benchmarks/crossover_real_size.py``); each GPU EP's beside its capability table
+in its lowering module: the WebGPU EP's (lowering/webgpu.py ``CROSSOVERS``,
+``benchmarks/crossover_webgpu.py``), measured in float32 and taken for every element type, and the
+CUDA EP's, one per element type (lowering/cuda.py ``CROSSOVERS``, ``benchmarks/crossover_cuda.py``).
+Each gives, per form and head dim, the least key length at which the form ran faster than the original graph in one run; tests check
 them against their results files. A block is fused where its key length is known (a static
 shape, or the lengths the user says the model runs at) and at or past the crossover at every such
 length. Where the length is known only at run time, a block whose fused form wins at some measured
@@ -29,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from ..lowering.measured import Crossovers
+from ..lowering.targets import PROVIDERS, ExecutionProvider
 from ..op.policy import SoftmaxPolicy
 
 # The kinds of block the table has a row for, by what the fused node reads besides Q, K and V:
@@ -134,7 +137,7 @@ def _rows(
     )
 
 
-Table = Mapping[str, Mapping[str, Mapping[int, int | None]]]  # mask kind -> form -> head dim -> crossover
+Table = Crossovers  # mask kind -> form -> head dim -> crossover
 
 
 def _slower(*tables: Table) -> Table:
@@ -205,84 +208,20 @@ _AVX512 = MappingProxyType(
 CPU_CROSSOVERS: Mapping[str, Table] = MappingProxyType(
     {"avx512": _AVX512, "avx2": _AVX2, "generic": _slower(_AVX512, _AVX2)}
 )
-CPU_EPS = (None, "cpu")  # the execution provider names whose blocks the CPU table decides
-
-# The same for ONNX Runtime's WebGPU EP (the onnxruntime-ep-webgpu 0.4.0 plugin on onnxruntime
-# 1.31.1, Dawn on Vulkan, on an NVIDIA H200, driver 580.159.04, 2026-12-02; wall time;
-# benchmarks/crossover_webgpu.py -> WEBGPU_RESULTS): the `webgpu` target's output against the
-# original graph, per length the least ratio of the 12-head stacks and of 17 held-out exports of
-# real shapes (benchmarks/webgpu_outside.py: 2 layers, 2-4 heads, head dims 16-32), then the rule.
-# The exports are at parity at S = 32-512 (0.79-1.01 at the worst model; 0.93 the worst causal one
-# at 128, up to 1.9 where the export's own mask subgraph is heavy), so no kind is fused below 1024
-# keys. The padding row stands for the kinds not measured apart (no mask, a full bias; the exports'
-# no-mask and ALiBi blocks counted in it). The causal stack's original is Attention-23, which the EP
-# runs on the CPU: every causal export counts in both causal rows (none has head dim 64).
-WEBGPU_RESULTS = "benchmarks/results/crossover_webgpu.md"
-_WEBGPU_PADDING = MappingProxyType({"webgpu": MappingProxyType({32: 2048, 64: 1024})})
-WEBGPU_CROSSOVERS: Mapping[str, Mapping[str, Mapping[int, int | None]]] = MappingProxyType(
-    {
-        "padding": _WEBGPU_PADDING,
-        "none": _WEBGPU_PADDING,
-        "causal": MappingProxyType({"webgpu": MappingProxyType({32: 1024, 64: 1024})}),
-        "bias": _WEBGPU_PADDING,
-    }
-)
-# The same for ONNX Runtime's CUDA EP (onnxruntime-gpu 1.31.1 on an NVIDIA H200, its defaults: TF32
-# on; wall time with inputs and outputs bound on the GPU; benchmarks/crossover_cuda.py ->
-# CUDA_RESULTS): the `cuda` target's output against the original graph, by element type. In float32
-# the original's TF32 products beat every form the target writes (MultiHeadAttention's float32
-# kernels do not use them) at every measured length; in float16 cuDNN's flash attention wins from
-# 2048 keys with a padding mask and 4096 with an exported causal mask, at every length without a
-# mask, and never with a full bias ([1, H, S, S], read whole).
-# The contrib target's blocks take the cuda row there: it writes the same MultiHeadAttention and
-# GroupQueryAttention ops the cuda target chooses among (--ep cuda falls back to it where cuda
-# cannot lower a block, GPT-Neo's), and was not measured apart.
-CUDA_RESULTS = "benchmarks/results/crossover_cuda.md"
-
-
-def _cuda_row(crossovers: Mapping[int, int | None]) -> Mapping[str, Mapping[int, int | None]]:
-    row = MappingProxyType(dict(crossovers))
-    return MappingProxyType({"cuda": row, "contrib": row})
-
-
-_NEVER = _cuda_row({32: None, 64: None, 128: None})
-
-
-CUDA_CROSSOVERS: Mapping[str, Mapping[str, Mapping[str, Mapping[int, int | None]]]] = MappingProxyType(
-    {
-        "float32": MappingProxyType({"padding": _NEVER, "none": _NEVER, "causal": _NEVER, "bias": _NEVER}),
-        "float16": MappingProxyType(
-            {
-                "padding": _cuda_row({32: 2048, 64: 2048, 128: 2048}),
-                "none": _cuda_row({32: 64, 64: 64, 128: 64}),
-                "causal": _cuda_row({32: 4096, 64: 4096, 128: 4096}),
-                "bias": _NEVER,
-            }
-        ),
-    }
-)
-# A block whose element type is not known (or has no table of its own: bfloat16) takes this one's:
-# its crossovers are at least every other's (tests/test_forms.py holds them to it).
-CUDA_UNKNOWN_DTYPE = "float32"
-# execution provider -> element type ("*": any) -> its table; the CPU EP's (CPU_EPS) by CPU class
-ANY_DTYPE = "*"
-TABLES: Mapping[str, Mapping[str, Table]] = MappingProxyType(
-    {"webgpu": MappingProxyType({ANY_DTYPE: WEBGPU_CROSSOVERS}), "cuda": CUDA_CROSSOVERS}
-)
-_UNKNOWN_DTYPE_TAKES = {"cuda": CUDA_UNKNOWN_DTYPE}
-_RESULTS = {"webgpu": WEBGPU_RESULTS, "cuda": CUDA_RESULTS}
 
 
 def table(ep: str | None, dtype: str | None, cpu_class: str | None = None) -> Table:
     """The cost table of ``ep`` for blocks of element type ``dtype`` ("float32", "float16"; None or ""
     where not known) and, on the CPU EP, of ``cpu_class`` (None: the running machine's): mask kind
     -> form -> head dim -> crossover."""
-    if ep in CPU_EPS:
+    provider = PROVIDERS[_named(ep)]
+    if provider.costs is None:
         return CPU_CROSSOVERS[cpu_class or running_cpu_class()]
-    by_dtype = TABLES[ep or ""]
-    if ANY_DTYPE in by_dtype:
-        return by_dtype[ANY_DTYPE]
-    return by_dtype.get(dtype or "", by_dtype[_UNKNOWN_DTYPE_TAKES[ep or ""]])
+    return provider.cost_table(dtype)
+
+
+def _named(ep: str | None) -> str:
+    return "cpu" if ep is None else ep  # None: the CPU EP, where ortflash's own op runs
 
 
 def cpu_table_says(kind: str, cpu_class: str) -> str:
@@ -299,12 +238,8 @@ def cpu_table_says(kind: str, cpu_class: str) -> str:
     return said
 
 
-MEASURED_UP_TO = 2048  # the CPU and WebGPU tables' longest key length; the CUDA table's below
-CUDA_MEASURED_UP_TO = 4096
+MEASURED_UP_TO = PROVIDERS["cpu"].measured_up_to  # the CPU tables' longest key length
 _KIND_NAMES = {"none": "no mask", "padding": "a padding mask", "causal": "causal", "bias": "a full bias"}
-# The target whose blocks the table measured for each form: FlashAttention (naive or online by
-# the policy) for ortflash, MultiHeadAttention for contrib, Attention-23 for onnx.
-_TARGET_FORMS = {"contrib": "contrib", "onnx": "onnx", "webgpu": "webgpu", "cuda": "cuda"}
 
 
 @dataclass(frozen=True)
@@ -348,10 +283,12 @@ GPU_DECODE_RESULTS = "benchmarks/results/decode_gpu.md"
 
 
 def form_at(target: str, policy: SoftmaxPolicy, key_len: int) -> str | None:
-    """The table's form a block of ``target`` runs at ``key_len``; None where no table covers it."""
+    """The table's form a block of ``target`` runs at ``key_len``: FlashAttention's softmax (naive or
+    online by the policy) for ortflash; every other target's blocks are its own row (MultiHeadAttention
+    for contrib, Attention-23 for onnx, the GPU targets' forms), found or not in the EP's table."""
     if target == "ortflash":
         return policy.choose(key_len)
-    return _TARGET_FORMS.get(target)
+    return target
 
 
 def mask_kind(is_causal: bool, bias_query_rows: tuple[int | None, ...]) -> str:
@@ -408,13 +345,12 @@ def choose(
     then a length known only at run time takes the fused form from the crossover
     (``FormChoice.dispatch_from``) wherever the table has one. ``cpu_class``: which CPU table
     decides on the CPU EP (``CPU_CLASSES``; None: the running machine's); the detail names it."""
-    if ep in CPU_EPS:
-        cpu_class = cpu_class or running_cpu_class()
-    elif ep not in TABLES:
+    provider: ExecutionProvider | None = PROVIDERS.get(_named(ep))
+    if provider is None:
         return FormChoice(True, f"fused as the target writes it: no measured cost table for the {ep} EP")
-    else:
-        cpu_class = None  # another EP's table decides
-    longest = CUDA_MEASURED_UP_TO if ep == "cuda" else MEASURED_UP_TO
+    # the CPU EP's table by CPU class; another EP's by element type
+    cpu_class = (cpu_class or running_cpu_class()) if provider.costs is None else None
+    longest = provider.measured_up_to
     probe = form_at(target, policy, longest)
     if probe is None or probe not in table(ep, dtype, cpu_class)[kind]:
         return FormChoice(True, f"fused as asked: no measured cost table for {target} on the {ep or 'cpu'} EP")
@@ -424,13 +360,8 @@ def choose(
         sources = GENERIC_FROM if cpu_class == "generic" else (cpu_class,)
         results = " and ".join(path for c in sources for path in results_paths(kind, c))
     else:
-        results = _RESULTS[ep or ""]
-    if ep not in CPU_EPS and ANY_DTYPE not in TABLES[ep or ""]:
-        dim += (
-            f", {dtype}"
-            if dtype in TABLES[ep or ""]
-            else f", an element type without a table of its own (as {_UNKNOWN_DTYPE_TAKES[ep or '']})"
-        )
+        results = provider.results
+    dim += provider.dtype_said(dtype)
     if key_lens is None:
         lowest = crossover(probe, head_dim, kind, ep, dtype, cpu_class)
         start = _fused_from(target, policy, head_dim, kind, ep, dtype, lowest, cpu_class)

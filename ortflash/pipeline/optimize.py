@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from ..errors import OrtflashError
 from ..lowering import lower
-from ..lowering.targets import DEFAULT_TARGET, EP_ORDER, EXECUTION_PROVIDERS, REGISTRY, TARGETS
+from ..lowering.targets import DEFAULT_TARGET, EXECUTION_PROVIDERS, PROVIDERS, REGISTRY, TARGETS
 from ..model_io import ModelLike, check_opsets, load, save
 from ..model_shapes import with_shapes
 from ..op import spec
@@ -62,7 +62,7 @@ def optimize(
     proposal's switch ``online_softmax`` (True -> auto, False/None -> naive).
 
     ``target``: ``ortflash``, ``contrib``, ``onnx`` (any of ``lowering.TARGETS``); ``"auto"``
-    with ``ep`` (``cpu | cuda | webgpu``): the first target of ``EP_ORDER[ep]`` that lowers every
+    with ``ep`` (``cpu | cuda | webgpu``): the first target of ``PROVIDERS[ep].targets`` that lowers every
     fused block and that ONNX Runtime loads (an ``ep`` without a target means auto); None (the
     default): ``ortflash``, unless fused blocks feed a quantizer, where ``contrib``, else ``onnx``,
     is taken when it lowers every such block and loads. ``Report.target`` says which was chosen and why. ``load_check`` is how a
@@ -353,7 +353,7 @@ def _scope_of(name: str) -> str:
 def _check_target(target: str | None, ep: str | None) -> None:
     if target is not None and target != AUTO and target not in TARGETS:
         raise OrtflashError(f"target must be one of {', '.join((*TARGETS, AUTO))}, got {target!r}")
-    if ep is not None and ep not in EP_ORDER:
+    if ep is not None and ep not in PROVIDERS:
         raise OrtflashError(f"ep must be one of {', '.join(EXECUTION_PROVIDERS)}, got {ep!r}")
     if target == AUTO and ep is None:
         raise OrtflashError(f"target auto picks per execution provider: name one ({', '.join(EXECUTION_PROVIDERS)})")

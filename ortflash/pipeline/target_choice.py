@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import onnx
 
-from ..lowering.targets import DEFAULT_TARGET, EP_ORDER, ORT_KERNEL_TARGETS, REGISTRY, TARGETS
+from ..lowering.targets import DEFAULT_TARGET, ORT_KERNEL_TARGETS, PROVIDERS, REGISTRY, TARGETS
 from ..report import Report, TargetChoice
 
-AUTO = "auto"  # target: the first of EP_ORDER[ep] that loads and lowers every fused block
+AUTO = "auto"  # target: the first of PROVIDERS[ep].targets that loads and lowers every fused block
 
 # Why ONNX Runtime cannot load (or, lowered, run once) a candidate model; None when it can.
 LoadCheck = Callable[[onnx.ModelProto, Report], "str | None"]
@@ -27,9 +27,9 @@ def unlowered(report: Report, rows: list[int] | None = None) -> list[str]:
 def choose_for_ep(
     ep: str, run: Callable[[str], tuple[onnx.ModelProto, Report]], check: LoadCheck
 ) -> tuple[onnx.ModelProto, Report]:
-    """The first target of EP_ORDER[ep] (those this ortflash has) that lowers every fused block
+    """The first target of PROVIDERS[ep].targets (those this ortflash has) that lowers every fused block
     and loads; else the loadable candidate keeping the fewest blocks FlashAttention."""
-    candidates = [t for t in EP_ORDER[ep] if t in TARGETS]
+    candidates = [t for t in PROVIDERS[ep].targets if t in TARGETS]
     tried: list[str] = []
     fallback: tuple[onnx.ModelProto, Report, str] | None = None
     first: tuple[onnx.ModelProto, Report] | None = None
