@@ -26,7 +26,6 @@ from .read import CallDims, aligned_batch, call_dims
 CONTRIB_VERSION = 1
 OP_MHA = f"{CONTRIB_DOMAIN}.MultiHeadAttention"
 OP_GQA = f"{CONTRIB_DOMAIN}.GroupQueryAttention"
-_CASTLIKE_OPSET = 15
 
 
 def lower_contrib(e: Emitter, call: FlashAttentionCall, output: ir.Value) -> tuple[str, str]:
@@ -164,8 +163,7 @@ def _lower_without_cache(
         )
     use_gqa = gqa_fits and (hkv < hq or call.softcap > 0)
 
-    if call.dtype is None and e.opset < _CASTLIKE_OPSET:
-        raise NotLowered("Q's element type is not known and the model's opset has no CastLike (15) to restore it")
+    native.require_castlike_for_unknown_dtype(e, call)
     f16 = call.dtype != ir.DataType.FLOAT  # float16, or not known: computed in float32 between casts
     call, broadcast = aligned_batch(e, call, dims)
     q, k, v = (e.cast(x, ir.DataType.FLOAT) for x in (call.q, call.k, call.v))
