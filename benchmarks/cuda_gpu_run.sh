@@ -9,6 +9,8 @@
 #   bash benchmarks/cuda_gpu_run.sh install crossover  # or call 2 for the cost table alone (crossover_cuda.py)
 #   CAPS_ONLY=REGEX bash benchmarks/cuda_gpu_run.sh install caps forms  # or call 2: the probe's rows REGEX
 #     names (cuda_capabilities.py --only) and the lowered blocks as users run them (cuda_forms.py)
+#   CUDNN_S=200 bash benchmarks/cuda_gpu_run.sh install cudnn forms  # or call 2: cuda_cudnn_cache.py's models
+#     in build/cuda_run/cudnn (the padding blocks at batch 1 and 2), then cuda_forms.py's
 #   bash benchmarks/cuda_gpu_run.sh install webgpu-zoo  # or call 2 for webgpu_zoo.py's models in build/cuda_run/wzoo
 # .whl/bundle holds build/cuda_run (the `make` outputs of cuda_capabilities.py, cuda_zoo.py and
 # crossover_webgpu.py) as tar.xz: unpacked to /tmp/cuda_run, which build/cuda_run points at there.
@@ -56,6 +58,7 @@ PY
       VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json PYTHONPATH=/tmp/epw:/tmp/ortgpu:$PWD \
         timeout "${WEBGPU_S:-200}" python3 benchmarks/crossover_webgpu.py run build/cuda_run/xwebgpu --out "$OUT" \
         --budget-s "$(( ${WEBGPU_S:-200} - 30 ))" > "$OUT/webgpu.log" 2>&1; echo "webgpu rc=$?" ;;
+    cudnn) timeout "${CUDNN_S:-240}" python3 benchmarks/cuda_cudnn_cache.py run build/cuda_run/cudnn --out "$OUT" > "$OUT/cudnn.log" 2>&1; echo "cudnn rc=$?" ;;
     crossover) timeout "${CROSS_S:-300}" python3 benchmarks/crossover_cuda.py run build/cuda_run/xcuda --out "$OUT" --budget-s "$(( ${CROSS_S:-300} - 40 ))" > "$OUT/crossover.log" 2>&1; echo "crossover rc=$?" ;;
     webgpu-zoo)  # the lowered zoo (webgpu_zoo.py make ... build/cuda_run/wzoo) on the WebGPU plugin EP, as the webgpu step runs it
       for f in /tmp/stash/.gl/*.deb /tmp/stash/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done; ldconfig
