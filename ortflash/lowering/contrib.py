@@ -172,7 +172,8 @@ def _lower_without_cache(
     causal_folded = True
     if use_gqa:
         native_causal = _native_causal(call)
-        out = _group_query_attention(e, call, q, k, v, hq, hkv, reuse, native_causal, parts)
+        ops = layout.bsd_operands(e, (q, k, v), (hq, hkv), reuse, parts)
+        out = _group_query_attention(e, call, ops, native_causal, parts)
         op = OP_GQA
         if call.softcap > 0:
             parts.append(f"softcap {call.softcap:g}")
@@ -208,23 +209,13 @@ def _lower_without_cache(
 
 
 def _group_query_attention(
-    e: Emitter,
-    call: FlashAttentionCall,
-    q: ir.Value,
-    k: ir.Value,
-    v: ir.Value,
-    hq: int,
-    hkv: int,
-    reuse: bool,
-    native_causal: bool,
-    parts: list[str],
+    e: Emitter, call: FlashAttentionCall, ops: layout.BsdOperands, native_causal: bool, parts: list[str]
 ) -> ir.Value:
     """GroupQueryAttention without past: causal with seqlens_k = Sk - 1 for every row is the
     top-left mask when Sq == Sk; causal=0 where the causality is folded into attention_bias."""
-    ops = layout.bsd_operands(e, (q, k, v), (hq, hkv), reuse, parts)
     seqlens = native.key_lengths(e, ops.lengths.of(e, "k", scalar=True), ops.q)
     bias = layout.additive_bias(e, call, ops.lengths, fold_causal=not native_causal, avoid_lowest=False)
-    attrs = native.gqa_attributes(hq, hkv, call.scale)
+    attrs = native.gqa_attributes(ops.hq, ops.hkv, call.scale)
     if not native_causal:
         attrs["causal"] = 0
     else:
