@@ -3,9 +3,8 @@
 The choice per block rests on CAPABILITIES below: what one H200 run measured for each candidate
 form (benchmarks/cuda_capabilities.py; the table is benchmarks/results/cuda_capabilities.md, the
 raw rows cuda_capabilities.json, and tests/test_cuda_table.py checks the two agree). CUDA_PROFILE
-(the module's end) is what the one GPU writer, lowering/gpu.lower_gpu, reads for this EP: the table,
-the refusals, the choice (choose_form), the writer of each form, float16 computed natively, and the
-cached-step shortcut.
+(the module's end) is what the one GPU writer (lowering/gpu.lower_gpu) reads for this EP: the table,
+refusals, choose_form, a writer per form, float16 computed natively, the cached-step shortcut.
 
 - float16 blocks run in float16 (the casts around the fused node are not written): the EP's fast
   kernels (flash, memory-efficient, cuDNN) take float16 only, and a float16 model computes its
@@ -371,14 +370,8 @@ CROSSOVERS: Mapping[str, Crossovers] = MappingProxyType(
         ),
     }
 )
-# A block whose element type is not known (or has no table of its own: bfloat16) takes this one's:
-# its crossovers are at least every other's (tests/test_forms.py holds them to it).
-CROSSOVERS_UNKNOWN_DTYPE = "float32"
-
-
-def _choose(call: FlashAttentionCall, dims: CallDims, half: bool, opset: int) -> tuple[str | None, str]:
-    # choose_form looked up per call: benchmarks/cuda_forms.py forces a form by replacing it
-    return choose_form(call, dims, half, opset)
+# a block of no known element type (or one without a table: bfloat16) takes this one's, which keeps most
+CROSSOVERS_UNKNOWN_DTYPE = "float32"  # (tests/test_forms.py holds it to keep every block another keeps)
 
 
 CUDA_PROFILE = GpuProfile(
@@ -394,7 +387,8 @@ CUDA_PROFILE = GpuProfile(
             "softcap: MultiHeadAttention has none, and the CUDA capability table has no softcap row",
         ),
     ),
-    choose=_choose,
+    # choose_form looked up per call: benchmarks/cuda_forms.py forces a form by replacing it
+    choose=lambda call, dims, half, opset: choose_form(call, dims, half, opset),
     forms={
         FORM_GQA: GpuForm(OP_GQA, _gqa_causal, one_head_count=False),
         FORM_MHA_CAUSAL: GpuForm(OP_MHA, _own_causal, one_head_count=True),
