@@ -17,9 +17,8 @@ the API and the JSON read.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +27,12 @@ import onnx
 
 from ..errors import OrtflashError
 from ..model_io import load
-from ..op.node import DISPATCH_KEY, flash_nodes, node_attributes
+from ..op.node import flash_nodes, node_attributes
 from ..op.policy import NODES_OWN, SoftmaxPolicy
 from ..session import InferenceSession
 from .compare import OutputDiff, compare_outputs, noise_text, shape_text, tolerance
 from .feeds import decoder_cases, make_feeds, with_batch_hint
+from .length_sides import dispatch_sides, exposing_dispatch, steering, with_fused_forced
 from .noise import NoiseMeter
 from .sessions import ModelSource, open_session, run_model, run_session
 
@@ -227,8 +227,11 @@ class _Prover:
             weights_dir = os.path.dirname(os.path.abspath(optimized))
         self.weights_dir = weights_dir
         self.optimized, self.keys = _exposing_keys(load(optimized), self.nodes)
-        self.dispatch = _exposing_dispatch(self.optimized)
-        self.sessions: dict[SoftmaxPolicy | None, InferenceSession] = {}
+        self.dispatch = exposing_dispatch(self.optimized)
+        self.sessions: dict[tuple[SoftmaxPolicy | None, frozenset[str]], InferenceSession] = {}
+        # the Ifs on the length whose fused side ran only forced, and the inputs it ran on
+        self.forced: frozenset[str] = frozenset()
+        self.forced_feeds: list[tuple[str, dict[str, np.ndarray]]] = []
 
     def run(
         self,
@@ -236,20 +239,23 @@ class _Prover:
         feeds: Mapping[str, np.ndarray],
         override: SoftmaxPolicy | None,
         expected: dict[str, np.ndarray] | None = None,
+        forced: frozenset[str] = frozenset(),
     ) -> VerifyRun:
-        """Compare on ``feeds``; ``expected``: the original's outputs on them, where already run."""
+        """Compare on ``feeds``; ``expected``: the original's outputs on them, where already run;
+        ``forced``: Ifs on the length made to take their fused side at every length."""
         feeds = dict(feeds)
         if expected is None:
             expected = run_model(self.original, feeds, what="the original model", opt_level=self.opt_level)
-        if override not in self.sessions:  # one session per softmax override: compiled once, run at every length
-            self.sessions[override] = open_session(
-                self.optimized,
+        key = (override, forced)
+        if key not in self.sessions:  # one session per softmax override: compiled once, run at every length
+            self.sessions[key] = open_session(
+                with_fused_forced(self.optimized, forced) if forced else self.optimized,
                 override,
                 what="the optimized model",
                 weights_dir=self.weights_dir,
                 opt_level=self.opt_level,
             )
-        actual = run_session(self.sessions[override], feeds, what="the optimized model")
+        actual = run_session(self.sessions[key], feeds, what="the optimized model")
         key_lengths = {name: int(actual[k].shape[2]) for name, k in self.keys.items() if actual[k].ndim == 4}
         modes = {
             n.name: _node_policy(n, override).choose(key_lengths[n.name]) for n in self.nodes if n.name in key_lengths
@@ -258,66 +264,11 @@ class _Prover:
             fixed = _fixed_softmax(_node_policy(node, override))
             if fixed is not None:
                 modes[node.name] = fixed
-        sides = _dispatch_sides(self.dispatch, actual, override, modes, key_lengths)
+        sides = dispatch_sides(self.dispatch, actual, override, modes, key_lengths)
         inputs = {name: list(value.shape) for name, value in feeds.items()}
         noise = self.noise.noise(feeds, expected, self.rtol, self.atol) if self.noise is not None else {}
         diffs = compare_outputs(expected, actual, self.rtol, self.atol, noise=noise)
         return VerifyRun(why, inputs, modes, key_lengths, diffs, noise, sides)
-
-
-@dataclass(frozen=True)
-class _Dispatch:
-    """One If on the length (pipeline/length_dispatch.py), as verify runs it."""
-
-    condition: str  # the main-graph value that picks the side, exposed as an output
-    keys: str  # the main-graph value holding the run's key length, exposed as an output
-    key_len: int  # the key length from which it runs the fused form
-    nodes: tuple[onnx.NodeProto, ...]  # the FlashAttention nodes of its fused branch
-
-
-def _exposing_dispatch(model: onnx.ModelProto) -> dict[str, _Dispatch]:
-    """The Ifs on the length of ``model`` by name, their condition and key length added to its outputs
-    (in place: the prover's own copy), so each run says which side it took."""
-    found: dict[str, _Dispatch] = {}
-    present = {o.name for o in model.graph.output}
-    for node in model.graph.node:
-        meta = {p.key: p.value for p in node.metadata_props}
-        if node.op_type != "If" or DISPATCH_KEY not in meta:
-            continue
-        info = json.loads(meta[DISPATCH_KEY])
-        branch = next(a.g for a in node.attribute if a.name == "then_branch")
-        nodes = tuple(flash_nodes(branch))
-        found[node.name] = _Dispatch(info["condition"], info["keys"], int(info["key_len"]), nodes)
-        for name in (info["condition"], info["keys"]):
-            if name not in present:
-                model.graph.output.append(onnx.ValueInfoProto(name=name))
-                present.add(name)
-    return found
-
-
-def _dispatch_sides(
-    dispatch: Mapping[str, _Dispatch],
-    actual: dict[str, np.ndarray],
-    override: SoftmaxPolicy | None,
-    modes: dict[str, str],
-    key_lengths: dict[str, int],
-) -> dict[str, str]:
-    """If on the length -> the side this run took; the fused side's nodes get the softmax they ran
-    (``modes``) and the keys they saw (``key_lengths``), read from the If's own exposed values."""
-    sides: dict[str, str] = {}
-    for name, d in dispatch.items():
-        if d.condition not in actual:
-            continue
-        fused = bool(np.asarray(actual[d.condition]).reshape(-1)[0])
-        sides[name] = "fused" if fused else "original ops"
-        keys = int(np.asarray(actual[d.keys]).reshape(-1)[0]) if d.keys in actual else None
-        for node in d.nodes:
-            if fused and keys is not None:
-                modes[node.name] = _node_policy(node, override).choose(keys)
-                key_lengths[node.name] = keys
-            elif not fused:
-                modes.pop(node.name, None)  # it did not run
-    return sides
 
 
 def _run_both_sides(
@@ -328,10 +279,13 @@ def _run_both_sides(
     dims: dict[str, int],
     result: Verification,
     given: bool,
+    firsts: list[tuple[str, dict[str, np.ndarray]]],
 ) -> None:
     """Each If on the length run on both sides: where the first inputs took only one, again at a
-    length on the other side of its crossover (random inputs only; given ones are never resized).
-    A dispatched node's deployed softmaxes are those it runs from the crossover on."""
+    length on the other side of its crossover (random inputs only; given ones are never resized);
+    an If whose fused side no length tried reaches (the model does not run at its crossover) runs
+    it forced on the first inputs (``firsts``). A dispatched node's deployed softmaxes are those it
+    runs from the crossover on."""
     if not prover.dispatch:
         return
     for d in prover.dispatch.values():
@@ -344,30 +298,151 @@ def _run_both_sides(
         if not waiting:
             continue
         if given:
-            result.notes.append(
-                f"{len(waiting)} If(s) on the length did not run their {side} side on the inputs given (--feeds)"
-            )
+            if side == "fused":
+                waiting = _fused_forced(prover, waiting, firsts, result, given, "on the inputs given (--feeds)")
+            if waiting:
+                result.notes.append(
+                    f"{len(waiting)} If(s) on the length did not run their {side} side on the inputs given (--feeds)"
+                )
             continue
         crossovers = [prover.dispatch[name].key_len for name in waiting]
         length = max(crossovers) if side == "fused" else max(1, min(crossovers) // 2)
-        run, why = _run_at_length(prover, original, original_proto, length, batch, dims, result)
-        if run is None:
-            result.notes.append(f"{len(waiting)} If(s) on the length did not run their {side} side: {why}")
-            continue
-        took = [name for name in waiting if run.dispatch.get(name) == side]
-        run.why += f", where {len(took)} of {len(waiting)} If(s) on the length run the {side}"
-        result.runs.append(run)
+        routes = {name: prover.dispatch[name].route for name in waiting}
+        found = _runs_reaching(
+            prover,
+            original,
+            original_proto,
+            length,
+            batch,
+            dims,
+            result,
+            routes,
+            _taking(side),
+        )
+        for run, words, took, of in found.runs:
+            run.why += f"{words}, where {len(took)} of {of} If(s) on the length run the {side}"
+            result.runs.append(run)
+        if side == "fused" and found.left:
+            where = f"at length {length}" + (f" ({found.why})" if found.why else "")
+            left = _fused_forced(prover, found.left, firsts, result, given, where)
+            found = _Reached(found.runs, left, found.why)
+        if not found.runs and found.left:
+            result.notes.append(f"{len(waiting)} If(s) on the length did not run their {side} side: {found.why}")
+        elif found.left:
+            result.notes.append(
+                f"{len(found.left)} If(s) on the length did not run their {side} side at length {length} "
+                "in any input shape tried"
+            )
     # auto nodes of the fused side run online only from their min_seq_len, past the crossover
     dispatched = {n.name: n for d in prover.dispatch.values() for n in d.nodes}
+    route_of = {n.name: d.route for d in prover.dispatch.values() for n in d.nodes}
     short = [dispatched[n] for n, modes in _missing(result.deployed, result.runs).items() if n in dispatched]
     lengths = [int(_node_policy(n, prover.policy).min_seq_len or 0) for n in short]
     if short and not given and max(lengths) > 0:
-        run, why = _run_at_length(prover, original, original_proto, max(lengths), batch, dims, result)
-        if run is None:
-            result.notes.append(f"{_nodes_text([n.name for n in short])} of If(s) on the length not run online: {why}")
-        else:
-            run.why += ", where auto runs online in the If(s) on the length"
+        found = _runs_reaching(
+            prover,
+            original,
+            original_proto,
+            max(lengths),
+            batch,
+            dims,
+            result,
+            {n.name: route_of[n.name] for n in short},
+            lambda run, names: [name for name in names if run.modes.get(name) == "online"],
+        )
+        if not found.runs:
+            result.notes.append(
+                f"{_nodes_text([n.name for n in short])} of If(s) on the length not run online: {found.why}"
+            )
+        for run, words, _, _ in found.runs:
+            run.why += f"{words}, where auto runs online in the If(s) on the length"
             result.runs.append(run)
+
+
+def _fused_forced(
+    prover: _Prover,
+    names: list[str],
+    firsts: list[tuple[str, dict[str, np.ndarray]]],
+    result: Verification,
+    given: bool,
+    where: str,
+) -> list[str]:
+    """The Ifs ``names``, whose fused side no input tried reached, run with it forced (their
+    thresholds 0 in verify's copy) on the first inputs, steered into the branches that hold them
+    (random inputs only); returns those still not run."""
+    left = list(names)
+    routes = {name: prover.dispatch[name].route for name in names}
+    for words, feeds in firsts:
+        for steer in [{}] if given else steering([routes[name] for name in left], load(prover.original)):
+            if not left:
+                return left
+            steered = dict(feeds)
+            steered.update({k: np.asarray(v, feeds[k].dtype).reshape(feeds[k].shape) for k, v in steer.items()})
+            said = "".join(f", {k}={bool(v.reshape(-1)[0])}" for k, v in steer.items())
+            try:
+                run = prover.run(f"fused side forced{words}{said}", steered, prover.policy, forced=frozenset(names))
+            except OrtflashError:
+                continue
+            took = _taking("fused")(run, left)
+            if not took:
+                continue
+            run.why += f", for {len(took)} If(s) on the length whose fused side did not run {where}"
+            result.runs.append(run)
+            prover.forced |= frozenset(took)
+            prover.forced_feeds.append((f"{words}{said}", steered))
+            left = [name for name in left if name not in took]
+    return left
+
+
+def _taking(side: str) -> Callable[[VerifyRun, list[str]], list[str]]:
+    """Of the Ifs named, those a run took ``side`` in."""
+    return lambda run, names: [name for name in names if run.dispatch.get(name) == side]
+
+
+@dataclass
+class _Reached:
+    runs: list[tuple[VerifyRun, str, list[str], int]]  # (run, the words for its shape, what it reached, of how many)
+    left: list[str]  # what no run reached
+    why: str  # why the first run could not be made, where it could not
+
+
+def _runs_reaching(
+    prover: _Prover,
+    original: ModelSource,
+    original_proto: onnx.ModelProto,
+    length: int,
+    batch: int,
+    dims: dict[str, int],
+    result: Verification,
+    routes: Mapping[str, tuple[tuple[str, bool], ...]],
+    reached: Callable[[VerifyRun, list[str]], list[str]],
+) -> _Reached:
+    """Runs at ``length`` until each of ``routes`` (Ifs on the length or their nodes, each with the
+    route into the branches that hold it) is reached (``reached``: those of the names a run
+    reached): the inputs as made first, kept whatever it reached; then each shape a decoder with a
+    cache runs in (a one-query step takes the fused side only from the decode crossover, a prefill
+    from the prefill one), each steered into the branches that hold what is left (a merged
+    decoder's use_cache_branch), kept where it reaches something."""
+    cases = [
+        ("", dims),
+        *((f", {w}", d) for w, d in decoder_cases(original_proto, seq_len=length, batch=batch, dims=dims)),
+    ]
+    out = _Reached([], list(routes), "")
+    for words, case_dims in cases:
+        for steer in steering([routes[name] for name in out.left], original_proto):
+            if not out.left:
+                return out
+            run, why = _run_at_length(prover, original, original_proto, length, batch, case_dims, result, steer)
+            if run is None:
+                out.why = out.why or why
+                continue
+            took = reached(run, out.left)
+            if out.runs and not took:
+                continue
+            steered = "".join(f", {name}={bool(value.reshape(-1)[0])}" for name, value in steer.items())
+            out.runs.append((run, words + steered, took, len(out.left)))
+            out.left = [name for name in out.left if name not in took]
+    return out
 
 
 def _missing(deployed: Mapping[str, list[str]], runs: list[VerifyRun]) -> dict[str, list[str]]:
@@ -391,12 +466,19 @@ def _run_at_length(
     batch: int,
     dims: dict[str, int],
     result: Verification,
+    steer: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[VerifyRun | None, str]:
-    """The comparison on random inputs of ``length``, or None and why it was not made: the original
-    does not run there, or the inputs keep their shapes (static dims), so it would repeat a run made."""
+    """The comparison on random inputs of ``length`` (``steer``: inputs set to these values), or None
+    and why it was not made: the original does not run there, or the inputs keep their shapes (static
+    dims) and values, so it would repeat a run made."""
     try:
         feeds = make_feeds(original_proto, seq_len=length, batch=batch, dims=dims)
-        if any(_same_shapes(feeds, run.inputs) for run in result.runs):
+        steered = {
+            name: np.asarray(v, feeds[name].dtype).reshape(feeds[name].shape) for name, v in (steer or {}).items()
+        }
+        changed = {name: value for name, value in steered.items() if not np.array_equal(feeds[name], value)}
+        feeds.update(changed)
+        if not changed and any(_same_shapes(feeds, run.inputs) for run in result.runs):
             shapes = ", ".join(f"{name} {shape_text(list(v.shape))}" for name, v in feeds.items())
             return None, f"the inputs keep their shapes at length {length} ({shapes})"
         expected = run_model(original, feeds, what="the original model", opt_level=prover.opt_level)
@@ -467,7 +549,8 @@ def verify_every_softmax(
         for (words, case_feeds), outputs in zip(first_inputs, expected):
             result.runs.append(prover.run(f"as configured{words}", case_feeds, policy, outputs))
         first = first_inputs[0][1]
-    _run_both_sides(prover, original, original_proto, batch, dict(dims or {}), result, given)
+    firsts = [("", first)] if given else [(words, dict(f)) for words, f in first_inputs]
+    _run_both_sides(prover, original, original_proto, batch, dict(dims or {}), result, given, firsts)
     missing = _missing(result.deployed, result.runs)
     if not missing:
         return _noted_noise(result)
@@ -509,7 +592,19 @@ def verify_every_softmax(
             f"{mode} softmax forced on every fused node at the first inputs' length, for "
             f"{_nodes_text(nodes)} that run{'s' if len(nodes) == 1 else ''} it deployed: {reason}"
         )
-        result.runs.append(prover.run(f"{mode} forced", first, forced))
+        run = prover.run(f"{mode} forced", first, forced, forced=prover.forced)
+        result.runs.append(run)
+        # nodes behind an If forced to its fused side, in branches the first inputs do not reach
+        behind = {n.name for d in prover.dispatch.values() for n in d.nodes} & set(nodes)
+        ran = {n for n, m in run.modes.items() if m == mode}
+        for words, feeds_forced in prover.forced_feeds:
+            if behind <= ran:
+                break
+            if feeds_forced.keys() == first.keys() and all(np.array_equal(feeds_forced[k], first[k]) for k in first):
+                continue  # the run just made
+            run = prover.run(f"{mode} forced{words}", feeds_forced, forced, forced=prover.forced)
+            result.runs.append(run)
+            ran |= {n for n, m in run.modes.items() if m == mode}
     return _noted_noise(result)
 
 

@@ -16,6 +16,10 @@ block's new nodes named under ``ortflash/<front end>_<row>/``). Per dispatched b
 - where the query length can differ from the key length (a KV cache: a prefill and one-token decode
   steps; cross-attention), the condition reads it too: a one-query step takes the fused form only
   from the decode crossover (``Threshold.decode``; None: never).
+- a block inside an If's branch (a merged decoder's use_cache_branch, at any depth of Ifs) gets
+  its If in that branch, the condition computed there from the branch's values and the enclosing
+  graphs' inputs (outer scope); only the branch that runs computes it. A Loop or Scan body is not
+  written into (a run cannot show which side its If took).
 
 Each If carries ``DISPATCH_KEY`` in its metadata (the thresholds), which checks/verify.py reads to
 run the model on each side. ``witness=True`` writes the original ops in both branches: the If's
@@ -69,14 +73,74 @@ def dispatch(
     share_conditions: bool = True,
     branch_shapes: bool = False,
 ) -> Dispatched:
-    """``fused`` with each block of ``thresholds`` (report row -> where it takes the fused form) in
-    the main graph written as an If on its run's length. ``inferred``: the original with inferred
-    shapes (value_info), whose dim names say which blocks share a length. ``share_conditions=False``
-    computes each block's condition from its own K (and Q): the alternative the benchmark measures.
-    ``branch_shapes``: the fused model's value_info of the values a branch computes moves into that
-    branch, for a lowering that runs after the dispatch (a GPU EP's) to prove from."""
-    shapes = _shape_table(inferred if inferred is not None else original)
-    graph_o, graph_f = original.graph, fused.graph
+    """``fused`` with each block of ``thresholds`` (report row -> where it takes the fused form)
+    written as an If on its run's length, in the graph that holds it: the main graph, or an If's
+    branch at any depth (a merged decoder's), where the If is nested in the branch and its
+    condition is computed there (reading the enclosing graphs' values by outer scope).
+    ``inferred``: the original with inferred shapes (value_info), whose dim names say which
+    blocks share a length. ``share_conditions=False`` computes each block's condition from its own
+    K (and Q): the alternative the benchmark measures. ``branch_shapes``: the fused model's
+    value_info of the values a branch computes moves into that branch, for a lowering that runs
+    after the dispatch (a GPU EP's) to prove from."""
+    shaped = inferred if inferred is not None else original
+    where = _rows_by_graph(fused.graph, set(thresholds))
+    left: dict[int, str] = {
+        row: "its fused node was not found in the main graph" for row in thresholds if row not in where
+    }
+    # each graph that holds dispatched blocks, the main graph first, then the branches in walk order
+    paths = sorted({path for path in where.values()}, key=lambda path: (len(path) > 0, _walk_order(fused.graph, path)))
+    planned: list[tuple[_Path, onnx.GraphProto, onnx.GraphProto, _Planned]] = []
+    for path in paths:
+        rows = {row: t for row, t in thresholds.items() if where.get(row) == path}
+        graph_o = _graph_at(original.graph, path)
+        if graph_o is None or not _in_if_branches(fused.graph, path):
+            why = (
+                "its graph has no twin in the original"
+                if graph_o is None
+                else "it is inside a Loop or Scan body, whose sides a run cannot show"
+            )
+            left.update({row: why for row in rows})
+            continue
+        graph_f = _graph_at(fused.graph, path)
+        assert graph_f is not None
+        plans = _planned(graph_o, graph_f, rows)
+        if isinstance(plans, dict):
+            left.update(plans)
+        else:
+            planned.append((path, graph_o, graph_f, plans))
+    if left:  # the caller fuses again with these blocks kept as they were, and asks again
+        return Dispatched(fused, frozenset(), left)
+
+    out = onnx.ModelProto()
+    out.CopyFrom(fused)
+    main_shapes = _shape_table_of(shaped.graph)
+    for index, (path, graph_o, graph_f, plans) in enumerate(planned):
+        graph_out = _graph_at(out.graph, path)  # written into; graph_f (the fused model's) is read
+        assert graph_out is not None
+        if path:  # a branch: its own values' shapes over the main graph's, and what it reads from outside
+            inferred_graph = _graph_at(shaped.graph, path)
+            shapes = {**main_shapes, **(_shape_table_of(inferred_graph) if inferred_graph is not None else {})}
+            visible = [*_graph_at_chain(out.graph, path)]
+            prefix = f"ortflash/length_dispatch@{index}"
+        else:
+            shapes, visible, prefix = main_shapes, [], "ortflash/length_dispatch"
+        conditions = _Conditions(
+            graph_f, shapes if share_conditions else {}, fused.opset_import, prefix=prefix, outer=visible
+        )
+        _write_ifs(graph_out, graph_o, graph_f, plans, thresholds, shapes, conditions, witness, branch_shapes)
+    return Dispatched(out, frozenset(row for *_, plans in planned for row in plans.plans), left)
+
+
+@dataclass
+class _Planned:
+    plans: dict[int, _Plan]
+    shared: list[onnx.NodeProto]  # original nodes more than one dispatched block's else branch needs
+
+
+def _planned(
+    graph_o: onnx.GraphProto, graph_f: onnx.GraphProto, thresholds: Mapping[int, Threshold]
+) -> _Planned | dict[int, str]:
+    """Each block's branches in one graph, or the rows that cannot be written so (row -> why)."""
     # what the fused model's own nodes compute (fusion's new nodes may reuse a graph output's name)
     fused_outputs = {o for n in graph_f.node if not n.name.startswith(_NEW_NODES) for o in n.output if o}
     removed = [n for n in graph_o.node if not any(o in fused_outputs for o in n.output if o)]
@@ -98,13 +162,25 @@ def dispatch(
     shared = [n for n in removed if uses.get(id(n), 0) > 1]
     for plan in plans.values():
         plan.original = [n for n in plan.original if uses.get(id(n), 0) == 1]
+    return left if left else _Planned(plans, shared)
 
-    if left:  # the caller fuses again with these blocks kept as they were, and asks again
-        return Dispatched(fused, frozenset(), left)
+
+def _write_ifs(
+    graph_out: onnx.GraphProto,
+    graph_o: onnx.GraphProto,
+    graph_f: onnx.GraphProto,
+    planned: _Planned,
+    thresholds: Mapping[int, Threshold],
+    shapes: Mapping[str, tuple[int, list[str | int | None]]],
+    conditions: _Conditions,
+    witness: bool,
+    branch_shapes: bool,
+) -> None:
+    """graph_out (a copy of graph_f) rewritten with each planned block as an If on its length."""
+    plans = planned.plans
     moved = {id(n) for plan in plans.values() for n in plan.fused}
     outer: list[onnx.NodeProto] = [n for n in graph_f.node if id(n) not in moved]
-    outer += shared
-    conditions = _Conditions(graph_f, shapes if share_conditions else {}, fused.opset_import)
+    outer += planned.shared
     for row, plan in sorted(plans.items()):
         threshold = thresholds[row]
         hoisted, cond, key_len = conditions.condition(plan, threshold, row)
@@ -117,19 +193,83 @@ def dispatch(
     to_original = {f: x for plan in plans.values() for x, f in plan.outputs}
     outer = [_renamed(n, to_original, "") if set(n.input) & to_original.keys() else n for n in outer]
 
-    out = onnx.ModelProto()
-    out.CopyFrom(fused)
     names_f = {t.name for t in graph_f.initializer}
     read = _names_read(outer)
-    out.graph.initializer.extend(t for t in graph_o.initializer if t.name not in names_f and t.name in read)
-    out.graph.initializer.extend(conditions.initializers)
+    graph_out.initializer.extend(t for t in graph_o.initializer if t.name not in names_f and t.name in read)
+    graph_out.initializer.extend(conditions.initializers)
     inner = {o for plan in plans.values() for n in (*plan.fused, *plan.original) for o in n.output}
-    kept_vi = [vi for vi in out.graph.value_info if vi.name not in inner]
-    del out.graph.value_info[:]
-    out.graph.value_info.extend(kept_vi)
-    del out.graph.node[:]
-    out.graph.node.extend(_topological(outer, graph_f))
-    return Dispatched(out, frozenset(plans), left)
+    kept_vi = [vi for vi in graph_out.value_info if vi.name not in inner]
+    del graph_out.value_info[:]
+    graph_out.value_info.extend(kept_vi)
+    del graph_out.node[:]
+    graph_out.node.extend(_topological(outer, graph_f))
+
+
+# where a graph is in the model: (node name, attribute name) from the main graph down; () the main graph
+_Path = tuple[tuple[str, str], ...]
+
+
+def _rows_by_graph(graph: onnx.GraphProto, rows: set[int], path: _Path = ()) -> dict[int, _Path]:
+    """report row -> the graph that holds its fused node (the first found, at any depth)."""
+    found: dict[int, _Path] = {}
+    for node in graph.node:
+        for prop in node.metadata_props:
+            if prop.key == BLOCK_ID and int(prop.value) in rows:
+                found.setdefault(int(prop.value), path)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                for row, at in _rows_by_graph(attr.g, rows, (*path, (node.name, attr.name))).items():
+                    found.setdefault(row, at)
+    return found
+
+
+def _graph_at(graph: onnx.GraphProto, path: _Path) -> onnx.GraphProto | None:
+    """The subgraph at ``path`` (the node named so, its attribute), None where a name is missing or repeated."""
+    for node_name, attr_name in path:
+        nodes = [n for n in graph.node if n.name == node_name]
+        if len(nodes) != 1 or not node_name:
+            return None
+        attrs = [a for a in nodes[0].attribute if a.name == attr_name and a.type == onnx.AttributeProto.GRAPH]
+        if len(attrs) != 1:
+            return None
+        graph = attrs[0].g
+    return graph
+
+
+def _graph_at_chain(graph: onnx.GraphProto, path: _Path) -> list[onnx.GraphProto]:
+    """The graphs enclosing the one at ``path``, the main graph first (the values it reads by outer scope)."""
+    chain = [graph]
+    for depth in range(1, len(path)):
+        sub = _graph_at(graph, path[:depth])
+        if sub is not None:
+            chain.append(sub)
+    return chain
+
+
+def _in_if_branches(graph: onnx.GraphProto, path: _Path) -> bool:
+    """Whether every step of ``path`` is an If's branch (not a Loop or Scan body)."""
+    for depth, (node_name, _) in enumerate(path):
+        holder = _graph_at(graph, path[:depth])
+        node = next((n for n in holder.node if n.name == node_name), None) if holder is not None else None
+        if node is None or node.op_type != "If":
+            return False
+    return True
+
+
+def _walk_order(graph: onnx.GraphProto, path: _Path) -> list[int]:
+    """The place of ``path`` in a walk of the model (node index, then then_branch before else_branch)."""
+    order: list[int] = []
+    for node_name, attr_name in path:
+        index = next((k for k, n in enumerate(graph.node) if n.name == node_name), len(graph.node))
+        node = graph.node[index] if index < len(graph.node) else None
+        attrs = [a.name for a in node.attribute] if node is not None else []
+        order += [index, attrs.index(attr_name) if attr_name in attrs else len(attrs)]
+        sub = _graph_at(graph, ((node_name, attr_name),))
+        if sub is None:
+            break
+        graph = sub
+    return order
 
 
 @dataclass
@@ -212,13 +352,18 @@ class _Conditions:
         graph: onnx.GraphProto,
         shapes: Mapping[str, tuple[int, list[str | int | None]]],
         opsets: Iterable[onnx.OperatorSetIdProto],
+        *,
+        prefix: str = "ortflash/length_dispatch",
+        outer: Iterable[onnx.GraphProto] = (),
     ) -> None:
-        self.graph, self.shapes = graph, shapes
+        # prefix: the nodes' and constants' names, unique model-wide (a branch's differs from the main
+        # graph's); outer: the graphs enclosing a branch, whose inputs it reads by outer scope
+        self.graph, self.shapes, self.prefix = graph, shapes, prefix
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.lengths: dict[object, str] = {}
         self.conds: dict[tuple[object, ...], str] = {}
-        self.inputs = {i.name: i for i in graph.input}
+        self.inputs = {i.name: i for g in (*outer, graph) for i in g.input}
         self.opset = next((o.version for o in opsets if o.domain in ("", "ai.onnx")), 1)
 
     def condition(self, plan: _Plan, threshold: Threshold, row: int) -> tuple[list[onnx.NodeProto], str, str]:
@@ -231,7 +376,7 @@ class _Conditions:
         key = (keys[0] or keys[1], threshold.key_len, decode, queries[0] or queries[1] if one_query_possible else None)
         if key in self.conds:
             return hoisted, self.conds[key], keys[1]
-        tag = f"ortflash/length_dispatch_{len(self.conds)}"
+        tag = f"{self.prefix}_{len(self.conds)}"
         long = self._node("GreaterOrEqual", [keys[1], self._const(tag + "/from", threshold.key_len)], tag + "/long")
         if one_query_possible and decode != threshold.key_len:
             step = self._node("Equal", [queries[1], self._const(tag + "/one", 1)], tag + "/one_query")
@@ -283,7 +428,7 @@ class _Conditions:
                 if name in self.inputs and symbol in in_dims:
                     source, at = name, in_dims.index(symbol)
                     break
-        tag = f"ortflash/length_dispatch/len_{len(self.lengths)}_{row}_{operand}"
+        tag = f"{self.prefix}/len_{len(self.lengths)}_{row}_{operand}"
         if self.opset >= 15:  # Shape's start and end
             out = self._node("Shape", [source], tag)
             self.nodes[-1].attribute.extend([helper.make_attribute("start", at), helper.make_attribute("end", at + 1)])
@@ -401,11 +546,10 @@ def _topological(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[on
     return order
 
 
-def _shape_table(model: onnx.ModelProto) -> dict[str, tuple[int, list[str | int | None]]]:
-    """value name -> (element type, dims: a number, a dim's name, or None) from the main graph's
+def _shape_table_of(graph: onnx.GraphProto) -> dict[str, tuple[int, list[str | int | None]]]:
+    """value name -> (element type, dims: a number, a dim's name, or None) from one graph's
     inputs, outputs and value_info."""
     table: dict[str, tuple[int, list[str | int | None]]] = {}
-    graph = model.graph
     for vi in (*graph.input, *graph.value_info, *graph.output):
         t = vi.type.tensor_type
         dims: list[str | int | None] = []

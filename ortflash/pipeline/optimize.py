@@ -162,10 +162,13 @@ def _fastest_forms(
         # a block the chosen target did not lower is a FlashAttention node: its form is ortflash's
         form = target if block.lowered_to else DEFAULT_TARGET
         lengths = list(seq_lens) if seq_lens else ([block.key_len] if block.key_len else None)
-        # an If on the length is written around a FlashAttention node of the main graph; on a GPU EP
-        # it is written before the lowering, which then lowers the node inside the If's fused branch
+        # an If on the length is written around a FlashAttention node, in the graph that holds it: the
+        # main graph, or an If's branch (a merged decoder's: the If nested there). On a GPU EP it is
+        # written before the lowering, which then lowers the node inside the If's fused branch: the
+        # main graph's only
         lowered_later = block.lowered_to is not None and ep in forms.LOWERED_DISPATCH_EPS
-        can_dispatch = (block.lowered_to is None or lowered_later) and "/" not in _scope_of(block.name)
+        scope = _scope_of(block.name)
+        can_dispatch = (block.lowered_to is None and _in_if_branches(block.name)) or (lowered_later and not scope)
         choice = forms.choose(
             form,
             policy,
@@ -348,6 +351,12 @@ def _scope_of(name: str) -> str:
         if marker in name:
             return name[: name.index(marker) + len(marker)]
     return ""
+
+
+def _in_if_branches(name: str) -> bool:
+    """Whether a report row's block is in the main graph or in If branches only, at any depth (not
+    in a Loop or Scan body, whose If's sides verify cannot read)."""
+    return ".body/" not in name and ".branches[" not in name
 
 
 def _check_target(target: str | None, ep: str | None) -> None:
