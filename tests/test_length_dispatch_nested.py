@@ -164,3 +164,52 @@ def test_a_nested_if_the_model_cannot_run_at_the_crossover_of_has_its_fused_side
         for node, mode in run.modes.items():
             ran.setdefault(node, set()).add(mode)
     assert len(ran) == len(dispatched) and all(modes == {"naive", "online"} for modes in ran.values()), ran
+
+
+def test_ifs_two_levels_deep_are_written_and_each_side_verified(tmp_path) -> None:
+    """llama_merged's If inside both branches of another If on a boolean input: 8 blocks, each its
+    If in its own branch two levels down; verify reaches each through both inputs the Ifs read."""
+    import copy
+
+    from onnx import helper
+
+    model = onnx.load(MERGED)
+    graph = model.graph
+    merged_if = graph.node[0]
+    branches = {
+        side: helper.make_graph(
+            [copy.deepcopy(merged_if)], f"outer_{side}", [], [copy.deepcopy(o) for o in graph.output]
+        )
+        for side in ("then", "else")
+    }
+    outer = helper.make_node(
+        "If",
+        ["outer_flag"],
+        [o.name for o in graph.output],
+        name="outer/if",
+        then_branch=branches["then"],
+        else_branch=branches["else"],
+    )
+    del graph.node[:]
+    graph.node.append(outer)
+    graph.input.append(helper.make_tensor_value_info("outer_flag", onnx.TensorProto.BOOL, [1]))
+    path = str(tmp_path / "deep.onnx")
+    onnx.save(model, path)
+    out, report = optimize(path, online_softmax=True)
+    assert report.fused == 8 and all(b.fused_from == _start() for b in report.blocks)
+    depth_two = [
+        n
+        for outer_branch in out.graph.node[0].attribute
+        for node in outer_branch.g.node
+        for branch in node.attribute
+        if branch.type == onnx.AttributeProto.GRAPH
+        for n in _dispatch_ifs(branch.g)
+    ]
+    assert len(depth_two) == 8
+    result = verify_every_softmax(path, out)
+    assert result.ok
+    sides: dict[str, set[str]] = {}
+    for run in result.runs:
+        for name, side in run.dispatch.items():
+            sides.setdefault(name, set()).add(side)
+    assert len(sides) == 8 and all(s == {"fused", "original ops"} for s in sides.values()), sides
