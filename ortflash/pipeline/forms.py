@@ -81,7 +81,10 @@ RESULTS_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
                 "padding": ("crossover_cpu_avx512", "crossover_cpu_avx512_run2"),
                 "none": ("crossover_cpu_avx512_nomask", "crossover_cpu_avx512_nomask_run2"),
                 "causal": ("crossover_cpu_avx512_causal_mask",),
-                "bias": ("crossover_cpu_avx512_bias",),
+                # the current kernel's runs (3ac9cf1-67641d2, the native op), on an AVX-512 EPYC (Zen 5);
+                # the Xeon's crossover_cpu_avx512_bias (older kernel, the Python bridge, load 9-13) is
+                # kept committed but no longer read: a faster kernel only moves a crossover earlier
+                "bias": ("crossover_cpu_avx512_bias_zen5", "crossover_cpu_avx512_bias_zen5_run2"),
             }
         ),
     }
@@ -186,8 +189,12 @@ _AVX2 = MappingProxyType(
 # of two rounds on 2026-12-02 with S = 32 and 128, which moved every D=64 entry to 1024); the causal
 # row on the same class 2026-12-02, S = 16-2048 with 32 and 128, two rounds, load 8-13 (a shared
 # machine): naive and online from 128 (D=32) and 256 (D=64), where AVX2's were 256-1024; no causal
-# real-size export was run, so that row is the stack's alone. The bias row on the same class the
-# same day (two rounds, 5 runs each): no form won at any measured length (0.61-1.08x), as on AVX2.
+# real-size export was run, so that row is the stack's alone. The bias row: two runs on an AVX-512
+# AMD EPYC (Zen 5, family 26 model 2) with the current kernel through the native op, 2026-12-02,
+# quiet (load 0.5-1.5), two rounds each: naive from 1024 (D=32: 1.20-1.41x at 1024-2048) and 512
+# (D=64: 1.05-1.07x at 512, 1.00-1.03x at 1024, 1.09-1.20x at 2048), online from 1024 at D=32 and
+# never at 64 (0.92x at 2048 in one run); contrib and onnx never. The Xeon's run of the older kernel
+# (no form won, 0.61-1.08x, load 9-13) is no longer read: its machine was not re-measured.
 # No row is borrowed now (BORROWED is empty; the mechanism stays for a class measured in part).
 # The padding row's FlashAttention entries are bounded by the real-size exports run fused through
 # the native op on the same class (REAL_SIZE_FILES: crossover_real_size_avx512_native, 2026-12-02
@@ -202,7 +209,7 @@ _AVX512 = MappingProxyType(
         # no padded key tile to skip: the kernel does the unfused graph's work
         "none": _rows({32: None, 64: 1024}, {32: None, 64: 1024}, {32: 1024, 64: 1024}, {32: None, 64: 1024}),
         "causal": _rows({32: 128, 64: 256}, {32: 128, 64: 256}, {32: 1024, 64: 1024}, {32: None, 64: None}),
-        "bias": _rows({32: None, 64: None}, {32: None, 64: None}, {32: None, 64: None}, {32: None, 64: None}),
+        "bias": _rows({32: 1024, 64: 512}, {32: 1024, 64: None}, {32: None, 64: None}, {32: None, 64: None}),
     }
 )
 CPU_CROSSOVERS: Mapping[str, Table] = MappingProxyType(
