@@ -497,7 +497,57 @@ def run(folder: str, out_dir: str) -> None:
 
 
 def table(json_path: str, md_path: str) -> None:
-    raise SystemExit("written after the run")
+    """The padding blocks' rows: each variant against the original and PyTorch's default SDPA, and
+    the guard's row reductions (outer_first, the default, against direct) by their GPU kernels."""
+    data = json.load(open(json_path))
+    peers = {(p["batch"], p["seq"]): p for p in data["torch_sdpa"] if "torch_ms" in p}
+    rows = [r for r in data["rows"] if r.get("group") == "padding" and "ms" in r]
+    base = {(r["batch"], r["seq"], r["shape"]): r["ms"] for r in rows if r["variant"] == "original"}
+    lines = [
+        "# The exported padding block on ONNX Runtime's CUDA EP at batch 1 and 2 (cuda_cudnn_cache.py)",
+        "",
+        f"- date: {data['date']}; GPU: {data['gpu']}; onnxruntime {data['onnxruntime']}",
+        "- block: cuda_forms.block('padding'), float16, H16 D64, a quarter of the keys padded (batch item 2 "
+        "on the left); static: batch and length numbers; symbolic: both named. ms: median of 3 alternating "
+        "rounds of 10 bound calls (wall, inputs and outputs on the GPU); reduce µs: the GPU time per call of "
+        "kernels named *reduce* (CUPTI, 3 calls); torch: scaled_dot_product_attention with PyTorch's default "
+        "backend (boolean [B, 1, 1, S] mask), CUDA events, median of 20",
+        "- variants: ep_cuda (`--ep cuda`), ep_cuda_seq_lens (`--ep cuda --seq-lens S`, symbolic only), "
+        "target_cuda (ROW_REDUCE outer_first, the default since 00bfe30), target_cuda_direct (ROW_REDUCE "
+        "direct), target_onnx (Attention-23)",
+        "",
+        "| B | S | shape | variant | kernel | ms | vs original | / torch | reduce µs | GPU busy µs | err | ok |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        orig = base.get((r["batch"], r["seq"], r["shape"]))
+        peer = peers.get((r["batch"], r["seq"]))
+        gpu = r.get("gpu", {})
+        reduce_us = sum(k["us"] for k in gpu.get("top", []) if "reduce" in k["kernel"].lower())
+        cells = [
+            str(r["batch"]),
+            str(r["seq"]),
+            r["shape"],
+            r["variant"],
+            ",".join(r["kernels"]) or "-",
+            f"{r['ms']:.3f}",
+            f"{orig / r['ms']:.2f}x" if orig and r["variant"] != "original" else "",
+            f"{r['ms'] / peer['torch_ms']:.2f}" if peer else "",
+            f"{reduce_us:.0f}" if gpu.get("top") else "",
+            f"{gpu['busy_us']:.0f}" if "busy_us" in gpu else "",
+            f"{r['max_abs']:.2g}" if "max_abs" in r else "",
+            ("yes" if r.get("ok") else "NO") if "ok" in r else "",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## PyTorch SDPA, default backend", "", "| B | S | backend | ms | torch |", "|---|---|---|---|---|"]
+    for p in data["torch_sdpa"]:
+        if "torch_ms" in p:
+            lines.append(f"| {p['batch']} | {p['seq']} | {p['backend']} | {p['torch_ms']:.3f} | {p['torch']} |")
+    errors = [r for r in data["rows"] if "error" in r]
+    if errors:
+        lines += ["", "Errors: " + "; ".join(f"{r['stem']} {r['variant']}: {r['error'][:120]}" for r in errors)]
+    lines += ["", *data.get("findings", [])]
+    ep_probe.write_table(md_path, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
