@@ -79,7 +79,9 @@ RESULTS_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
         "avx512": MappingProxyType(
             {
                 "padding": ("crossover_cpu_avx512", "crossover_cpu_avx512_run2"),
-                "none": ("crossover_cpu_avx512_nomask", "crossover_cpu_avx512_nomask_run2"),
+                # the current kernel's run on the AVX-512 EPYC (Zen 5); the Xeon's two runs of the older
+                # kernel (crossover_cpu_avx512_nomask{,_run2}) are kept committed but no longer read
+                "none": ("crossover_cpu_avx512_nomask_zen5",),
                 "causal": ("crossover_cpu_avx512_causal_mask",),
                 # the current kernel's runs (3ac9cf1-67641d2, the native op), on an AVX-512 EPYC (Zen 5);
                 # the Xeon's crossover_cpu_avx512_bias (older kernel, the Python bridge, load 9-13) is
@@ -106,7 +108,12 @@ _AVX512_BRIDGE_RUNS = ("crossover_real_size_avx512", "crossover_real_size_avx512
 REAL_SIZE_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
         "avx2": MappingProxyType({"padding": ("crossover_real_size_avx2",)}),
-        "avx512": MappingProxyType({"padding": ("crossover_real_size_avx512_native",), "none": _AVX512_BRIDGE_RUNS}),
+        "avx512": MappingProxyType(
+            {
+                "padding": ("crossover_real_size_avx512_native", "crossover_real_size_avx512_zen5"),
+                "none": (*_AVX512_BRIDGE_RUNS, "crossover_real_size_avx512_zen5"),
+            }
+        ),
     }
 )
 REAL_SIZE_FORMS = ("naive", "online")
@@ -202,12 +209,19 @@ _AVX2 = MappingProxyType(
 # (MiniLM-L6 0.99x at 32, 1.04x at 64, 1.06x at 128; MiniLM-L3 from 16, MiniLM-L6 SDPA from 32) and
 # 32 at 64 (the 6x64 BERT 0.89x at 16, 1.06-1.21x at 32-512), where the stacks won from 64 and 16.
 # The bridge-era runs (crossover_real_size_avx512{,_run2}, 256 / 512) are no longer read for it.
-# The no-mask row is bounded by ViT-S at its 197 (0.88x through the bridge: no change).
+# The same exports fused on the AVX-512 EPYC (Zen 5) with the current kernel (crossover_real_size_
+# avx512_zen5, 2026-12-02, quiet, 2-3 rounds, S = 16-512 with 197) won only from 512 at both head dims
+# (the 6x64 BERT 0.93x at 197; MiniLM-L6 0.93-0.94x at 64-128, MiniLM-L3 0.94-0.98x below 256), so the
+# padding row is 512 / 512: the later of both machines. The no-mask row: the current kernel's stack
+# run on the Zen 5 (crossover_cpu_avx512_nomask_zen5, one run of two rounds, load 1.6-2.8): naive from
+# 64 (D=32) and 16 (D=64), online from 128 and 64, contrib from 64 and 256, onnx never; the FlashAttention
+# entries at D=64 bounded by ViT-S at its 197 (0.88x through the bridge on the Xeon, 0.94x on the Zen 5
+# natively: from the stack's next length, 256). The Xeon's no-mask runs (older kernel) are not read.
 _AVX512 = MappingProxyType(
     {
-        "padding": _rows({32: 128, 64: 32}, {32: 128, 64: 32}, {32: None, 64: None}, {32: None, 64: None}),
+        "padding": _rows({32: 512, 64: 512}, {32: 512, 64: 512}, {32: None, 64: None}, {32: None, 64: None}),
         # no padded key tile to skip: the kernel does the unfused graph's work
-        "none": _rows({32: None, 64: 1024}, {32: None, 64: 1024}, {32: 1024, 64: 1024}, {32: None, 64: 1024}),
+        "none": _rows({32: 64, 64: 256}, {32: 128, 64: 256}, {32: 64, 64: 256}, {32: None, 64: None}),
         "causal": _rows({32: 128, 64: 256}, {32: 128, 64: 256}, {32: 1024, 64: 1024}, {32: None, 64: None}),
         "bias": _rows({32: 1024, 64: 512}, {32: 1024, 64: None}, {32: None, 64: None}, {32: None, 64: None}),
     }
