@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
@@ -254,3 +255,97 @@ def _reads_a_cache_append(model: onnx.ModelProto) -> bool:
         if any(is_flash_attention(n) and len(n.input) > 1 and n.input[1] in concat_outputs for n in graph.node):
             return True
     return False
+
+
+# ---------------------------------------------------------------- the values fusion wrote, node by node
+
+
+def with_written_types(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A fused model whose rules' shapes came from ONNX's inference (its value_info: every value
+    the input had is typed), with the main graph's values fusion wrote typed node by node (ONNX's
+    per-node inference; a FlashAttention node by the stand-in with_flash_shapes writes for it), in
+    node order: what ``with_flash_shapes`` adds on its ONNX path, without a whole-model inference.
+
+    None where that cannot be proved the same, for the caller to run ``with_flash_shapes``: a
+    KV-cache append (there ONNX Runtime's symbolic inference types the graph), a standard node
+    with an input nothing types, a node ONNX cannot infer, an operand of the block's ops left
+    without a rank, or a written value with a dim no number or name gives (the whole-model
+    inference names such dims ``unk__N`` from a counter over the whole graph, or refines them
+    from the types it merges: models/t5_eager_torchscript, bert_*_torchscript, bart_f16)."""
+    if _reads_a_cache_append(model):
+        return None
+    graph = model.graph
+    opset = u.default_opset(model)
+    types: dict[str, onnx.TypeProto] = {}
+    for vi in [*graph.input, *graph.value_info, *graph.output]:
+        types.setdefault(vi.name, vi.type)
+    data: dict[str, onnx.TensorProto] = {}
+    for init in graph.initializer:
+        types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+        data[init.name] = init
+    added: list[onnx.ValueInfoProto] = []
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            data.update((node.output[0], a.t) for a in node.attribute if a.name == "value")
+        if all(o in types for o in node.output if o):
+            continue
+        if is_flash_attention(node) and len(node.input) >= 3:
+            found = _stand_in_types(node, opset, types, model.opset_import)
+        elif node.domain in ("", "ai.onnx"):
+            if any(i and i not in types for i in node.input):
+                return None
+            ins = {i: types[i] for i in node.input if i}
+            found = _node_types(node, opset, ins, {i: data[i] for i in node.input if i in data}, model.opset_import)
+        else:
+            continue  # an op ONNX does not know: the whole-model inference leaves its outputs untyped too
+        if found is None:
+            return None
+        for name, found_type in found.items():
+            if name in types:
+                continue
+            if not _every_dim_given(found_type):
+                return None
+            types[name] = found_type
+            added.append(onnx.helper.make_value_info(name, found_type))
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.value_info.extend(added)
+    return None if unknown_ranks(out) else out
+
+
+def _stand_in_types(
+    node: onnx.NodeProto, opset: int, types: dict[str, onnx.TypeProto], imports: Sequence[onnx.OperatorSetIdProto]
+) -> dict[str, onnx.TypeProto] | None:
+    """FlashAttention's output as with_flash_shapes' stand-in types it: ReduceSum(Q over D) *
+    ReduceSum(V over heads and keys)."""
+    q, v = node.input[0], node.input[2]
+    if q not in types or v not in types:
+        return None
+    make = onnx.helper.make_node
+    # opset 12's ReduceSum (axes an attribute) infers as the stand-in's opset-13 form does
+    rq = _node_types(make("ReduceSum", [q], ["q"], axes=[3], keepdims=1), 12, {q: types[q]}, {}, imports)
+    rv = _node_types(make("ReduceSum", [v], ["v"], axes=[1, 2], keepdims=1), 12, {v: types[v]}, {}, imports)
+    if rq is None or rv is None:
+        return None
+    return _node_types(make("Mul", ["q", "v"], [node.output[0]]), opset, {"q": rq["q"], "v": rv["v"]}, {}, imports)
+
+
+def _node_types(
+    node: onnx.NodeProto,
+    opset: int,
+    inputs: dict[str, onnx.TypeProto],
+    data: dict[str, onnx.TensorProto],
+    imports: Sequence[onnx.OperatorSetIdProto],
+) -> dict[str, onnx.TypeProto] | None:
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+        return onnx.shape_inference.infer_node_outputs(schema, node, inputs, data, opset_imports=list(imports))
+    except Exception:  # noqa: BLE001 - an op or version ONNX has no schema or inference for
+        return None
+
+
+def _every_dim_given(value_type: onnx.TypeProto) -> bool:
+    tensor = value_type.tensor_type
+    if not value_type.HasField("tensor_type") or not tensor.HasField("shape"):
+        return False
+    return all(d.HasField("dim_value") or d.dim_param for d in tensor.shape.dim)

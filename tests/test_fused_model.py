@@ -1,16 +1,19 @@
 """The FusedModel between fusion and lowering (issue 32 item 1): fusion hands on the model in
-memory, the lowerings prove from one shape inference shared by every candidate and lower clones,
-and each candidate is serialized once, when it is written."""
+memory, the lowerings prove from the one shape inference of the call (the values fusion wrote typed
+node by node) and lower clones, and each candidate is serialized once, when it is written."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
 from attention_graphs import Variant, build
+from test_kv_cache import cached_flash_model
 
-from ortflash.model_shapes import with_shapes
+from ortflash.model_shapes import with_flash_shapes, with_shapes, with_written_types
 from ortflash.op.node import flash_nodes
 from ortflash.op.policy import SoftmaxPolicy
 from ortflash.pipeline.fused_model import fuse_model, lowered_for
@@ -41,9 +44,10 @@ _LOWERABLE = Variant(where_mask="keep", opset=23)
 
 
 @pytest.mark.parametrize("how", ["ep cpu, three candidates", "contrib", "onnx"])
-def test_two_shape_inferences_per_call_whatever_the_number_of_candidates(monkeypatch, how):
-    """One inference for the rules, one after fusion for every lowering together; before, each
-    lowered candidate ran its own (3 in all under --ep cpu here)."""
+def test_one_shape_inference_per_call_whatever_the_number_of_candidates(monkeypatch, how):
+    """One inference, for the rules; the lowerings read the values fusion wrote typed node by node
+    (model_shapes.with_written_types). Before: a second, after fusion, for every lowering together
+    (and before that one per lowered candidate, 3 in all under --ep cpu here)."""
     calls = _counting(monkeypatch, onnx.shape_inference, "infer_shapes")
     if how.startswith("ep"):
         _, report = optimize(build(_THREE_CANDIDATES), ep="cpu", seq_lens=[4096], **NO_CHECK)
@@ -53,7 +57,59 @@ def test_two_shape_inferences_per_call_whatever_the_number_of_candidates(monkeyp
         _, report = optimize(build(_LOWERABLE), target=how, **NO_CHECK)
         assert report.blocks[0].lowered_to is not None
     assert report.fused == 1
-    assert len(calls) == 2
+    assert len(calls) == 1
+
+
+# graphs whose fused blocks write Transposes, Unsqueezes, Casts, Reshapes and Slices before the node
+_TYPED_NODE_BY_NODE = {
+    "where mask": Variant(where_mask="keep"),
+    "bias and mask, opset 23": Variant(where_mask="drop", bias_shapes=(("B", 1, "S", "T"),), opset=23),
+    "pretransposed K, mul scale": Variant(k_form="pretransposed", scale_site="mul_scores"),
+    "bshd K": Variant(k_form="bshd"),
+    "float16, softmax in float32": Variant(dtype=onnx.TensorProto.FLOAT16, softmax_cast=True, where_mask="keep"),
+    "rank 3": Variant(rank=3),
+    "opset 12": Variant(where_mask="keep", opset=12),
+}
+
+
+@pytest.mark.parametrize("variant", list(_TYPED_NODE_BY_NODE.values()), ids=list(_TYPED_NODE_BY_NODE))
+def test_the_values_fusion_wrote_typed_node_by_node_are_what_the_whole_model_inference_gives(variant):
+    """Byte for byte the model with_flash_shapes' second inference gives: the lowerings read the
+    same types, so they write the same models (the byte check over models/ and tests/data/ too)."""
+    fused = _fused(variant)
+    assert fused.model is not None and fused.report.shape_inference == "onnx"
+    proto = ir.serde.serialize_model(fused.model)
+    node_by_node = with_written_types(proto)
+    assert node_by_node is not None
+    assert len(node_by_node.graph.value_info) > len(proto.graph.value_info)  # the written values typed
+    whole = with_flash_shapes(proto)
+    assert _bytes(node_by_node) == _bytes(whole)
+    assert _bytes(ir.serde.deserialize_model(node_by_node)) == _bytes(fused.typed())
+
+
+def _bytes(model) -> bytes:
+    """The serialized model as the lowerings read it (value_info in the IR's order)."""
+    if isinstance(model, onnx.ModelProto):
+        model = ir.serde.deserialize_model(model)
+    return ir.serde.serialize_model(model).SerializeToString()
+
+
+def test_a_kv_cache_append_and_an_unnamed_dim_are_left_to_the_whole_model_inference():
+    """Where node-by-node types cannot be proved the same, None: a KV-cache append (ONNX Runtime's
+    symbolic inference types it) and a written value with a dim nothing names (the whole-model
+    inference names it unk__N from its own counter)."""
+    cached = cached_flash_model(hq=2, hkv=2, is_causal=1, bias="none")
+    assert with_written_types(cached) is None
+    # t5's relative-position bias: the Add fusion writes before the node has a dim no type names
+    path = Path(__file__).parent.parent / "models" / "t5_eager_torchscript.onnx"
+    proto = onnx.load(path)
+    fused = fuse_model(proto, with_shapes(proto), SoftmaxPolicy.for_new_nodes(None, None, 64, 0), None)
+    assert fused.model is not None and fused.report.fused > 0
+    written = ir.serde.serialize_model(fused.model)
+    assert with_written_types(written) is None
+    whole = {vi.name: vi for vi in with_flash_shapes(written).graph.value_info}
+    adds = [n.output[0] for n in written.graph.node if n.op_type == "Add" and n.name.startswith("ortflash/")]
+    assert adds and all(any(d.dim_param.startswith("unk__") for d in whole[a].type.tensor_type.shape.dim) for a in adds)
 
 
 def test_ortflash_s_own_target_runs_no_inference_after_fusion(monkeypatch):

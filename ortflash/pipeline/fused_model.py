@@ -3,9 +3,10 @@ and what fusion proved of each fused block, lowered per candidate target on a cl
 
 Fusion runs once (again where the cost table keeps blocks: pipeline/optimize.py) and hands on a
 ``FusedModel``. Its ``ir.Model`` is what ortflash's own target writes; the lowerings prove from
-the same model typed by one shape inference (``FusedModel.typed``), run when the first candidate
-lowers and shared by all of them: each lowers a clone (lowering.lower_ir) and is serialized once,
-when it is written (``written``)."""
+the same model with the values fusion wrote typed (``FusedModel.typed``: node by node where the
+rules' shapes came from ONNX's inference, else by a second inference), made when the first
+candidate lowers and shared by all of them: each lowers a clone (lowering.lower_ir) and is
+serialized once, when it is written (``written``)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ..lowering import LoweringNote, lower_ir
 from ..lowering.head_count import GivenHeads
 from ..lowering.targets import REGISTRY
 from ..model_io import graphs_of
-from ..model_shapes import with_flash_shapes
+from ..model_shapes import ONNX_INFERENCE, with_flash_shapes, with_written_types
 from ..op import spec
 from ..op.node import BLOCK_ID, flash_nodes
 from ..op.policy import SoftmaxPolicy
@@ -70,18 +71,25 @@ class FusedModel:
 
     def typed(self) -> ir.Model:
         """The fused model with the types of every value, the values fusion wrote included, for the
-        lowerings to prove from: the one shape inference after fusion (model_shapes.with_flash_shapes,
-        FlashAttention's outputs by stand-ins), run when the first candidate lowers and shared by
-        every candidate, each of which lowers a clone. Not what is written for ortflash's own
-        target, which is ``model`` as fusion wrote it (the written bytes are those of the fused graph).
+        lowerings to prove from, made when the first candidate lowers and shared by every
+        candidate, each of which lowers a clone. Not what is written for ortflash's own target,
+        which is ``model`` as fusion wrote it (the written bytes are those of the fused graph).
 
-        A graph typed as fusion writes it is not enough: the lowerings read the shapes of the
-        Transposes, Unsqueezes and Casts fusion writes before the node, and ONNX Runtime's symbolic
-        inference proves a KV-cache append's new keys as long as Q (lowering/cache.py); without this
-        step 46 of the first 376 outputs of the byte check (models/, tests/data) change."""
+        Where the rules' shapes came from ONNX's inference, the values fusion wrote are typed node
+        by node (model_shapes.with_written_types): no shape inference after fusion, and byte for
+        byte the model a second one would give. Elsewhere (a KV-cache append, which ONNX Runtime's
+        symbolic inference types; a written dim nothing names; shapes from the symbolic inference)
+        it is that second inference (model_shapes.with_flash_shapes, FlashAttention's outputs by
+        stand-ins). A graph typed only as fusion writes it is not enough: the lowerings read the
+        shapes of the Transposes, Unsqueezes and Casts fusion writes before the node; without them
+        46 of the first 376 outputs of the byte check (models/, tests/data) change."""
         assert self.model is not None
         if self._typed is None:
-            self._typed = ir.serde.deserialize_model(with_flash_shapes(ir.serde.serialize_model(self.model)))
+            fused = ir.serde.serialize_model(self.model)
+            # where the rules' shapes came from ONNX's inference, the values fusion wrote typed node
+            # by node give what its second run would (model_shapes.with_written_types says where not)
+            typed = with_written_types(fused) if self.report.shape_inference == ONNX_INFERENCE else None
+            self._typed = ir.serde.deserialize_model(typed if typed is not None else with_flash_shapes(fused))
             if self.folder is not None:
                 u.root_external_data(self._typed.graph, self.folder)
         return self._typed
