@@ -201,7 +201,7 @@ def dispatch_sides(
         keys = int(np.asarray(actual[d.keys]).reshape(-1)[0]) if d.keys in actual else None
         for node in d.nodes:
             if fused and keys is not None:
-                modes[node.name] = _node_policy(node, override).choose(keys)
+                modes[node.name] = node_policy(node, override).choose(keys)
                 key_lengths[node.name] = keys
             elif not fused:
                 modes.pop(node.name, None)  # it did not run
@@ -226,5 +226,6 @@ def steering(routes: list[tuple[tuple[str, bool], ...]], original: onnx.ModelPro
     return found
 
 
-def _node_policy(node: onnx.NodeProto, override: SoftmaxPolicy | None) -> SoftmaxPolicy:
+def node_policy(node: onnx.NodeProto, override: SoftmaxPolicy | None) -> SoftmaxPolicy:
+    """The policy a fused node runs: its own, with ``override``'s fields where they are set."""
     return SoftmaxPolicy.for_node(node_attributes(node), override)

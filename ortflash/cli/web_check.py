@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checks.verify import diff_dict
+    from ..checks.verify_result import diff_dict
     from ..checks.web_check import web_check
 
     console = console_for(args)
