@@ -89,7 +89,8 @@ def test_each_class_table_in_code_is_its_committed_benchmark_results(cpu_class):
         assert set(exports) <= set(by_form["naive"]), (cpu_class, kind, exports)  # a head dim the table has
         for form, by_dim in by_form.items():
             for dim, at in by_dim.items():
-                measured = [run["forms"][form][str(dim)]["crossover"] for run in runs]
+                # a run that timed some forms only (the Xeon's bias check) bounds those
+                measured = [run["forms"][form][str(dim)]["crossover"] for run in runs if form in run["forms"]]
                 if form in forms.REAL_SIZE_FORMS:
                     measured += exports.get(dim, [])
                 assert at == (None if None in measured else max(measured)), (cpu_class, kind, form, dim, measured)

@@ -86,7 +86,11 @@ RESULTS_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
                 # the current kernel's runs (3ac9cf1-67641d2, the native op), on an AVX-512 EPYC (Zen 5);
                 # the Xeon's crossover_cpu_avx512_bias (older kernel, the Python bridge, load 9-13) is
                 # kept committed but no longer read: a faster kernel only moves a crossover earlier
-                "bias": ("crossover_cpu_avx512_bias_zen5", "crossover_cpu_avx512_bias_zen5_run2"),
+                "bias": (
+                    "crossover_cpu_avx512_bias_zen5",
+                    "crossover_cpu_avx512_bias_zen5_run2",
+                    "crossover_cpu_avx512_bias_xeon",  # S = 512-2048, naive and online only
+                ),
             }
         ),
     }
@@ -200,8 +204,10 @@ _AVX2 = MappingProxyType(
 # AMD EPYC (Zen 5, family 26 model 2) with the current kernel through the native op, 2026-12-02,
 # quiet (load 0.5-1.5), two rounds each: naive from 1024 (D=32: 1.20-1.41x at 1024-2048) and 512
 # (D=64: 1.05-1.07x at 512, 1.00-1.03x at 1024, 1.09-1.20x at 2048), online from 1024 at D=32 and
-# never at 64 (0.92x at 2048 in one run); contrib and onnx never. The Xeon's run of the older kernel
-# (no form won, 0.61-1.08x, load 9-13) is no longer read: its machine was not re-measured.
+# never at 64 (0.92x at 2048 in one run); contrib and onnx never. A Xeon (family 6 model 207, quiet)
+# with the current kernel, S = 512-2048 only: naive and online from 512 at D=32 (1.07-1.35x) and 1024
+# at D=64 (0.94-0.99x at 512, 1.14-1.28x at 1024), so naive at D=64 from 1024. The older kernel's Xeon
+# run (no form won, 0.61-1.08x, through the bridge at load 9-13) is no longer read.
 # No row is borrowed now (BORROWED is empty; the mechanism stays for a class measured in part).
 # The padding row's FlashAttention entries are bounded by the real-size exports run fused through
 # the native op on the same class (REAL_SIZE_FILES: crossover_real_size_avx512_native, 2026-12-02
@@ -223,7 +229,7 @@ _AVX512 = MappingProxyType(
         # no padded key tile to skip: the kernel does the unfused graph's work
         "none": _rows({32: 64, 64: 256}, {32: 128, 64: 256}, {32: 64, 64: 256}, {32: None, 64: None}),
         "causal": _rows({32: 128, 64: 256}, {32: 128, 64: 256}, {32: 1024, 64: 1024}, {32: None, 64: None}),
-        "bias": _rows({32: 1024, 64: 512}, {32: 1024, 64: None}, {32: None, 64: None}, {32: None, 64: None}),
+        "bias": _rows({32: 1024, 64: 1024}, {32: 1024, 64: None}, {32: None, 64: None}, {32: None, 64: None}),
     }
 )
 CPU_CROSSOVERS: Mapping[str, Table] = MappingProxyType(
