@@ -64,7 +64,7 @@ def test_one_override_rule():
     (the wgpu kernel had its own rule: a partial override then raised in choose)."""
     assert set(_calls("applied_to")) == {"op/policy.py"}
     assert set(_calls("for_node")) == {
-        "checks/verify.py",
+        "checks/length_sides.py",  # verify's node_policy, since 8c53479's split
         "checks/validate.py",
         "kernels/cpu.py",
         "kernels/reference.py",
