@@ -81,7 +81,7 @@ RESULTS_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
                 "padding": ("crossover_cpu_avx512", "crossover_cpu_avx512_run2"),
                 # the current kernel's run on the AVX-512 EPYC (Zen 5); the Xeon's two runs of the older
                 # kernel (crossover_cpu_avx512_nomask{,_run2}) are kept committed but no longer read
-                "none": ("crossover_cpu_avx512_nomask_zen5",),
+                "none": ("crossover_cpu_avx512_nomask_zen5", "crossover_cpu_avx512_nomask_zen5_run2"),
                 "causal": ("crossover_cpu_avx512_causal_mask",),
                 # the current kernel's runs (3ac9cf1-67641d2, the native op), on an AVX-512 EPYC (Zen 5);
                 # the Xeon's crossover_cpu_avx512_bias (older kernel, the Python bridge, load 9-13) is
@@ -218,16 +218,16 @@ _AVX2 = MappingProxyType(
 # The same exports fused on the AVX-512 EPYC (Zen 5) with the current kernel (crossover_real_size_
 # avx512_zen5, 2026-12-02, quiet, 2-3 rounds, S = 16-512 with 197) won only from 512 at both head dims
 # (the 6x64 BERT 0.93x at 197; MiniLM-L6 0.93-0.94x at 64-128, MiniLM-L3 0.94-0.98x below 256), so the
-# padding row is 512 / 512: the later of both machines. The no-mask row: the current kernel's stack
-# run on the Zen 5 (crossover_cpu_avx512_nomask_zen5, one run of two rounds, load 1.6-2.8): naive from
-# 64 (D=32) and 16 (D=64), online from 128 and 64, contrib from 64 and 256, onnx never; the FlashAttention
+# padding row is 512 / 512: the later of both machines. The no-mask row: the current kernel's two stack
+# runs on the Zen 5 (crossover_cpu_avx512_nomask_zen5{,_run2}, two rounds each, load 1.6-2.8 and 0.4-1.1):
+# naive from 128 (D=32) and 32 (D=64), online from 128 and 64, contrib from 512, onnx never; the FlashAttention
 # entries at D=64 bounded by ViT-S at its 197 (0.88x through the bridge on the Xeon, 0.94x on the Zen 5
 # natively: from the stack's next length, 256). The Xeon's no-mask runs (older kernel) are not read.
 _AVX512 = MappingProxyType(
     {
         "padding": _rows({32: 512, 64: 512}, {32: 512, 64: 512}, {32: None, 64: None}, {32: None, 64: None}),
         # no padded key tile to skip: the kernel does the unfused graph's work
-        "none": _rows({32: 64, 64: 256}, {32: 128, 64: 256}, {32: 64, 64: 256}, {32: None, 64: None}),
+        "none": _rows({32: 128, 64: 256}, {32: 128, 64: 256}, {32: 512, 64: 512}, {32: None, 64: None}),
         "causal": _rows({32: 128, 64: 256}, {32: 128, 64: 256}, {32: 1024, 64: 1024}, {32: None, 64: None}),
         "bias": _rows({32: 1024, 64: 1024}, {32: 1024, 64: None}, {32: None, 64: None}, {32: None, 64: None}),
     }
