@@ -83,9 +83,9 @@ RESULTS_FILES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType(
                 # kernel (crossover_cpu_avx512_nomask{,_run2}) are kept committed but no longer read
                 "none": ("crossover_cpu_avx512_nomask_zen5", "crossover_cpu_avx512_nomask_zen5_run2"),
                 "causal": ("crossover_cpu_avx512_causal_mask",),
-                # the current kernel's runs (3ac9cf1-67641d2, the native op), on an AVX-512 EPYC (Zen 5);
-                # the Xeon's crossover_cpu_avx512_bias (older kernel, the Python bridge, load 9-13) is
-                # kept committed but no longer read: a faster kernel only moves a crossover earlier
+                # the current kernel's runs (3ac9cf1-67641d2, the native op): two on an AVX-512 EPYC (Zen 5),
+                # one on a Xeon; the Xeon's crossover_cpu_avx512_bias (older kernel, the Python bridge, load
+                # 9-13) is kept committed but no longer read: a faster kernel only moves a crossover earlier
                 "bias": (
                     "crossover_cpu_avx512_bias_zen5",
                     "crossover_cpu_avx512_bias_zen5_run2",
