@@ -324,6 +324,33 @@ def test_padded_tail_is_exactly_the_shorter_sequence(isa: str, mode: str) -> Non
     np.testing.assert_array_equal(padded, short)
 
 
+@pytest.mark.parametrize("fill", [-np.inf, -1e4, LOWEST])
+@pytest.mark.parametrize("kept", [75, 96, 171])
+def test_padded_tail_inside_an_online_tile(isa: str, fill: float, kept: int) -> None:
+    """The online tile that holds the last kept key sets its padded tail aside group by group
+    (ONLINE_GROUP_KEYS keys; csrc/flash/online.hpp) and processes its head: the reference's
+    result, bit-identical to the shorter sequence, with NaN and inf in the tail still reaching
+    the output (a group that holds them is not set aside)."""
+    q, k, v = inputs(2, 4, 2, 70, 256, 32)
+    bias = np.zeros((2, 1, 1, 256), np.float32)
+    bias[0, ..., kept:] = fill
+    bias[1, ..., : 256 - kept] = fill  # padded at the start: tail groups of the first tile
+    mask = bias == 0
+    for block in (64, 128, 256):
+        check(q, k, v, bias, softmax="online", block_size=block)
+        check(q, k, v, None, mask, softmax="online", block_size=block, mask_fill=fill)
+        check(q, k, v, bias[..., :1, :], softmax="online", block_size=block, is_causal=1, mask_fill=fill)
+        if fill == LOWEST:
+            padded = cpu.flash_attention(q[:1], k[:1], v[:1], bias[:1], softmax="online", block_size=block)
+            short = cpu.flash_attention(q[:1], k[:1, :, :kept], v[:1, :, :kept], softmax="online", block_size=block)
+            np.testing.assert_array_equal(padded, short)
+    for tensor, value in ((v, np.inf), (v, np.nan), (k, np.nan), (k, np.inf)):
+        poisoned = tensor.copy()
+        poisoned[0, 1, 250, 3] = value  # in the padded tail's last group
+        args = (q, poisoned, v) if tensor is k else (q, k, poisoned)
+        check(*args, bias, softmax="online", block_size=128)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_threads_give_identical_results(isa: str, mode: str) -> None:
     q, k, v = inputs(2, 4, 2, 130, 200, 64)

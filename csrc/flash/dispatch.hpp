@@ -16,7 +16,7 @@ namespace {
 bool run_problem(const Problem& pb) {
     if (pb.Hq / pb.Hkv * pb.Sq <= DIRECT_MAX_ROWS) return run_direct(pb);
     const int key_tile = pb.online ? std::min(pb.block, pb.Sk) : pb.Sk;
-    Packed pk(pb, key_tile, pb.online ? key_tile : NAIVE_GROUP_KEYS, skipped_keys_count(pb),
+    Packed pk(pb, key_tile, pb.online ? online_group_keys(pb.block) : NAIVE_GROUP_KEYS, skipped_keys_count(pb),
               skipped_keys_count(pb) && pb.windowed);
     const bool packed = parallel_items(pb.B * pb.Hkv, pb.threads, [&]() {
         return [&, row = std::vector<float>()](int bh) mutable { pack_head(pb, pk, bh, row); };

@@ -55,11 +55,12 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
     const int first_tile = skips_causal_keys(pb) ? std::min(tiles, left_keys(pb, i0) / block) : 0;
     // Padded tiles are set aside; once the others have set m, each is dropped or processed last.
     PaddingSkip skip(pb, pk, sc, head, b, h, i0, rows, q);
-    auto process = [&](int t) {
-        const int j0 = t * block;
-        const int keys = std::min(block, pb.Sk - j0);
+    // Keys [j0, j0 + keys) of one tile: the whole tile, its unpadded head, or one set-aside group.
+    auto process = [&](int j0, int keys) {
+        const int t = j0 / block;  // a group starts on a panel of its tile (block % group == 0)
         float* s = sc.s.ptr;
-        qk_tile(rows, q, pb.D, pb.D, kpack + size_t(t) * pk.tile_floats, ceil_div(keys, NR), s, ld_s, pb.scale);
+        qk_tile(rows, q, pb.D, pb.D, kpack + size_t(t) * pk.tile_floats + size_t(j0 - t * block) * pb.D,
+                ceil_div(keys, NR), s, ld_s, pb.scale);
         // some key here lies right of some row's causal frontier, or left of its window
         const bool diagonal = crosses_frontier(pb, i0, last_row, j0, keys);
         const int width = round_up(keys, W);
@@ -71,10 +72,22 @@ void online_tile(const Problem& pb, const Packed& pk, Scratch& sc, int b, int h,
         online_update_rows(rows, s, ld_s, width, tile_max, m, l, acc, dvp);
         pv_tile(rows, s, ld_s, keys, vpack + size_t(j0) * dvp, dvp, acc);
     };
-    for (int t = first_tile; t < tiles; ++t)
-        if (!skip.defer(t, t * block, std::min(block, pb.Sk - t * block))) process(t);
+    // A padded tail is set aside group by group from the tile's end (a padding mask keeps a
+    // prefix of the keys, so a tile that holds the last kept key is mostly padded past it), the
+    // rest of the tile processed now; a set-aside group weighs exactly nothing or comes last.
+    const int group = pk.group_keys;
+    for (int t = first_tile; t < tiles; ++t) {
+        const int j0 = t * block, end = std::min(j0 + block, pb.Sk);
+        int kept = end;
+        while (kept > j0) {
+            const int g0 = (kept - 1) / group * group;
+            if (!skip.defer(g0 / group, g0, kept - g0)) break;
+            kept = g0;
+        }
+        if (kept > j0) process(j0, kept - j0);
+    }
     for (const DeferredTile& d : sc.deferred)
-        if (!skip.worthless(d, m)) process(d.tile);
+        if (!skip.worthless(d, m)) process(d.tile * group, std::min(group, pb.Sk - d.tile * group));
     const int first_skipped = std::min(pb.Sk, tiles * block), last_skipped = first_tile * block;  // [0, last) too
     if (skipped_keys_count(pb) && (first_skipped < pb.Sk || last_skipped > 0)) {
         const float* vsum = sc.skipped_sum(pk, head, first_skipped, last_skipped);

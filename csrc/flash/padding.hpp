@@ -66,7 +66,7 @@ inline float score_ceiling(const Problem& pb, const DeferredTile& d, float produ
     return d.some_filled ? nan_max(bound, pb.mask_fill) : bound;
 }
 
-// The skipping of padded key groups (the online tiles, or NAIVE_GROUP_KEYS keys) for the query
+// The skipping of padded key groups (ONLINE_GROUP_KEYS keys of an online tile, or NAIVE_GROUP_KEYS) for the query
 // rows [i0, i0 + rows) of one head: defer() sets a group aside when its bias or mask puts it
 // far below zero, worthless() then tells, given the rows' maxima, whether it weighs exactly 0.
 struct PaddingSkip {
