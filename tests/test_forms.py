@@ -373,7 +373,8 @@ def test_ep_cuda_keeps_float32_blocks_and_short_float16_ones_and_says_why():
     policy = SoftmaxPolicy.for_new_nodes()
     assert not forms.choose("cuda", policy, 64, [1024], "padding", "cuda", "float16").fused
     assert forms.choose("cuda", policy, 64, [2048], "padding", "cuda", "float16").fused
-    assert not forms.choose("cuda", policy, 64, [2048], "causal", "cuda", "float16").fused
+    assert not forms.choose("cuda", policy, 64, [1024], "causal", "cuda", "float16").fused
+    assert forms.choose("cuda", policy, 64, [2048], "causal", "cuda", "float16").fused  # test_cuda_costs
     assert forms.choose("cuda", policy, 128, [4096], "causal", "cuda", "float16").fused
     # an element type without a table of its own is decided as float32, the table that keeps most
     unknown = forms.choose("cuda", policy, 64, [4096], "padding", "cuda", None)
@@ -393,10 +394,13 @@ def test_the_cuda_table_is_its_committed_benchmark_results():
         for stack, kind in kinds.items():
             rows = by_stack[stack]["cuda"]
             assert {int(d) for d in rows} == set(cuda.CROSSOVERS[dtype][kind]["cuda"]), (dtype, stack)
+            # float16 causal D64/D128: cuda.CAUSAL_RESULTS' own-causal forms, held there by test_cuda_costs
+            later = {64, 128} if (dtype, kind) == ("float16", "causal") else set()
             for dim, row in rows.items():
-                assert cuda.CROSSOVERS[dtype][kind]["cuda"][int(dim)] == row["crossover"], (dtype, stack, dim)
-            # contrib writes the ops the cuda target chooses among: it takes the measured row
-            assert cuda.CROSSOVERS[dtype][kind]["contrib"] == cuda.CROSSOVERS[dtype][kind]["cuda"]
+                if int(dim) not in later:
+                    assert cuda.CROSSOVERS[dtype][kind]["cuda"][int(dim)] == row["crossover"], (dtype, stack, dim)
+                # contrib writes the ops the cuda target chooses among: it takes the measured row
+                assert cuda.CROSSOVERS[dtype][kind]["contrib"][int(dim)] == row["crossover"], (dtype, stack, dim)
     assert max(doc["seq_lens"]) == cuda_ep.measured_up_to
     # the table an unknown element type takes keeps every block any other table keeps
     taken = cuda.CROSSOVERS[cuda_ep.unknown_dtype]

@@ -184,8 +184,8 @@ OWN_CAUSAL_FORMS = (FORM_GQA, FORM_MHA_CAUSAL, FORM_ATTN23_CAUSAL)
 ATTENTION_OPSET = 23  # Attention is in the default domain from this opset
 TABLE_HEAD_DIMS = (64, 128)  # the long cases' head dims and key lengths (cuda_capabilities.py)
 TABLE_LENGTHS = (1024, 4096, 16384)
-# a key length known only at run time is read at this row: the length from which --ep cuda lowers
-# float16 causal blocks (CROSSOVERS below), the issue's S=4096 target
+# a key length known only at run time is read at this row: the issue's S=4096 target (--ep cuda
+# lowers float16 causal blocks from 2048 keys at D64/D128 or 4096: CROSSOVERS below)
 RUN_TIME_LENGTH = 4096
 # How the masked-rows guard reduces over the keys: "outer_first" (layout.reduce_outer_first: the
 # reduced axis moved to the front, where the CUDA EP's reduce kernel is fast) or "direct".
@@ -342,18 +342,18 @@ def _with_row_guard(e: Emitter, block: GpuBlock) -> tuple[ir.Value, str]:
 # GPU; benchmarks/crossover_cuda.py -> CROSSOVER_RESULTS): the `cuda` target's output against the
 # original graph. In float32 the original's TF32 products beat every form the target writes
 # (MultiHeadAttention's float32 kernels do not use them) at every measured length; in float16
-# cuDNN's flash attention wins from 2048 keys with a padding mask and 4096 with an exported causal
-# mask, at every length without a mask, and never with a full bias ([1, H, S, S], read whole).
-# The contrib target's blocks take the cuda row there: it writes the same MultiHeadAttention and
-# GroupQueryAttention ops the cuda target chooses among (--ep cuda falls back to it where cuda
-# cannot lower a block, GPT-Neo's), and was not measured apart.
+# cuDNN's flash attention wins from 2048 keys with a padding mask, at every length without a mask,
+# never with a full bias ([1, H, S, S]). Causal D64/D128 from 2048 (CAUSAL_RESULTS: own-causal forms since
+# 1bfce88, 3.20-3.66x; crossover_cuda.md's 0.85-0.94 timed the causal bias + guard, which causal blocks
+# with a padding mask still take: not re-measured, nor D32); contrib, GPT-Neo's fallback, keeps 4096.
 CROSSOVER_RESULTS = "benchmarks/results/crossover_cuda.md"
+CAUSAL_RESULTS = "benchmarks/results/cuda_forms_f16_static.md"  # the float16 causal row's D64/D128
 CROSSOVERS_MEASURED_UP_TO = 4096  # the table's longest key length
 
 
-def _cost_row(crossovers: Mapping[int, int | None]) -> Mapping[str, Mapping[int, int | None]]:
-    row = MappingProxyType(dict(crossovers))
-    return MappingProxyType({"cuda": row, "contrib": row})
+def _cost_row(cuda_row: Mapping[int, int | None], contrib: Mapping[int, int | None] | None = None) -> Mapping:
+    row = MappingProxyType(dict(cuda_row))  # contrib: 0.39-0.54x at 2048-4096 causal (CAUSAL_RESULTS)
+    return MappingProxyType({"cuda": row, "contrib": row if contrib is None else MappingProxyType(dict(contrib))})
 
 
 _NEVER = _cost_row({32: None, 64: None, 128: None})
@@ -364,7 +364,7 @@ CROSSOVERS: Mapping[str, Crossovers] = MappingProxyType(
             {
                 "padding": _cost_row({32: 2048, 64: 2048, 128: 2048}),
                 "none": _cost_row({32: 64, 64: 64, 128: 64}),
-                "causal": _cost_row({32: 4096, 64: 4096, 128: 4096}),
+                "causal": _cost_row({32: 4096, 64: 2048, 128: 2048}, {32: 4096, 64: 4096, 128: 4096}),
                 "bias": _NEVER,
             }
         ),
