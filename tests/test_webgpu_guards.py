@@ -192,3 +192,26 @@ def test_an_export_lowers_with_the_one_value_guard_and_matches():
     want, got = plain_run(model, f), plain_run(lowered, f)
     for name in want:
         assert compare(want[name], got[name], name, 1e-4, 1e-5).ok
+
+
+def test_bias_after_mask_guard_takes_no_and_and_one_row_maximum():
+    """GPT-Neo (the bias added after the fills, the masked-mean guard): the guard's row test is
+    Where/LessOrEqual, not And (the WebGPU EP runs And on the CPU, behind a GPU->CPU copy), and the
+    row maximum is reduced once per block (was twice: the row test's and the masked mean's), so
+    ReduceMax is 2 per block (that and key_dead_rows'); right on the padded rows."""
+    import os
+
+    from ortflash.checks.feeds import make_feeds
+
+    model = onnx.load(os.path.join(os.path.dirname(__file__), "..", "models", "gpt_neo_eager_dynamo.onnx"))
+    fused, _ = ortflash.optimize(model, target="ortflash")
+    lowered, notes = lower(fused, "webgpu")
+    assert [n.op for n in notes] == [OP_MHA, OP_MHA]
+    written, own = ops(lowered), ops(model)
+    assert written.count("ReduceMax") == 4 and "ReduceMin" not in written, written
+    # the export's own And nodes and one in the window's bias; none in either guard (was 2 more)
+    assert written.count("And") == own.count("And") + 1, (written.count("And"), own.count("And"))
+    f = make_feeds(model, seq_len=21, batch=2, seed=0)  # an item padded at the start: fully masked rows
+    want, got = plain_run(model, f), plain_run(lowered, f)
+    for name in want:
+        assert compare(want[name], got[name], name, 1e-4, 1e-5).ok

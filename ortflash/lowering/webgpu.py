@@ -298,26 +298,24 @@ def _general_guard(
     # - a row whose bias is -inf everywhere: NaN in FlashAttention and on the CPU EP; not always on
     #   the WebGPU EP. Found by its keys (layout.key_dead_rows), not by its ReduceMax, which the
     #   CUDA EP makes float32's lowest on such a row (onnxruntime issue 32256).
-    row_max = e.transpose(layout.reduce_keepdims(e, "ReduceMax", bias), layout.SWAP_SH)  # [B|1, Sq, H|1, 1]
-    row_min = e.transpose(layout.reduce_keepdims(e, "ReduceMin", bias), layout.SWAP_SH)
-    uniform = layout.absorbing_rows(e, row_max, row_min)
+    top = layout.reduce_keepdims(e, "ReduceMax", bias)  # [B|1, H|1, Sq, 1], read twice below
+    row_max = e.transpose(top, layout.SWAP_SH)  # [B|1, Sq, H|1, 1]
     if call.bias_after_mask:
         # The bias added after the fills: a row that sees no key holds fill + bias, c (bias 0) or
         # -inf (fill + fill), not one value; FlashAttention gives the mean of V over the keys at
-        # the row's maximum c, written out as that masked mean (an extra P x V product).
-        uniform = e.node(
-            "And",
-            [
-                e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]),
-                e.node("Greater", [row_max, e.f32(-math.inf)]),
-            ],
-        )
-        at_max = e.cast(e.node("Equal", [bias, layout.reduce_keepdims(e, "ReduceMax", bias)]), ir.DataType.FLOAT)
+        # the row's maximum c, written out as that masked mean (an extra P x V product). Its rows:
+        # -inf < max <= -2**127, as Where(max > -inf, max, 0) <= -2**127 (0 is above the fill), no
+        # And (the WebGPU EP runs And on the CPU, behind a GPU->CPU copy).
+        finite = e.node("Where", [e.node("Greater", [row_max, e.f32(-math.inf)]), row_max, e.f32(0.0)])
+        uniform = e.node("LessOrEqual", [finite, e.f32(ABSORBING_FILL)])
+        at_max = e.cast(e.node("Equal", [bias, top]), ir.DataType.FLOAT)
         v4 = e.transpose(e.reshape(v3, [0, 0, hq, -1]), layout.SWAP_SH)  # [B, Hq, Sk, Dv]
         total = e.node("MatMul", [at_max, v4])
         count = e.node("ReduceSum", [at_max, e.i64([-1])], keepdims=1)  # axes an input from opset 13
         mean_v = e.transpose(e.node("Div", [total, count]), layout.SWAP_SH)
     else:
+        row_min = e.transpose(layout.reduce_keepdims(e, "ReduceMin", bias), layout.SWAP_SH)
+        uniform = layout.absorbing_rows(e, row_max, row_min)
         mean_v = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
     dead = e.transpose(layout.key_dead_rows(e, bias), layout.SWAP_SH)
     return layout.write_out_masked_rows(
