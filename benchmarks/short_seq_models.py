@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1")
     ap.add_argument("--rounds", default="2")
     ap.add_argument("--repeats", default="10", help="timed runs per process")
+    ap.add_argument("--warmup", default="3", help="untimed runs per process first (sub-ms models want tens)")
     ap.add_argument("--gather", type=Path, help="only gather the bench JSONs already in this folder")
     ap.add_argument("--work", type=Path, default=Path("/tmp/short_seq_models"))
     ap.add_argument("--note", default="")
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             lengths = [] if "vit" in name else ["--seq-lens", args.seq_lens]  # ViT: 197, fixed
             cmd = [sys.executable, "-m", "ortflash", "bench", str(model_path(name)), *lengths,
                    "--variants", "original,online", "--rounds", args.rounds, "--repeats", args.repeats,
-                   "--warmup", "3", "--no-profile", "--sgemm-size", "0", "--threads", args.threads, "--out",
+                   "--warmup", args.warmup, "--no-profile", "--sgemm-size", "0", "--threads", args.threads, "--out",
                    str(folder), "--name", name.replace(":", "_")]  # fmt: skip
             subprocess.run(cmd, check=False, env=dict(os.environ))
     res = gather(folder, args.models, args.variant)
