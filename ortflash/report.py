@@ -32,7 +32,8 @@ class Block:
     scale: float | None = None
     mask: str = ""  # bias / mask / causal summary
     softmax: str = ""  # naive | online | auto, as written on the fused node
-    # the cost table's row for a block read (forms.MASK_KINDS: none | padding | causal | bias), fused or
+    # the cost table's row for a block read (forms.MASK_KINDS: none | padding | causal | bias,
+    # or forms.REFINED_KINDS: causal_padding), fused or
     # kept for speed; "" where the rules did not read a block
     mask_kind: str = ""
     # the element type of Q, K, V and the output ("float32", "float16"), "" where not known

@@ -45,3 +45,36 @@ def test_the_row_is_the_named_results_files():
         assert ms[(d, "original")] / ms[(d, "cuda")] >= 3.0  # 3.66x, 3.20x
         assert row[d] == 2048
     assert (ROOT / cuda.CROSSOVER_RESULTS).exists()
+
+
+def test_a_causal_block_with_a_padding_mask_reads_its_own_row():
+    """Causal + padding lowers to the causal bias and the masked-rows guard (cuda.choose_form), the
+    form crossover_cuda.md timed at 0.85-0.94x at 2048: its row keeps 4096 where the own-causal forms'
+    moved to 2048; tables without the row (the CPU's, WebGPU's) read the causal one."""
+    assert forms.mask_kind(True, (1,)) == "causal_padding" and forms.mask_kind(True, ()) == "causal"
+    policy = SoftmaxPolicy.for_new_nodes()
+    for d in (32, 64, 128):
+        kept = forms.choose("cuda", policy, d, [2048], "causal_padding", "cuda", "float16")
+        assert not kept.fused and "causal with a padding mask" in kept.why, kept.why
+        assert forms.choose("cuda", policy, d, [4096], "causal_padding", "cuda", "float16").fused
+    for ep in (None, "webgpu"):
+        t = forms.table(ep, "float32", "avx512")
+        assert t["causal_padding"] == t["causal"]
+
+
+def test_optimize_keeps_a_padded_causal_float16_block_at_2048_on_cuda(monkeypatch):
+    """End to end: a float16 decoder (head dim 64) whose mask is causal + attention_mask padding, at
+    2048 keys under --ep cuda, keeps its ops (the row above); without the padding it is lowered."""
+    import test_causal_proof
+    from onnx import TensorProto
+
+    import ortflash
+
+    monkeypatch.setattr(test_causal_proof, "D", 64)  # a head dim the 2048 row was measured at
+    for padding, lowered in (("unsqueeze", False), ("none", True)):
+        model = test_causal_proof._decoder(padding=padding, dtype=TensorProto.FLOAT16, fill=float("-inf"))
+        _, report = ortflash.optimize(model, ep="cuda", seq_lens=[2048])
+        kinds = [b.mask_kind for b in report.blocks]
+        assert kinds == ["causal" if padding == "none" else "causal_padding"] * 2, kinds
+        assert [b.head_dim for b in report.blocks] == [64, 64]
+        assert [b.lowered_to is not None for b in report.blocks] == [lowered] * 2, [b.reason for b in report.blocks]

@@ -233,7 +233,8 @@ def test_each_block_reads_the_row_of_its_mask_kind(stack, kind):
 def test_a_full_bias_or_an_unproved_operand_reads_the_bias_row_and_a_padding_part_does_not():
     assert forms.mask_kind(False, ()) == "none"
     assert forms.mask_kind(False, (1,)) == "padding"
-    assert forms.mask_kind(True, (1,)) == forms.mask_kind(True, ()) == "causal"
+    assert forms.mask_kind(True, ()) == "causal"
+    assert forms.mask_kind(True, (1,)) == "causal_padding" and forms.parent_kind("causal_padding") == "causal"
     assert forms.mask_kind(True, (1, 64)) == forms.mask_kind(False, (None,)) == "bias"
 
 

@@ -36,9 +36,21 @@ from ..op.policy import SoftmaxPolicy
 
 # The kinds of block the table has a row for, by what the fused node reads besides Q, K and V:
 # nothing; a padding bias or mask broadcast over the queries ([B, 1, 1, Sk]); is_causal (with at
-# most a padding part: the kernels skip the tiles past the diagonal); a full bias or mask with a
+# most a padding part, REFINED_KINDS: the kernels skip the tiles past the diagonal); a full bias or mask with a
 # row per query ([B, H, Sq, Sk], T5's position bias), which the kernels read whole.
 MASK_KINDS = ("none", "padding", "causal", "bias")
+# Kinds a table may hold a row of its own for, each refining one of MASK_KINDS; a table without the
+# row reads the refined kind's. ``causal_padding``: is_causal with a padding part. The CUDA target
+# writes those as MultiHeadAttention with the causal bias and the masked-rows guard, not as its own
+# causal forms (lowering/cuda.py: choose_form), and its CUDA row is that form's.
+REFINED_KINDS: Mapping[str, str] = MappingProxyType({"causal_padding": "causal"})
+
+
+def parent_kind(kind: str) -> str:
+    """The row of MASK_KINDS that ``kind`` refines (itself where it is one)."""
+    return REFINED_KINDS.get(kind, kind)
+
+
 # The CPU classes the CPU EP's table has a row set for, by the kernel build that runs
 # (ortflash.kernels.cpu.isa()): the crossovers move with the vector unit (the fused kernel gains
 # more from AVX-512 than ONNX Runtime's unfused ops do), so a table measured on one class does not
@@ -127,13 +139,13 @@ GENERIC_FROM = ("avx512", "avx2")
 
 
 def results_path(kind: str, cpu_class: str = "avx2") -> str:
-    files = RESULTS_FILES.get(cpu_class, RESULTS_FILES["avx2"])[kind]
+    files = RESULTS_FILES.get(cpu_class, RESULTS_FILES["avx2"])[parent_kind(kind)]
     return f"benchmarks/results/{files[0]}.md"
 
 
 def results_paths(kind: str, cpu_class: str) -> list[str]:
     """The results files a row was read from: the stack's, then the real-size exports' where listed."""
-    exports = REAL_SIZE_FILES.get(cpu_class, {}).get(kind, ())
+    exports = REAL_SIZE_FILES.get(cpu_class, {}).get(parent_kind(kind), ())
     return [results_path(kind, cpu_class), *(f"benchmarks/results/{name}.md" for name in exports)]
 
 
@@ -243,8 +255,11 @@ def table(ep: str | None, dtype: str | None, cpu_class: str | None = None) -> Ta
     -> form -> head dim -> crossover."""
     provider = PROVIDERS[_named(ep)]
     if provider.costs is None:
-        return CPU_CROSSOVERS[cpu_class or running_cpu_class()]
-    return provider.cost_table(dtype)
+        kinds = CPU_CROSSOVERS[cpu_class or running_cpu_class()]
+    else:
+        kinds = provider.cost_table(dtype)
+    missing = {kind: kinds[parent] for kind, parent in REFINED_KINDS.items() if kind not in kinds}
+    return MappingProxyType({**kinds, **missing}) if missing else kinds
 
 
 def _named(ep: str | None) -> str:
@@ -257,7 +272,7 @@ def cpu_table_says(kind: str, cpu_class: str) -> str:
     if cpu_class == "generic":
         return "the generic (no AVX2) CPU table: the later crossover of the AVX-512 and AVX2 rows, not measured apart"
     said = f"the {_CLASS_NAMES[cpu_class]} CPU table"
-    lender = BORROWED.get(cpu_class, {}).get(kind)
+    lender = BORROWED.get(cpu_class, {}).get(parent_kind(kind))
     if lender is not None:
         said += (
             f" (its {kind} row is the {_CLASS_NAMES[lender]} measurement: not measured on {_CLASS_NAMES[cpu_class]})"
@@ -266,7 +281,13 @@ def cpu_table_says(kind: str, cpu_class: str) -> str:
 
 
 MEASURED_UP_TO = PROVIDERS["cpu"].measured_up_to  # the CPU tables' longest key length
-_KIND_NAMES = {"none": "no mask", "padding": "a padding mask", "causal": "causal", "bias": "a full bias"}
+_KIND_NAMES = {
+    "none": "no mask",
+    "padding": "a padding mask",
+    "causal": "causal",
+    "causal_padding": "causal with a padding mask",
+    "bias": "a full bias",
+}
 
 
 @dataclass(frozen=True)
@@ -325,7 +346,7 @@ def mask_kind(is_causal: bool, bias_query_rows: tuple[int | None, ...]) -> str:
     if any(rows != 1 for rows in bias_query_rows):
         return "bias"
     if is_causal:
-        return "causal"
+        return "causal_padding" if bias_query_rows else "causal"
     return "padding" if bias_query_rows else "none"
 
 
