@@ -343,10 +343,8 @@ def _with_row_guard(e: Emitter, block: GpuBlock) -> tuple[ir.Value, str]:
 # original graph. In float32 the original's TF32 products beat every form the target writes
 # (MultiHeadAttention's float32 kernels do not use them) at every measured length; in float16
 # cuDNN's flash attention wins from 2048 keys with a padding mask, at every length without a mask,
-# never with a full bias ([1, H, S, S]). Causal D64/D128 from 2048 (CAUSAL_RESULTS: own-causal forms since
-# 1bfce88, 3.20-3.66x; crossover_cuda.md's 0.85-0.94 timed the causal bias + guard, which causal blocks
-# with a padding mask still take: their own row, causal_padding, keeps 4096; D32 not re-measured);
-# contrib, GPT-Neo's fallback, keeps 4096.
+# never with a full bias ([1, H, S, S]). Causal D64/D128 from 2048 (CAUSAL_RESULTS: own-causal forms since 1bfce88,
+# 3.20-3.66x); causal_padding (the causal bias + guard, 0.85-0.94x at 2048 here), D32 and contrib keep 4096.
 CROSSOVER_RESULTS = "benchmarks/results/crossover_cuda.md"
 CAUSAL_RESULTS = "benchmarks/results/cuda_forms_f16_static.md"  # the float16 causal row's D64/D128
 CROSSOVERS_MEASURED_UP_TO = 4096  # the table's longest key length
@@ -360,16 +358,12 @@ def _cost_row(cuda_row: Mapping[int, int | None], contrib: Mapping[int, int | No
 _NEVER = _cost_row({32: None, 64: None, 128: None})
 CROSSOVERS: Mapping[str, Crossovers] = MappingProxyType(
     {
-        "float32": MappingProxyType(
-            {"padding": _NEVER, "none": _NEVER, "causal": _NEVER, "causal_padding": _NEVER, "bias": _NEVER}
-        ),
+        "float32": MappingProxyType({"padding": _NEVER, "none": _NEVER, "causal": _NEVER, "bias": _NEVER}),
         "float16": MappingProxyType(
             {
                 "padding": _cost_row({32: 2048, 64: 2048, 128: 2048}),
                 "none": _cost_row({32: 64, 64: 64, 128: 64}),
                 "causal": _cost_row({32: 4096, 64: 2048, 128: 2048}, {32: 4096, 64: 4096, 128: 4096}),
-                # causal with a padding part: the causal bias + padding and the guard (choose_form), the
-                # form crossover_cuda.md timed at 0.85-0.94x at 2048 and won with from 4096; not re-measured
                 "causal_padding": _cost_row({32: 4096, 64: 4096, 128: 4096}),
                 "bias": _NEVER,
             }
