@@ -20,7 +20,8 @@ from onnx import TensorProto, helper
 
 import ortflash
 from ortflash.model_io import graphs_of
-from ortflash.pipeline.opset import _SAME_MEANING, OpsetNotRaised, _Raiser, raise_default_opset
+from ortflash.pipeline.opset import OpsetNotRaised, _Raiser, raise_default_opset
+from ortflash.pipeline.opset_table import SAME_MEANING
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 RNG = np.random.default_rng(5)
@@ -121,11 +122,11 @@ def test_a_quantizer_whose_scale_type_opset_19_binds_to_x_differently_is_refused
 
 
 def test_softmax_13_is_no_same_meaning_step_and_is_not_carried_as_it_is() -> None:
-    assert not [step for step in _SAME_MEANING if step[0] in ("Softmax", "LogSoftmax", "Hardmax")]
+    assert not [step for step in SAME_MEANING if step[0] in ("Softmax", "LogSoftmax", "Hardmax")]
     old, new = onnx.defs.get_schema("Softmax", 11), onnx.defs.get_schema("Softmax", 13)
     node = helper.make_node("Softmax", ["x"], ["y"], axis=1)
     raiser = _Raiser(qdq_model(11), 23)
-    assert raiser._step_misfit(node, old, new, _SAME_MEANING.get(("Softmax", 13))) == "its attribute axis changes"
+    assert raiser._step_misfit(node, old, new, SAME_MEANING.get(("Softmax", 13))) == "its attribute axis changes"
     # the pass writes the old reading out (flatten from axis 1 on), never the node unchanged
     graph = helper.make_graph([node], "s", [tensor("x", [2, 3, 4])], [helper.make_tensor_value_info("y", F32, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=7)
