@@ -12,7 +12,8 @@ Blocks (no projections: the inputs are the projections' outputs q, k, v [B, S, H
 transposed as exporters write them): ``causal`` (ONNX Attention-23 with is_causal, opset 23: the
 fused block is causal with nothing else masking it), ``padding`` (a [B, 1, 1, S] bias from an
 attention_mask, a quarter of the keys padded), ``causal_mask`` (an exported causal mask, [S, S],
-lowest fill), ``nomask``; head dims 64 and 128; float16, and float32 (item 3: TF32 on and off).
+lowest fill), ``nomask``, ``causal_padding`` (Hugging Face's decoder mask, And(j <= i, attention_mask[j]) as
+0 / -inf [B, 1, S, S]: the fused block is causal with a padding part); head dims 64 and 128; float16, and float32 (item 3: TF32 on and off).
 
 Variants: ``original``; ``cuda`` (the target's own choice); the forms the target can write for a
 block, each forced (``cuda:<form>``); ``onnx`` (the onnx target: Attention-23). The static padding
@@ -41,7 +42,7 @@ HEADS = 16
 LENGTHS = (1024, 2048, 4096, 16384)
 F32_LENGTHS = (1024, 4096)
 HEAD_DIMS = (64, 128)
-STACKS = ("causal", "padding", "causal_mask", "nomask")
+STACKS = ("causal", "padding", "causal_mask", "nomask", "causal_padding")
 CAUSAL_FORMS = ("gqa", "mha_causal", "attn23_causal_bsd", "mha_bias")
 LEVELS = ("DISABLE_ALL", "BASIC", "EXTENDED", "ALL")
 # the CUDA EP's sdpa_kernel option (a bit mask of its attention backends: 1 flash, 2 memory-efficient,
@@ -70,6 +71,7 @@ def block(stack: str, d: int, dtype: str, s: int | None) -> Any:
         for n, x, t in (
             ("one", 1.0, np_dt),
             ("lowest", np.finfo(np_dt).min, np_dt),
+            ("neg_inf", -np.inf, np_dt),
             ("zero_f", 0.0, np_dt),
             ("sqrt_d", math.sqrt(d), np_dt),
             ("axes_12", [1, 2], np.int64),
@@ -79,6 +81,8 @@ def block(stack: str, d: int, dtype: str, s: int | None) -> Any:
             ("one_i", 1, np.int64),
             ("axis_0", [0], np.int64),
             ("axis_1", [1], np.int64),
+            ("axes_012", [0, 1, 2], np.int64),
+            ("axes_013", [0, 1, 3], np.int64),
         )
     ]
     nodes: list[Any] = []
@@ -87,8 +91,13 @@ def block(stack: str, d: int, dtype: str, s: int | None) -> Any:
         nodes.append(helper.make_node(op, ins, [out], name=out, **attrs))
         return out
 
-    inputs = [helper.make_tensor_value_info(n, elem, [1, seq, hidden]) for n in ("q3", "k3", "v3")]
+    # causal_padding's batch is a name: the causal proof reads the mask's batch axis as an index (a static
+    # batch of 1 is read at 0, not proved the mask's own index); it runs at batch 1
+    batch: int | str = "batch" if stack == "causal_padding" else 1
+    inputs = [helper.make_tensor_value_info(n, elem, [batch, seq, hidden]) for n in ("q3", "k3", "v3")]
     mask = None
+    if stack == "causal_padding":
+        inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, seq]))
     if stack == "padding":
         inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, seq]))
         m = node("Cast", ["attention_mask"], "mask_float", to=elem)
@@ -106,6 +115,16 @@ def block(stack: str, d: int, dtype: str, s: int | None) -> Any:
             "future",
         )
         mask = node("Where", [future, "lowest", "zero_f"], "causal_bias")
+    if stack == "causal_padding":  # Hugging Face's masking_utils: And(j <= i, attention_mask[j]) -> 0 / -inf
+        mask_len = node("Shape", ["attention_mask"], "mask_len", start=1, end=2)
+        length = node("Squeeze", [mask_len, "axis_0"], "seq_len")
+        positions = node("Range", ["zero_i", length, "one_i"], "positions")
+        key_pos = node("Unsqueeze", [positions, "axes_012"], "key_pos")  # [1, 1, 1, S]: j
+        query_pos = node("Unsqueeze", [positions, "axes_013"], "query_pos")  # [1, 1, S, 1]: i
+        seen = node("LessOrEqual", [key_pos, query_pos], "seen")
+        kept = node("Unsqueeze", [node("Cast", ["attention_mask"], "kept_b", to=TensorProto.BOOL), "axes_12"], "kept")
+        # filled with -inf: a finite fill with a padding part is not proved causal (fusion/causal/finite_fill)
+        mask = node("Where", [node("And", [seen, kept], "visible"), "zero_f", "neg_inf"], "causal_padding_bias")
     if stack == "causal":
         node("Attention", ["q3", "k3", "v3"], "o", q_num_heads=HEADS, kv_num_heads=HEADS, is_causal=1)
     else:
@@ -121,7 +140,7 @@ def block(stack: str, d: int, dtype: str, s: int | None) -> Any:
         nodes,
         f"block_{stack}",
         inputs,
-        [helper.make_tensor_value_info("o", elem, [1, seq, hidden])],
+        [helper.make_tensor_value_info("o", elem, [batch, seq, hidden])],
         [t for t in inits if any(t.name in n.input for n in nodes)],
     )
     opset = 23 if stack == "causal" else 18
@@ -167,6 +186,7 @@ def make(
     dtypes: tuple[str, ...] = ("float16", "float32"),
     lengths: tuple[int, ...] = LENGTHS,
     cliff: bool = True,
+    stacks: tuple[str, ...] = STACKS,
 ) -> None:
     """The blocks in ``dtypes``; float16 ones static at each of ``lengths`` and symbolic (run at
     each of them); float32 symbolic only (at F32_LENGTHS); with ``cliff``, make_cliff's cases."""
@@ -175,7 +195,7 @@ def make(
     os.makedirs(folder, exist_ok=True)
     index = []
     for dtype in dtypes:
-        for stack in STACKS:
+        for stack in stacks:
             for d in HEAD_DIMS if dtype == "float16" else (64,):
                 for s in (None, *(lengths if dtype == "float16" else ())):
                     name = stem(stack, d, dtype, s)
@@ -393,7 +413,7 @@ def run_cliff(ort: Any, folder: str, out_dir: str | None = None) -> list[dict[st
 def feeds(stack: str, d: int, dtype: str, s: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(s + d)
     found = {n: rng.standard_normal((1, s, HEADS * d), dtype=np.float32).astype(dtype) for n in ("q3", "k3", "v3")}
-    if stack == "padding":
+    if stack in ("padding", "causal_padding"):
         mask = np.ones((1, s), np.int64)
         mask[0, s - s // 4 :] = 0
         found["attention_mask"] = mask
@@ -674,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     steps.make.add_argument("--dtypes", default="float16,float32")
     steps.make.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="float16's lengths")
     steps.make.add_argument("--no-cliff", action="store_true", help="leave out make_cliff's cases")
+    steps.make.add_argument("--stacks", default=",".join(STACKS), help="the blocks to make (STACKS)")
     return steps.call(
         argv,
         make=lambda args: make(
@@ -681,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
             tuple(args.dtypes.split(",")),
             tuple(int(s) for s in args.lengths.split(",")),
             not args.no_cliff,
+            tuple(args.stacks.split(",")),
         ),
         run=lambda args: run(args.folder, args.out, args.budget_s),
         table=lambda args: table(args.json, args.md),
