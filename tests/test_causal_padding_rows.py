@@ -1,4 +1,5 @@
-"""A block proved causal with a padding part is a 'causal' row, not a 'bias' one.
+"""A block proved causal with a padding part is a 'causal_padding' row (which a table without a row of
+its own reads as 'causal': forms.REFINED_KINDS), not a 'bias' one.
 
 The proof writes the padding part as a sliced look-up of the mask (fusion/causal/write); the rank
 of a Slice was unknown to graph/ir_utils.rank, so the row's query-axis reading took the 2-D mask's
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import ortflash
+from ortflash.pipeline import forms
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
@@ -28,7 +30,8 @@ MODELS = Path(__file__).resolve().parents[1] / "models"
 )
 def test_a_kv_cache_decoders_causal_blocks_are_causal_rows(name: str) -> None:
     _, report = ortflash.optimize(MODELS / f"{name}.onnx", target="ortflash", online_softmax=True)
-    assert [b.mask_kind for b in report.blocks] == ["causal", "causal"]
+    assert [b.mask_kind for b in report.blocks] == ["causal_padding", "causal_padding"]
+    assert forms.parent_kind("causal_padding") == "causal"
     assert all("causal" in b.mask and "padding" in b.mask for b in report.blocks)
 
 

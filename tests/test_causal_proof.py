@@ -159,6 +159,63 @@ def test_causal_mask_is_proved_and_the_square_tensor_is_gone(form, padding, fill
             np.testing.assert_allclose(np.nan_to_num(g), np.nan_to_num(w), rtol=1e-5, atol=1e-6)
 
 
+def _static_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
+    """model with its batch dim "B" a number (a batch-1 export's [1, S] attention_mask)."""
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.type.tensor_type.HasField("shape"):
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param == "B":
+                    dim.dim_value = batch
+    return model
+
+
+@pytest.mark.parametrize("padding", ["unsqueeze", "gathernd"])
+def test_a_batch_1_export_reads_its_padding_part_at_batch_0_and_is_proved(padding):
+    """attention_mask [1, S]: the padding part reads its static size-1 batch axis at index 0, which is
+    the whole axis; proved causal + padding (was refused: "at other than its own indices"), and the
+    fused op matches the graph on a left-padded row (rows that see no key included)."""
+    model = _static_batch(_decoder(padding=padding), 1)
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
+    assert [b.mask_kind for b in report.blocks] == ["causal_padding"] * 2, [b.reason for b in report.blocks]
+    assert [a["is_causal"] for a in _flash_nodes(fused)] == [1, 1]
+    f = {k: x[1:] for k, x in _feeds(np.random.default_rng(4)).items()}  # item 1: three left-padded keys
+    assert f["attention_mask"].shape == (1, S) and not f["attention_mask"][0, :3].any()
+    want = _run(model, f)
+    for mode in ("naive", "online"):
+        for g, w in zip(_run(fused, f, softmax=mode, block_size=4), want):
+            np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+            np.testing.assert_allclose(np.nan_to_num(g), np.nan_to_num(w), rtol=1e-5, atol=1e-6)
+
+
+def test_a_padding_part_that_reads_batch_row_0_for_every_item_agrees():
+    """attention_mask [2, S] sliced to row 0 and read for both items: whatever the proof says of it, the
+    fused model computes the graph's outputs (the rows differ, so reading each item's own row would not)."""
+    model = _static_batch(_decoder(padding="unsqueeze"), 2)
+    (unsqueeze,) = [n for n in model.graph.node if n.output[0] == "pad"]
+    model.graph.initializer.extend(
+        helper.make_tensor(name, TensorProto.INT64, [1], [value]) for name, value in (("r0", 0), ("r1", 1))
+    )
+    at = list(model.graph.node).index(unsqueeze)
+    model.graph.node.insert(at, helper.make_node("Slice", ["keep", "r0", "r1", "r0"], ["keep0"]))
+    unsqueeze.input[0] = "keep0"  # [1, S]: row 0, broadcast over both items
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
+    assert report.fused == 2, [b.reason for b in report.blocks]
+    f = _feeds(np.random.default_rng(5))
+    assert (f["attention_mask"][0] != f["attention_mask"][1]).any()
+    for g, w in zip(_run(fused, f), _run(model, f)):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_allclose(np.nan_to_num(g), np.nan_to_num(w), rtol=1e-5, atol=1e-6)
+
+
+def test_a_unit_source_axis_takes_the_first_free_mask_axis_between_its_neighbours():
+    from ortflash.fusion.causal.write import _place_unit_axes
+
+    assert _place_unit_axes([None, 3]) == [0, 3]  # attention_mask [1, S] -> [1, 1, 1, S]
+    assert _place_unit_axes([0, None, 3]) == [0, 1, 3]
+    assert _place_unit_axes([None, None, 3]) == [0, 1, 3]
+    assert _place_unit_axes([None, 0]) is None  # no mask axis before axis 0
+
+
 NOT_PROVED = {
     "shift": (dict(frontier="shift"), "neither top-left (0) nor bottom-right"),
     "anti_causal": (dict(frontier="ge"), "not one constant"),

@@ -95,22 +95,45 @@ def write_term(
     raise NotProved(f"the padding part contains a {type(term).__name__} this rewrite cannot write")
 
 
+def _place_unit_axes(own: list[int | None]) -> list[int] | None:
+    """Each source axis's mask axis: ``own``'s where given, and for a size-1 axis (None) the first
+    mask axis past the one before it, below the next given one (None: no room)."""
+    placed: list[int] = []
+    for k, axis in enumerate(own):
+        if axis is None:
+            upper = next((a for a in own[k + 1 :] if a is not None), 4)
+            axis = (placed[-1] if placed else -1) + 1
+            if axis >= upper:
+                return None
+        placed.append(axis)
+    return placed
+
+
 def _write_look(e: Emitter | None, look: Look, dims: tuple[shapes.Dim, ...]) -> ir.Value | None:
     """source[x_a0, x_a1, ...] with each index one distinct index variable, increasing, over
     axes of the source's own sizes: the source itself with size-1 axes inserted (the same
-    tensor, so the same values)."""
-    axes = []
-    for lin in look.index:
-        if len(lin.coeffs) != 1 or lin.const != 0 or lin.coeffs[0][1] != 1 or lin.coeffs[0][0][0] != "x":
-            raise NotProved(f"the padding part reads {look.source.name} at other than its own indices")
-        axes.append(int(lin.coeffs[0][0][1]))  # type: ignore[call-overload]
-    if axes != sorted(set(axes)):
-        raise NotProved(f"the padding part reads {look.source.name} with its axes reordered")
-    prefix = look.prefix or (None,) * len(axes)
+    tensor, so the same values). An axis of static size 1 read at 0 (attention_mask [1, S] of a
+    batch-1 export) is the whole axis: it takes a mask axis of its own between its neighbours'
+    (size 1 there, so it broadcasts as the read does)."""
+    prefix = look.prefix or (None,) * len(look.index)
     if look.source_dims is None:
         raise NotProved(f"the padding part reads {look.source.name}, whose dims are not proved to be the mask's")
     read = [look.source_dims[k] if cut is None else cut[0] for k, cut in enumerate(prefix)]
-    if not all(dims_equal(read[k], dims[a]) for k, a in enumerate(axes)):
+    own: list[int | None] = []  # the mask axis each source axis is read at (None: size 1, read at 0)
+    for k, lin in enumerate(look.index):
+        if not lin.coeffs and lin.const == 0 and read[k] == 1:
+            own.append(None)
+        elif len(lin.coeffs) != 1 or lin.const != 0 or lin.coeffs[0][1] != 1 or lin.coeffs[0][0][0] != "x":
+            raise NotProved(f"the padding part reads {look.source.name} at other than its own indices")
+        else:
+            own.append(int(lin.coeffs[0][0][1]))  # type: ignore[call-overload]
+    fixed = [a for a in own if a is not None]
+    if fixed != sorted(set(fixed)):
+        raise NotProved(f"the padding part reads {look.source.name} with its axes reordered")
+    axes = _place_unit_axes(own)
+    if axes is None:
+        raise NotProved(f"the padding part reads {look.source.name} at other than its own indices")
+    if not all(own[k] is None or dims_equal(read[k], dims[a]) for k, a in enumerate(axes)):
         raise NotProved(f"the padding part reads {look.source.name}, whose dims are not proved to be the mask's")
     missing = [a for a in range(4) if a not in axes]
     if e is None:
