@@ -605,7 +605,9 @@ def ep_probe_alternating(timers: dict[str, Any]) -> dict[str, float]:
 def table(json_path: str, md_path: str) -> None:
     data = json.load(open(json_path))
     peers = {(p["keep"], p["dtype"], p["head_dim"], p["seq"]): p for p in data["torch_sdpa"] if "torch_ms" in p}
+    # causal_padding's peer: SDPA with a mask, as a PyTorch user passes causal + padding (attn_mask)
     peer_keep = {"causal": "causal", "causal_mask": "causal", "padding": "padding", "nomask": "none"}
+    peer_keep["causal_padding"] = "padding"
     lines = [
         "# The `cuda` target's forms on ONNX Runtime's CUDA EP, as users run them",
         "",

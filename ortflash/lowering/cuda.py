@@ -185,7 +185,7 @@ ATTENTION_OPSET = 23  # Attention is in the default domain from this opset
 TABLE_HEAD_DIMS = (64, 128)  # the long cases' head dims and key lengths (cuda_capabilities.py)
 TABLE_LENGTHS = (1024, 4096, 16384)
 # a key length known only at run time is read at this row: the issue's S=4096 target (--ep cuda
-# lowers float16 causal blocks from 2048 keys at D64/D128 or 4096: CROSSOVERS below)
+# lowers float16 causal blocks from 1024 keys at D64/D128 or 4096: CROSSOVERS below)
 RUN_TIME_LENGTH = 4096
 # How the masked-rows guard reduces over the keys: "outer_first" (layout.reduce_outer_first: the
 # reduced axis moved to the front, where the CUDA EP's reduce kernel is fast) or "direct".
@@ -343,10 +343,10 @@ def _with_row_guard(e: Emitter, block: GpuBlock) -> tuple[ir.Value, str]:
 # original graph. In float32 the original's TF32 products beat every form the target writes
 # (MultiHeadAttention's float32 kernels do not use them) at every measured length; in float16
 # cuDNN's flash attention wins from 2048 keys with a padding mask, at every length without a mask,
-# never with a full bias ([1, H, S, S]). Causal D64/D128 from 2048 (CAUSAL_RESULTS: own-causal forms since 1bfce88,
-# 3.20-3.66x); causal_padding (the causal bias + guard, 0.85-0.94x at 2048 here), D32 and contrib keep 4096.
+# never with a full bias ([1, H, S, S]). Causal D64/D128 from 1024 (CAUSAL_RESULTS: own-causal forms, 1.74-2.43x at
+# 1024), D32 and contrib 4096; causal_padding never (the causal bias + guard: 0.42-0.57x at 1024-2048, 0.91-0.99x at 4096).
 CROSSOVER_RESULTS = "benchmarks/results/crossover_cuda.md"
-CAUSAL_RESULTS = "benchmarks/results/cuda_forms_f16_static.md"  # the float16 causal row's D64/D128
+CAUSAL_RESULTS = "benchmarks/results/cuda_forms_causal_f16.md"  # the float16 causal rows' D64/D128 and causal_padding
 CROSSOVERS_MEASURED_UP_TO = 4096  # the table's longest key length
 
 
@@ -363,8 +363,8 @@ CROSSOVERS: Mapping[str, Crossovers] = MappingProxyType(
             {
                 "padding": _cost_row({32: 2048, 64: 2048, 128: 2048}),
                 "none": _cost_row({32: 64, 64: 64, 128: 64}),
-                "causal": _cost_row({32: 4096, 64: 2048, 128: 2048}, {32: 4096, 64: 4096, 128: 4096}),
-                "causal_padding": _cost_row({32: 4096, 64: 4096, 128: 4096}),
+                "causal": _cost_row({32: 4096, 64: 1024, 128: 1024}, {32: 4096, 64: 4096, 128: 4096}),
+                "causal_padding": _NEVER,
                 "bias": _NEVER,
             }
         ),
