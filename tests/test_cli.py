@@ -143,7 +143,7 @@ def test_verify_softmax_overrides_every_node(model_path, tmp_path, monkeypatch):
 
 
 def test_an_ortflash_bug_is_not_reported_as_bad_input(model_path, tmp_path, monkeypatch):
-    import ortflash.checks.verify as verify_module
+    import ortflash.checks.prover as verify_module
 
     def broken(*args, **kwargs):
         raise KeyError("a bug")

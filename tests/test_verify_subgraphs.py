@@ -9,7 +9,8 @@ import os
 import pytest
 
 import ortflash
-from ortflash.checks.verify import _inner_fused_nodes, verify_every_softmax
+from ortflash.checks.prover import inner_fused_nodes
+from ortflash.checks.verify import verify_every_softmax
 from ortflash.op.node import is_flash_attention
 
 MODELS = os.path.join(os.path.dirname(__file__), os.pardir, "models")
@@ -20,13 +21,13 @@ MERGED = os.path.join(MODELS, "llama_merged_eager_torchscript.onnx")
 def test_a_model_without_bodies_has_no_fused_node_inside_one():
     fused, report = ortflash.optimize(BERT, target="ortflash")
     assert len(fused.graph.node) > 200 and sum(is_flash_attention(n) for n in fused.graph.node) == 2
-    assert _inner_fused_nodes(fused) == []
+    assert inner_fused_nodes(fused) == []
 
 
 def test_a_merged_decoders_branches_hold_its_fused_nodes():
     fused, _ = ortflash.optimize(MERGED, target="ortflash")
     assert sum(is_flash_attention(n) for n in fused.graph.node) == 0
-    assert len(_inner_fused_nodes(fused)) == 4
+    assert len(inner_fused_nodes(fused)) == 4
 
 
 @pytest.mark.parametrize("softmax", ["auto", "naive"])

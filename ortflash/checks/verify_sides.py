@@ -7,45 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
-import onnx
 
 from ..errors import OrtflashError
-from ..model_io import load
-from ..op.policy import SoftmaxPolicy
 from .compare import shape_text
 from .feeds import decoder_cases, make_feeds
-from .length_sides import Dispatch, node_policy, steering
-from .sessions import ModelSource, run_model
+from .length_sides import node_policy, steering
+from .prover import Prover
+from .sessions import run_model
 from .verify_result import Verification, VerifyRun
 
 
-class _Prover(Protocol):
-    """What these runs read of verify's prover (checks/verify._Prover, which calls them)."""
-
-    original: ModelSource
-    policy: SoftmaxPolicy | None
-    opt_level: str
-    dispatch: dict[str, Dispatch]
-    forced: frozenset[str]
-    forced_feeds: list[tuple[str, dict[str, np.ndarray]]]
-
-    def run(
-        self,
-        why: str,
-        feeds: Mapping[str, np.ndarray],
-        override: SoftmaxPolicy | None,
-        expected: dict[str, np.ndarray] | None = None,
-        forced: frozenset[str] = frozenset(),
-    ) -> VerifyRun: ...
-
-
 def run_both_sides(
-    prover: _Prover,
-    original: ModelSource,
-    original_proto: onnx.ModelProto,
+    prover: Prover,
     batch: int,
     dims: dict[str, int],
     result: Verification,
@@ -81,8 +56,6 @@ def run_both_sides(
         routes = {name: prover.dispatch[name].route for name in waiting}
         found = _runs_reaching(
             prover,
-            original,
-            original_proto,
             length,
             batch,
             dims,
@@ -112,8 +85,6 @@ def run_both_sides(
     if short and not given and max(lengths) > 0:
         found = _runs_reaching(
             prover,
-            original,
-            original_proto,
             max(lengths),
             batch,
             dims,
@@ -131,7 +102,7 @@ def run_both_sides(
 
 
 def _fused_forced(
-    prover: _Prover,
+    prover: Prover,
     names: list[str],
     firsts: list[tuple[str, dict[str, np.ndarray]]],
     result: Verification,
@@ -144,7 +115,7 @@ def _fused_forced(
     left = list(names)
     routes = {name: prover.dispatch[name].route for name in names}
     for words, feeds in firsts:
-        for steer in [{}] if given else steering([routes[name] for name in left], load(prover.original)):
+        for steer in [{}] if given else steering([routes[name] for name in left], prover.original_proto):
             if not left:
                 return left
             steered = dict(feeds)
@@ -178,9 +149,7 @@ class _Reached:
 
 
 def _runs_reaching(
-    prover: _Prover,
-    original: ModelSource,
-    original_proto: onnx.ModelProto,
+    prover: Prover,
     length: int,
     batch: int,
     dims: dict[str, int],
@@ -196,14 +165,14 @@ def _runs_reaching(
     decoder's use_cache_branch), kept where it reaches something."""
     cases = [
         ("", dims),
-        *((f", {w}", d) for w, d in decoder_cases(original_proto, seq_len=length, batch=batch, dims=dims)),
+        *((f", {w}", d) for w, d in decoder_cases(prover.original_proto, seq_len=length, batch=batch, dims=dims)),
     ]
     out = _Reached([], list(routes), "")
     for words, case_dims in cases:
-        for steer in steering([routes[name] for name in out.left], original_proto):
+        for steer in steering([routes[name] for name in out.left], prover.original_proto):
             if not out.left:
                 return out
-            run, why = run_at_length(prover, original, original_proto, length, batch, case_dims, result, steer)
+            run, why = run_at_length(prover, length, batch, case_dims, result, steer)
             if run is None:
                 out.why = out.why or why
                 continue
@@ -230,9 +199,7 @@ def missing_softmaxes(deployed: Mapping[str, list[str]], runs: list[VerifyRun]) 
 
 
 def run_at_length(
-    prover: _Prover,
-    original: ModelSource,
-    original_proto: onnx.ModelProto,
+    prover: Prover,
     length: int,
     batch: int,
     dims: dict[str, int],
@@ -243,7 +210,7 @@ def run_at_length(
     and why it was not made: the original does not run there, or the inputs keep their shapes (static
     dims) and values, so it would repeat a run made."""
     try:
-        feeds = make_feeds(original_proto, seq_len=length, batch=batch, dims=dims)
+        feeds = make_feeds(prover.original_proto, seq_len=length, batch=batch, dims=dims)
         steered = {
             name: np.asarray(v, feeds[name].dtype).reshape(feeds[name].shape) for name, v in (steer or {}).items()
         }
@@ -252,7 +219,7 @@ def run_at_length(
         if not changed and any(_same_shapes(feeds, run.inputs) for run in result.runs):
             shapes = ", ".join(f"{name} {shape_text(list(v.shape))}" for name, v in feeds.items())
             return None, f"the inputs keep their shapes at length {length} ({shapes})"
-        expected = run_model(original, feeds, what="the original model", opt_level=prover.opt_level)
+        expected = run_model(prover.original, feeds, what="the original model", opt_level=prover.opt_level)
     except OrtflashError as exc:
         return None, f"the original model does not run at length {length} ({exc})"
     return prover.run(f"at length {length}", feeds, prover.policy, expected), ""

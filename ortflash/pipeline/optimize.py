@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import onnx
 import onnx_ir as ir
@@ -98,9 +99,9 @@ def optimize(
     proto = load(model_or_path)
     check_opsets(proto)
 
-    shaped = with_shapes(proto)  # once: the second fusion, with blocks kept, reads the same shapes
-    folder = _model_folder(model_or_path)
-    fused = fuse_model(proto, shaped, policy, num_heads, prove_causal, folder=folder)
+    # shapes inferred once: the second fusion, with blocks kept, reads the same shapes
+    inputs = _FusionInputs(proto, with_shapes(proto), policy, num_heads, prove_causal, _model_folder(model_or_path))
+    fused = inputs.fuse()
     if isinstance(model_or_path, (str, os.PathLike)):
         fused.report.model = os.fspath(model_or_path)  # the report is titled with the file the user named
     already_fused = native_attention_note(proto)
@@ -120,7 +121,7 @@ def optimize(
         else:
             written = run(target)
             written[1].target = TargetChoice(requested=target, ep=ep, chosen=target, why="asked for")
-        model, report = _unlowered_kept(proto, shaped, policy, num_heads, prove_causal, written, folder)
+        model, report = _unlowered_kept(inputs, written)
         if target != AUTO:
             _refuse_flash_left(model, report, target)
             return model, report
@@ -128,22 +129,35 @@ def optimize(
         raise OrtflashError(f"seq_lens must be positive key lengths, got {list(seq_lens)}")
     table_class = cpu_class or forms.running_cpu_class()  # the CPU table is chosen once per call
     chosen = (model, report)
-    return _fastest_forms(
-        proto, shaped, policy, num_heads, prove_causal, chosen, seq_lens, check, ep, folder, table_class
-    )
+    return _fastest_forms(inputs, chosen, seq_lens, check, ep, table_class)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FusionInputs:
+    """What fusing the model reads, the first time and again with blocks kept: the model as loaded,
+    its shapes (``model_shapes.with_shapes``, inferred once per call), the softmax policy, the head
+    count given, whether causal masks are proved, and the model file's folder."""
+
+    proto: onnx.ModelProto
+    shaped: tuple[onnx.ModelProto, str]
+    policy: SoftmaxPolicy
+    num_heads: int | None
+    prove_causal: bool
+    folder: str | None
+
+    def fuse(self, keep: Mapping[str, str] = MappingProxyType({})) -> FusedModel:
+        """The model fused with the blocks of ``keep`` left as they were, each row with its reason."""
+        return fuse_model(
+            self.proto, self.shaped, self.policy, self.num_heads, self.prove_causal, keep=keep, folder=self.folder
+        )
 
 
 def _fastest_forms(
-    proto: onnx.ModelProto,
-    shaped: tuple[onnx.ModelProto, str],
-    policy: SoftmaxPolicy,
-    num_heads: int | None,
-    prove_causal: bool,
+    inputs: _FusionInputs,
     chosen: tuple[onnx.ModelProto, Report],
     seq_lens: Sequence[int] | None,
     check: LoadCheck,
     ep: str | None,
-    folder: str | None,
     cpu_class: str,
 ) -> tuple[onnx.ModelProto, Report]:
     """The chosen target's model with every block the cost table says is slower fused than as it
@@ -171,7 +185,7 @@ def _fastest_forms(
         can_dispatch = (block.lowered_to is None and _in_if_branches(block.name)) or (lowered_later and not scope)
         choice = forms.choose(
             form,
-            policy,
+            inputs.policy,
             block.head_dim,
             lengths,
             block.mask_kind or "padding",
@@ -191,22 +205,18 @@ def _fastest_forms(
             keep[block.name] = choice.why
     while True:
         if thresholds and not REGISTRY[target].needs_ortflash:  # a GPU EP: the If first, then the lowering
-            found = _dispatched_then_lowered(
-                proto, shaped, policy, num_heads, prove_causal, report, keep, details, target, folder, thresholds
-            )
+            found = _dispatched_then_lowered(inputs, report, keep, details, target, thresholds)
             left = found if isinstance(found, dict) else {}
             if not isinstance(found, dict):
                 faster, faster_report = found
         else:
             if keep:
-                faster, faster_report = _kept_where_faster(
-                    proto, shaped, policy, num_heads, prove_causal, report, keep, details, target, folder
-                )
+                faster, faster_report = _kept_where_faster(inputs, report, keep, details, target)
             else:
                 faster, faster_report = model, copy.deepcopy(report)
             if not thresholds:
                 break
-            dispatched = dispatch(proto, faster, thresholds, shaped[0])
+            dispatched = dispatch(inputs.proto, faster, thresholds, inputs.shaped[0])
             left = dict(dispatched.left)
             if not left:
                 faster = dispatched.model
@@ -223,7 +233,7 @@ def _fastest_forms(
             thresholds.pop(row)
     if faster is model:
         return model, report
-    if faster_report.fused and faster is not proto:
+    if faster_report.fused and faster is not inputs.proto:
         problem = check(faster, faster_report)
         if problem is not None:  # the subset fails where the whole loaded: say so, keep the whole
             report.notes.append(f"the original ops were not kept where faster: {problem}")
@@ -239,15 +249,7 @@ def _fastest_forms(
     return faster, faster_report
 
 
-def _unlowered_kept(
-    proto: onnx.ModelProto,
-    shaped: tuple[onnx.ModelProto, str],
-    policy: SoftmaxPolicy,
-    num_heads: int | None,
-    prove_causal: bool,
-    written: tuple[onnx.ModelProto, Report],
-    folder: str | None,
-) -> tuple[onnx.ModelProto, Report]:
+def _unlowered_kept(inputs: _FusionInputs, written: tuple[onnx.ModelProto, Report]) -> tuple[onnx.ModelProto, Report]:
     """A portable target, asked for by name or chosen for an EP (``written``'s ``report.target``),
     never leaves a FlashAttention node: a block its op cannot compute keeps its original ops, with
     the lowering's reason on its row (issue 33 item 1: a model whose opset could not be raised came
@@ -261,9 +263,7 @@ def _unlowered_kept(
     keep = {b.name: b.reason for b in report.blocks if b.fused and b.lowered_to is None}
     if not keep:
         return model, report
-    kept, kept_report = _kept_where_faster(
-        proto, shaped, policy, num_heads, prove_causal, report, keep, {}, target, folder
-    )
+    kept, kept_report = _kept_where_faster(inputs, report, keep, {}, target)
     kept_report.notes.append(
         f"{len(keep)} block(s) kept their original ops: --target {target} cannot lower them (the reason is on each row)"
     )
@@ -272,27 +272,23 @@ def _unlowered_kept(
 
 
 def _dispatched_then_lowered(
-    proto: onnx.ModelProto,
-    shaped: tuple[onnx.ModelProto, str],
-    policy: SoftmaxPolicy,
-    num_heads: int | None,
-    prove_causal: bool,
+    inputs: _FusionInputs,
     report: Report,
     keep: Mapping[str, str],
     details: Mapping[str, str],
     target: str,
-    folder: str | None,
     thresholds: Mapping[int, Threshold],
 ) -> tuple[onnx.ModelProto, Report] | dict[int, str]:
     """On a GPU EP (forms.LOWERED_DISPATCH_EPS): the model fused with ``keep`` left as it was, each
     block of ``thresholds`` written as an If on the length around its FlashAttention node, then
     lowered for ``target`` (the node inside the If's fused branch too), so no FlashAttention is
     left; or the rows that could not be written so (row -> why), for the caller to keep."""
-    fused = fuse_model(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
+    fused = inputs.fuse(keep)
     # the If is written on the serialized fused model (length_dispatch reads protos), and the
     # lowering then reads that model back: the one path with a round trip before the lowering
+    proto = inputs.proto
     fused_proto = proto if fused.model is None else ir.serde.serialize_model(fused.model)
-    dispatched = dispatch(proto, fused_proto, thresholds, shaped[0], branch_shapes=True)
+    dispatched = dispatch(proto, fused_proto, thresholds, inputs.shaped[0], branch_shapes=True)
     if dispatched.left:
         return dict(dispatched.left)
     fused.report.model = report.model
@@ -311,20 +307,11 @@ def _dispatched_then_lowered(
 
 
 def _kept_where_faster(
-    proto: onnx.ModelProto,
-    shaped: tuple[onnx.ModelProto, str],
-    policy: SoftmaxPolicy,
-    num_heads: int | None,
-    prove_causal: bool,
-    report: Report,
-    keep: Mapping[str, str],
-    details: Mapping[str, str],
-    target: str,
-    folder: str | None,
+    inputs: _FusionInputs, report: Report, keep: Mapping[str, str], details: Mapping[str, str], target: str
 ) -> tuple[onnx.ModelProto, Report]:
     """The model fused again with the blocks of ``keep`` left as they were, each row with its reason;
     a kept row keeps what the fused one proved (mask kind, head dim, key length)."""
-    fused = fuse_model(proto, shaped, policy, num_heads, prove_causal, keep=keep, folder=folder)
+    fused = inputs.fuse(keep)
     fused.report.model = report.model
     faster, faster_report = _lower_for(fused, target)
     _rows_as_chosen(faster_report, report, keep, details)
