@@ -17,7 +17,8 @@ import onnx_ir as ir
 from . import ir_utils as u
 from . import shapes
 from .dim_terms import CAPPED, broadcast_dims, decided_equal, dim_lin, dim_sum
-from .op_readers import OPS, input_at
+from .op_readers import OPS
+from .tensor_reader import input_at
 from .terms import Abstract, Cmp, Lin, Look, NotProved, Num, Op, Term, normalise
 
 # Constant tensors (a causal buffer) read element by element up to this size.
