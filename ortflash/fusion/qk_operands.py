@@ -38,12 +38,10 @@ def scaled_q(q: ir.Value) -> tuple[ir.Value, float, str]:
                 break
             q = passed
             continue
-        found = try_scale(p, q)
-        if found is None:
+        folded = fold_scale(p, q, scale, label)
+        if folded is None:
             break
-        factor, q = found
-        scale *= factor
-        label = f"{p.op_type}({label})"
+        q, scale, label = folded
     return q, scale, label
 
 
@@ -123,6 +121,17 @@ def _check_head_counts(
     kv = hv if hk == 1 else hk
     if isinstance(hq, int) and isinstance(kv, int) and hq % kv:
         raise NotFused(f"Q has {hq} heads and K/V {kv}: the query heads are broadcast over the key heads")
+
+
+def fold_scale(node: ir.Node, operand: ir.Value, scale: float, label: str) -> tuple[ir.Value, float, str] | None:
+    """One step up the constant factors above a Q or K operand: (what node scales, scale times its
+    factor, label wrapped in node's op) where node, operand's producer, multiplies or divides by one
+    constant number; None where it does not, and the walk stops there."""
+    found = try_scale(node, operand)
+    if found is None:
+        return None
+    factor, inner = found
+    return inner, scale * factor, f"{node.op_type}({label})"
 
 
 def try_scale(node: ir.Node, operand: ir.Value) -> tuple[float, ir.Value] | None:

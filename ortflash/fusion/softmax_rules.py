@@ -22,7 +22,7 @@ from ..graph import ir_utils as u
 from ..graph.dim_terms import dims_equal
 from ..graph.interpret import proved_dims
 from ..op.spec import ABSORBING_FILL
-from .qk_operands import QKOperands, scaled_q, take_qk, try_scale
+from .qk_operands import QKOperands, fold_scale, scaled_q, take_qk, try_scale
 from .softmax_block import Rule, SoftmaxBlock
 
 Read = tuple[SoftmaxBlock, ir.Value | None]  # what Rule.read returns: the block, the next value
@@ -273,12 +273,10 @@ class QKMatMul(Rule):
                     k_label = f"Transpose({k_label},0231)"
                     continue
                 break
-            found = try_scale(p, k)
-            if found is None:
+            folded = fold_scale(p, k, scale, k_label)
+            if folded is None:
                 break
-            factor, k = found
-            scale *= factor
-            k_label = f"{p.op_type}({k_label})"
+            k, scale, k_label = folded
         if u.const_array(k) is not None:
             raise NotFused("Kᵀ is a constant (a weight): this Softmax is not attention")
         if not transposed:
