@@ -13,6 +13,7 @@ import functools
 from collections.abc import Iterable, Iterator
 
 import onnx
+from google.protobuf.message import Message
 from onnx import TensorProto, helper
 
 from ..errors import OrtflashError
@@ -37,6 +38,29 @@ _TYPE_IR |= {
 _TYPE_IR |= {TensorProto.FLOAT4E2M1: 11, TensorProto.FLOAT8E8M0: 12, TensorProto.UINT2: 13, TensorProto.INT2: 13}
 _TYPE_IR |= {TensorProto.FLOAT6E2M3: 14, TensorProto.FLOAT6E3M2: 14}
 _DTYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")  # int attributes that name an element type
+
+# the proto fields an IR version added (onnx.proto), as (field, IR version, what a set one is, said
+# of {where}); in the order they are looked at, since of needs that tie the first found is named
+_AddedFields = tuple[tuple[str, int, str], ...]
+_MODEL_FIELDS: _AddedFields = (
+    ("training_info", 7, "training information"),
+    ("functions", 8, "model-local functions"),
+    ("configuration", 11, "a multi-device configuration"),
+)
+_FUNCTION_FIELDS: _AddedFields = (
+    ("attribute_proto", 9, "default attribute values in {where}"),
+    ("overload", 10, "an overloaded {where}"),
+)
+_GRAPH_FIELDS: _AddedFields = (
+    ("quantization_annotation", 5, "quantization annotations in {where}"),
+    ("sparse_initializer", 6, "sparse initializers in {where}"),
+    ("metadata_props", 10, "metadata on {where}"),
+)
+_NODE_FIELDS: _AddedFields = (
+    ("metadata_props", 10, "metadata on {where}"),
+    ("overload", 10, "an overloaded call in {where}"),
+    ("device_configurations", 11, "device configurations on {where}"),
+)
 
 
 def least_ir_version(model: onnx.ModelProto) -> IrVersionNeed:
@@ -105,17 +129,9 @@ def ir_version_onnxruntime_loads() -> int:
 
 
 def _needs(model: onnx.ModelProto) -> Iterator[IrVersionNeed]:
-    if model.training_info:
-        yield 7, "training information"
-    if model.functions:
-        yield 8, "model-local functions"
-    if model.configuration:
-        yield 11, "a multi-device configuration"
+    yield from _set_fields(model, _MODEL_FIELDS, "the model")
     for function in model.functions:
-        if function.attribute_proto:
-            yield 9, f"default attribute values in function {function.name}"
-        if function.overload:
-            yield 10, f"an overloaded function {function.name}"
+        yield from _set_fields(function, _FUNCTION_FIELDS, f"function {function.name}")
         if function.metadata_props or function.value_info:
             yield 10, f"metadata or value_info in function {function.name}"
         yield from _value_infos(function.value_info, f"function {function.name}")
@@ -128,12 +144,7 @@ def _graph(graph: onnx.GraphProto, top: bool = False) -> Iterator[IrVersionNeed]
     inputs = {i.name for i in graph.input}
     if top and any(init.name not in inputs for init in graph.initializer):
         yield 4, "initializers that are not graph inputs"
-    if graph.quantization_annotation:
-        yield 5, f"quantization annotations in {where}"
-    if graph.sparse_initializer:
-        yield 6, f"sparse initializers in {where}"
-    if graph.metadata_props:
-        yield 10, f"metadata on {where}"
+    yield from _set_fields(graph, _GRAPH_FIELDS, where)
     for init in graph.initializer:
         yield from _element_type(init.data_type, f"initializer {init.name}")
     for sparse in graph.sparse_initializer:
@@ -145,14 +156,16 @@ def _graph(graph: onnx.GraphProto, top: bool = False) -> Iterator[IrVersionNeed]
 def _nodes(nodes: Iterable[onnx.NodeProto], where: str) -> Iterator[IrVersionNeed]:
     for node in nodes:
         name = f"node {node.name or node.op_type} in {where}"
-        if node.metadata_props:
-            yield 10, f"metadata on {name}"
-        if node.overload:
-            yield 10, f"an overloaded call in {name}"
-        if node.device_configurations:
-            yield 11, f"device configurations on {name}"
+        yield from _set_fields(node, _NODE_FIELDS, name)
         for attr in node.attribute:
             yield from _attribute(attr, name)
+
+
+def _set_fields(proto: Message, fields: _AddedFields, where: str) -> Iterator[IrVersionNeed]:
+    """What those of proto's fields that are set (non-empty) need, in the table's order."""
+    for field, version, what in fields:
+        if getattr(proto, field):
+            yield version, what.format(where=where)
 
 
 def _attribute(attr: onnx.AttributeProto, where: str) -> Iterator[IrVersionNeed]:
