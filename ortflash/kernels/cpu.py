@@ -217,6 +217,43 @@ class KernelCall:
     window_left: int  # spec.py: -1 unbounded
     window_right: int
 
+    def run(
+        self,
+        module: ModuleType,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        bias: np.ndarray | None,
+        mask: np.ndarray | None,
+        threads: int,
+    ) -> np.ndarray:
+        """O by the compiled kernel ``module`` on operands laid out for it (bias and mask 4-D): the one
+        place these fields become its arguments. What the kernel refuses raises (TypeError, ValueError,
+        BufferError, IndexError); PreparedCall then goes the general way."""
+        out = np.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype)
+        # Positional: the module parses these about 1 us faster than as keywords.
+        module.flash_attention(
+            q,
+            k,
+            v,
+            out,
+            bias,
+            mask,
+            self.scale,
+            self.is_causal,
+            self.mask_fill,
+            self.zero_rows,
+            self.softcap,
+            self.policy.choose(k.shape[2]) == "online",
+            self.block_size,
+            query_tile(q.shape[0] * q.shape[1], q.shape[2], threads),
+            threads,
+            self.bias_after_mask,
+            self.window_left,
+            self.window_right,
+        )
+        return out
+
 
 def _resolve(attrs: dict[str, Any], policy: SoftmaxPolicy | None) -> KernelCall:
     attrs = spec.validate(attrs)
@@ -280,33 +317,10 @@ class PreparedCall:
     def __call__(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None, mask: np.ndarray | None
     ) -> np.ndarray:
-        call = self.call
         try:
             bias_4d = bias if bias is None or bias.ndim == 4 else _as_4d(bias)
             mask_4d = mask if mask is None or mask.ndim == 4 else _as_4d(mask)
-            out = np.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype)
-            # Positional: the module parses these about 1 us faster than as keywords.
-            self.module.flash_attention(
-                q,
-                k,
-                v,
-                out,
-                bias_4d,
-                mask_4d,
-                call.scale,
-                call.is_causal,
-                call.mask_fill,
-                call.zero_rows,
-                call.softcap,
-                call.policy.choose(k.shape[2]) == "online",
-                call.block_size,
-                query_tile(q.shape[0] * q.shape[1], q.shape[2], self.threads),
-                self.threads,
-                call.bias_after_mask,
-                call.window_left,
-                call.window_right,
-            )
-            return out
+            return self.call.run(self.module, q, k, v, bias_4d, mask_4d, self.threads)
         except (TypeError, ValueError, BufferError, IndexError):  # outside the compiled kernel's contract
             return flash_attention(q, k, v, bias, mask, policy=self.policy, threads=self.threads, **self.attrs)
 
@@ -343,29 +357,9 @@ def flash_attention(
     if module is None or operands is None or reference.no_keys_output(q, k, v) is not None:
         return reference.flash_attention(q, k, v, bias, mask, policy=policy, **attrs)
     call = kernel_call(attrs, policy)
-    qd, kd, vd, bias_4d, mask_4d = operands
-    out = np.empty(qd.shape[:3] + vd.shape[3:], dtype=qd.dtype)
     workers = int(threads) if threads is not None else default_threads()
-    module.flash_attention(
-        qd,
-        kd,
-        vd,
-        out,
-        bias_4d,
-        mask_4d,
-        scale=call.scale,
-        is_causal=call.is_causal,
-        mask_fill=call.mask_fill,
-        zero_rows=call.zero_rows,
-        softcap=call.softcap,
-        online=call.policy.choose(kd.shape[2]) == "online",
-        block_size=call.block_size,
-        query_tile=query_tile(qd.shape[0] * qd.shape[1], qd.shape[2], workers),
-        threads=workers,
-        bias_after_mask=call.bias_after_mask,
-        window_left=call.window_left,
-        window_right=call.window_right,
-    )
+    qd, kd, vd, bias_4d, mask_4d = operands
+    out = call.run(module, qd, kd, vd, bias_4d, mask_4d, workers)
     q_dtype = q.dtype if isinstance(q, np.ndarray) else np.asarray(q).dtype
     return out if out.dtype == q_dtype else out.astype(q_dtype)
 
