@@ -209,9 +209,10 @@ class Runner:
             check_kernel(kernel)
             if problem.is_empty:
                 return np.zeros((problem.batch, problem.heads_q, problem.seq_q, problem.value_dim), q.dtype)
-            operands, call_plan = self._prepare_call(
-                problem, q, k, v, bias, mask, attrs, kernel, tile, score_chunk_bytes
+            operands = prepare(
+                problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16, heavy_first=self.causal_heavy_first
             )
+            call_plan = self._plan_call(problem, operands, kernel, tile, score_chunk_bytes)
             t_prepared = time.perf_counter()
             bound = self._calls.bind(problem, operands, call_plan, None)
             t_staged = time.perf_counter()
@@ -233,25 +234,6 @@ class Runner:
                 "read_ms": (t_end - t_done) * 1e3,  # copy out of the mapped buffer, timestamps
             }
             return out
-
-    def _prepare_call(
-        self,
-        problem: Problem,
-        q: Operand,
-        k: Operand,
-        v: Operand,
-        bias: np.ndarray | None,
-        mask: np.ndarray | None,
-        attrs: Mapping[str, Any],
-        kernel: str,
-        tile: FlashTile | None,
-        score_chunk_bytes: int | None,
-    ) -> tuple[HostOperands, Plan]:
-        """The host operands and the dispatch plan of one call (nothing touches the device)."""
-        operands = prepare(
-            problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16, heavy_first=self.causal_heavy_first
-        )
-        return operands, self._plan_call(problem, operands, kernel, tile, score_chunk_bytes)
 
     def _plan_call(
         self,
