@@ -44,6 +44,9 @@ F32_LENGTHS = (1024, 4096)
 HEAD_DIMS = (64, 128)
 STACKS = ("causal", "padding", "causal_mask", "nomask", "causal_padding")
 CAUSAL_FORMS = ("gqa", "mha_causal", "attn23_causal_bsd", "mha_bias")
+# causal_padding: the cuda target's form since issue 31 round 4 (the own causal mask, the padding part in
+# attention_bias) and the one before it (the causal bias + the masked-rows guard), side by side
+CAUSAL_PADDING_FORMS = ("mha_causal_padding", "mha_bias")
 LEVELS = ("DISABLE_ALL", "BASIC", "EXTENDED", "ALL")
 # the CUDA EP's sdpa_kernel option (a bit mask of its attention backends: 1 flash, 2 memory-efficient,
 # 8 cuDNN flash, 16 math), tried on the static padding block to tell which kernel the time goes with
@@ -166,10 +169,11 @@ def lowered_variants(model: Any, stack: str) -> dict[str, tuple[Any, str]]:
         ep_model,
         "--ep cuda: " + ",".join(sorted(attention_ops & {n.op_type for n in ep_model.graph.node})),
     )
-    if stack == "causal":
+    forced = {"causal": CAUSAL_FORMS, "causal_padding": CAUSAL_PADDING_FORMS}.get(stack, ())
+    if forced:
         choose = cuda.choose_form
         try:
-            for form in CAUSAL_FORMS:
+            for form in forced:
                 cuda.choose_form = lambda call, dims, half, opset, f=form: (f, f"{f}, forced")  # type: ignore[assignment]
                 low, notes = lower(fused, "cuda")
                 out[f"cuda:{form}"] = (low, notes[0].reason)

@@ -159,3 +159,61 @@ def test_cliff_feeds_give_a_symbolic_batch_the_static_cases_batch() -> None:
     with pytest.raises(ValueError, match="batch 2 in the model, 1 asked for"):  # a static batch is not overridden
         two = cuda_forms.cliff_models()["cliff_batch2"]
         cuda_forms.cliff_feeds(ort.InferenceSession(two.SerializeToString(), so, providers=["CPUExecutionProvider"]), 1)
+
+
+@pytest.mark.parametrize(("dtype", "s"), [("float16", None), ("float16", 1024), ("float32", None)])
+def test_a_causal_block_with_a_padding_part_takes_the_own_causal_mask_and_its_padding_row(
+    dtype: str, s: int | None
+) -> None:
+    """Hugging Face's decoder mask (causal And attention_mask[j], -inf): MultiHeadAttention's own causal
+    mask with the [B, 1, 1, S] padding row expanded as attention_bias, the dead rows read by one CumSum
+    over that row; no [S, S] causal bias built and no reduction over one (the form before it)."""
+    _, low, reason = _lowered("causal_padding", dtype, 64, s)
+    ops = [n for n in low.graph.node if n.op_type == "MultiHeadAttention"]
+    assert len(ops) == 1 and reason.startswith("MultiHeadAttention unidirectional=1")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in ops[0].attribute}
+    assert attrs["unidirectional"] == 1 and len(ops[0].input) == 6 and ops[0].input[5]
+    kinds = [n.op_type for n in low.graph.node]
+    assert kinds.count("CumSum") == 1
+    assert not {"ReduceMax", "ReduceMin", "LessOrEqual", "Range", "And"} & set(kinds)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("padded", ["right", "left"])
+def test_the_causal_padding_form_computes_the_original_on_the_cpu_ep(dtype: str, padded: str) -> None:
+    """Right padding (every query sees key 0) and left padding (the first 9 queries see no key: NaN
+    in the graph, NaN written by the guard), at a float16 and a float32 tolerance."""
+    model, low, _ = _lowered("causal_padding", dtype, 32, None)
+    feeds = cuda_forms.feeds("causal_padding", 32, dtype, 37)
+    mask = np.ones((2, 37), np.int64)
+    mask[0, 30:] = 0
+    if padded == "left":
+        mask[1, :9] = 0
+    feeds = {n: np.concatenate([v, v[:, ::-1]]) if n != "attention_mask" else mask for n, v in feeds.items()}
+    run = {
+        name: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        for name, m in (("want", model), ("got", low))
+    }
+    want, got = (run[k].astype(np.float32) for k in ("want", "got"))
+    assert int(np.isnan(want).sum()) == (9 * 16 * 32 if padded == "left" else 0)
+    assert np.array_equal(np.isnan(want), np.isnan(got))
+    tol = (2e-2, 2e-3) if dtype == "float16" else (1e-4, 1e-5)
+    np.testing.assert_allclose(got, want, rtol=tol[0], atol=tol[1])
+
+
+def test_a_bias_that_varies_over_the_queries_keeps_the_causal_bias_form() -> None:
+    """causal_padding_fits reads the bias's query axis: a [B, 1, S, S] bias with causality proved
+    apart is not one padding row, so the block takes mha_bias (the causal bias + guard)."""
+    model = cuda_forms.block("causal_padding", 64, "float16", None)
+    fused, _ = ortflash.optimize(model, target="ortflash")
+    call_bias = [n for n in fused.graph.node if n.op_type == "FlashAttention"][0].input[3]
+    # the padding row [B, 1, 1, S] expanded over the queries before the node: no longer one row
+    graph = fused.graph
+    graph.initializer.append(onnx.helper.make_tensor("full_rows", onnx.TensorProto.INT64, [4], [1, 1, 37, 37]))
+    node = [n for n in graph.node if n.op_type == "FlashAttention"][0]
+    expand = onnx.helper.make_node("Expand", [call_bias, "full_rows"], ["bias_full"])
+    graph.node.insert(list(graph.node).index(node), expand)
+    node.input[3] = "bias_full"
+    low, notes = lower(fused, "cuda")
+    assert notes[0].lowered
+    assert notes[0].reason.startswith("MultiHeadAttention with attention_bias")

@@ -17,7 +17,7 @@ from onnxruntime.transformers import float16
 import ortflash
 from ortflash.checks.feeds import make_feeds
 from ortflash.lowering import cuda, lower
-from ortflash.lowering.cuda import CAPABILITIES
+from ortflash.lowering.cuda_measured import CAPABILITIES
 from ortflash.lowering.measured import CapabilityTable
 from ortflash.lowering.targets import PROVIDERS
 

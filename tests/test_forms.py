@@ -11,7 +11,7 @@ import pytest
 from attention_graphs import Variant, build
 from conftest import PINNED_CPU_CLASS
 
-from ortflash.lowering import cuda, webgpu
+from ortflash.lowering import cuda_measured, webgpu
 from ortflash.lowering.targets import PROVIDERS, ExecutionProvider
 from ortflash.op.policy import SoftmaxPolicy
 from ortflash.pipeline import forms
@@ -388,24 +388,32 @@ def test_the_cuda_table_is_its_committed_benchmark_results():
     doc = json.loads((RESULTS_DIR / "crossover_cuda.json").read_text())
     kinds = {"padding": "padding", "causal_mask": "causal", "nomask": "none", "bias": "bias"}
     cuda_ep = PROVIDERS["cuda"]
-    assert cuda_ep.costs is cuda.CROSSOVERS and cuda_ep.results == "benchmarks/results/crossover_cuda.md"
-    assert set(doc["by_dtype"]) == set(cuda.CROSSOVERS)
+    assert cuda_ep.costs is cuda_measured.CROSSOVERS and cuda_ep.results == "benchmarks/results/crossover_cuda.md"
+    assert set(doc["by_dtype"]) == set(cuda_measured.CROSSOVERS)
     for dtype, by_stack in doc["by_dtype"].items():
         assert set(by_stack) == set(kinds)
         for stack, kind in kinds.items():
             rows = by_stack[stack]["cuda"]
-            assert {int(d) for d in rows} == set(cuda.CROSSOVERS[dtype][kind]["cuda"]), (dtype, stack)
-            # float16 causal D64/D128: cuda.CAUSAL_RESULTS' own-causal forms, held there by test_cuda_costs
+            assert {int(d) for d in rows} == set(cuda_measured.CROSSOVERS[dtype][kind]["cuda"]), (dtype, stack)
+            # float16 causal D64/D128: cuda_measured.CAUSAL_RESULTS' own-causal forms, held there by test_cuda_costs
             later = {64, 128} if (dtype, kind) == ("float16", "causal") else set()
             for dim, row in rows.items():
                 if int(dim) not in later:
-                    assert cuda.CROSSOVERS[dtype][kind]["cuda"][int(dim)] == row["crossover"], (dtype, stack, dim)
+                    assert cuda_measured.CROSSOVERS[dtype][kind]["cuda"][int(dim)] == row["crossover"], (
+                        dtype,
+                        stack,
+                        dim,
+                    )
                 # contrib writes the ops the cuda target chooses among: it takes the measured row
-                assert cuda.CROSSOVERS[dtype][kind]["contrib"][int(dim)] == row["crossover"], (dtype, stack, dim)
+                assert cuda_measured.CROSSOVERS[dtype][kind]["contrib"][int(dim)] == row["crossover"], (
+                    dtype,
+                    stack,
+                    dim,
+                )
     assert max(doc["seq_lens"]) == cuda_ep.measured_up_to
     # the table an unknown element type takes keeps every block any other table keeps
-    taken = cuda.CROSSOVERS[cuda_ep.unknown_dtype]
-    for table in cuda.CROSSOVERS.values():
+    taken = cuda_measured.CROSSOVERS[cuda_ep.unknown_dtype]
+    for table in cuda_measured.CROSSOVERS.values():
         for kind, by_form in table.items():
             for dim, at in by_form["cuda"].items():
                 mine = taken.get(kind, taken[forms.parent_kind(kind)])["cuda"][dim]

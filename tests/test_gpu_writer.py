@@ -21,7 +21,10 @@ def test_the_gpu_targets_write_through_their_profiles():
     assert REGISTRY["webgpu"].write == webgpu.WEBGPU_PROFILE.lower
     for profile in (cuda.CUDA_PROFILE, webgpu.WEBGPU_PROFILE):
         # every form the choice can name has a writer, and MultiHeadAttention's take one head count
-        assert {f for f, _ in profile.capabilities} >= set(profile.forms), profile.ep
+        # (but cuda's causal_padding form, timed as users run it by benchmarks/cuda_forms.py, not the probe:
+        # cuda_forms_causal_padding_f16.md, held by tests/test_cuda_costs.py)
+        probed = set(profile.forms) - {cuda.FORM_MHA_CAUSAL_PADDING}
+        assert {f for f, _ in profile.capabilities} >= probed, profile.ep
         assert all(form.one_head_count == (form.op == OP_MHA) for form in profile.forms.values()), profile.ep
     assert cuda.CUDA_PROFILE.native_float16 and not webgpu.WEBGPU_PROFILE.native_float16
 

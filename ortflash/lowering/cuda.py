@@ -15,6 +15,10 @@ refusals, choose_form, a writer per form, float16 computed natively, the cached-
     without a bias (cuDNN flash), Attention-23 is_causal on [B, S, H·D] (flash; opset 23 models
     only) or GroupQueryAttention with its own causal mask (on the GPU in float16 only); the note
     names the kernel ORT ran there and its time;
+  - causal with a padding part (Hugging Face's decoder mask: one bias row per batch, [B, 1, 1, Sk],
+    -inf where padded), Sq == Sk proved: MultiHeadAttention unidirectional=1 with that row expanded
+    as ``attention_bias``; the rows with no key up to their position (left padding) are NaN (or 0)
+    by one CumSum over the row (causal_padding_fits);
   - everything else: MultiHeadAttention with the mask and causality in ``attention_bias`` (cast
     to float16: float32-lowest becomes -inf there, the same for softmax), key/value heads repeated
     for grouped-query blocks; a bias that is a float16 value cast to float32 is held by one Where
@@ -39,8 +43,6 @@ The float32 products on the CUDA EP use TF32 unless the session sets ``use_tf32=
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from types import MappingProxyType
 
 import numpy as np
 import onnx_ir as ir
@@ -52,108 +54,10 @@ from ..op.call import FlashAttentionCall
 from . import layout, native
 from .cache import find_cache_append
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA, lower_contrib
+from .cuda_measured import CAPABILITIES, CAUSAL_PADDING_RESULTS
 from .gpu import GpuBlock, GpuForm, GpuProfile, Refusal, float16_source, with_mask_notes
-from .measured import Capability, CapabilityTable, Crossovers
 from .read import CallDims
 from .standard import OP_ATTENTION
-
-# (form, case) -> what the CUDA EP did, measured 2026-12-01 on an NVIDIA H200 (driver 580.159.04)
-# with onnxruntime-gpu 1.31.1 (benchmarks/results/cuda_capabilities.md). Forms and case names are
-# benchmarks/cuda_capabilities.py's; only the rows the choices below read, or that say why a form
-# is not chosen, are copied here, and tests/test_cuda_table.py checks each against the committed JSON.
-CAPABILITIES = CapabilityTable(
-    {
-        # A causal block with no bias or mask (Sq == Sk) takes the fastest of these three at its case
-        # (choose_form): GroupQueryAttention (cuDNN flash in float16; on the CPU in float32, 0 of 1
-        # nodes on CUDA), MultiHeadAttention unidirectional=1 without bias (cuDNN flash in float16)
-        # and Attention-23 is_causal on [B, S, H·D] (flash in float16). kernel: what ORT printed;
-        # ms: the op alone, median, I/O bound, the EP's default session (TF32 on in float32).
-        ("gqa", "causal_f16_d64_s37"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.064),
-        ("gqa", "causal_f32_d64_s37"): Capability(on_gpu=False, right=True, kernel="", ms=0.258),
-        ("gqa", "causal_f16_d64_s1024"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.097),
-        ("gqa", "causal_f16_d64_s4096"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.274),
-        ("gqa", "causal_f16_d64_s16384"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=1.739),
-        ("gqa", "causal_f16_d128_s1024"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.107),
-        ("gqa", "causal_f16_d128_s4096"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.326),
-        ("gqa", "causal_f16_d128_s16384"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=2.455
-        ),
-        ("gqa", "causal_f32_d64_s1024"): Capability(on_gpu=False, right=True, kernel="", ms=12.215),
-        ("gqa", "causal_f32_d64_s4096"): Capability(on_gpu=False, right=True, kernel="", ms=88.372),
-        ("mha_causal", "causal_f16_d64_s37"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.04
-        ),
-        ("mha_causal", "causal_f32_d64_s37"): Capability(on_gpu=True, right=True, kernel="MATH", ms=0.084),
-        ("mha_causal", "causal_f16_d64_s1024"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.064
-        ),
-        ("mha_causal", "causal_f16_d64_s4096"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.137
-        ),
-        ("mha_causal", "causal_f16_d64_s16384"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=1.145
-        ),
-        ("mha_causal", "causal_f16_d128_s1024"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.052
-        ),
-        ("mha_causal", "causal_f16_d128_s4096"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.202
-        ),
-        ("mha_causal", "causal_f16_d128_s16384"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=1.823
-        ),
-        ("mha_causal", "causal_f32_d64_s1024"): Capability(
-            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=0.183
-        ),
-        ("mha_causal", "causal_f32_d64_s4096"): Capability(
-            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=1.464
-        ),
-        ("attn23_causal_bsd", "causal_f16_d64_s37"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.033
-        ),
-        ("attn23_causal_bsd", "causal_f32_d64_s37"): Capability(
-            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=0.035
-        ),
-        ("attn23_causal_bsd", "causal_f16_d64_s1024"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.047
-        ),
-        ("attn23_causal_bsd", "causal_f16_d64_s4096"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.213
-        ),
-        ("attn23_causal_bsd", "causal_f16_d64_s16384"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=1.951
-        ),
-        ("attn23_causal_bsd", "causal_f16_d128_s1024"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.058
-        ),
-        ("attn23_causal_bsd", "causal_f16_d128_s4096"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.342
-        ),
-        ("attn23_causal_bsd", "causal_f16_d128_s16384"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=3.262
-        ),
-        ("attn23_causal_bsd", "causal_f32_d64_s1024"): Capability(
-            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=0.17
-        ),
-        ("attn23_causal_bsd", "causal_f32_d64_s4096"): Capability(
-            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=1.353
-        ),
-        # MultiHeadAttention with attention_bias: cuDNN flash in float16, MATH / memory-efficient in float32
-        ("mha_bias", "padding_f16_d64_s37"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "causal_leftpad_f16_d64_s37"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "padding_f16_d64_s16384"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "padding_f32_d64_s37"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "causal_leftpad_f32_d64_s37"): Capability(on_gpu=True, right=True),
-        # rows of -inf: finite on the EP, NaN on the CPU EP (the lowering writes such rows out)
-        ("mha_bias", "dead_rows_neginf_f16_d64_s37"): Capability(on_gpu=True, right=False),
-        # key_padding_mask: the unfused MATH kernel at 4096 (1.22 ms against 0.32 with attention_bias),
-        # refused at 16384
-        ("mha_kpm", "padding_f16_d64_s16384"): Capability(on_gpu=False, right=False),
-        # the decomposed graph in float16: rows of float16-lowest wrong (about 1.0); refused at 16384
-        ("unfused", "causal_leftpad_f16_d64_s37"): Capability(on_gpu=True, right=False),
-        ("unfused", "padding_f16_d64_s16384"): Capability(on_gpu=False, right=False),
-    }
-)
 
 
 def _cached_float32_step(
@@ -176,6 +80,8 @@ FORM_GQA = "gqa"  # GroupQueryAttention with its own causal mask
 FORM_MHA_CAUSAL = "mha_causal"  # MultiHeadAttention, unidirectional=1, no bias
 FORM_ATTN23_CAUSAL = "attn23_causal_bsd"  # ONNX Attention-23, is_causal=1, inputs [B, S, H·D]
 FORM_MHA_BIAS = "mha_bias"  # MultiHeadAttention with every mask and causality in attention_bias
+# MultiHeadAttention unidirectional=1 with the padding part alone in attention_bias (causal_padding_fits)
+FORM_MHA_CAUSAL_PADDING = "mha_causal_padding"
 # A causal block with no bias or mask and Sq == Sk proved may take any of these; the others take
 # mha_bias. Not mha_bias for it: its row times the node alone, while the lowering adds the causal
 # bias it builds and the fully-masked-rows guard (0.106 ms against mha_causal's 0.060 at S=1024,
@@ -206,11 +112,37 @@ def table_case(kind: str, half: bool, head_dim: int | None, key_len: int | None)
     return f"{kind}_{'f16' if half else 'f32'}_d{d}_s{s}"
 
 
+def causal_padding_fits(call: FlashAttentionCall, dims: CallDims) -> bool:
+    """Whether MultiHeadAttention's own causal mask plus the call's bias as attention_bias computes
+    the call: causal with Sq == Sk proved (top-left and bottom-right agree), no window or mask
+    tensor, a bias with one row over the queries ([B|1, H|1, 1, Sk]: a padding part) whose values
+    absorb a score only at -inf, and -inf as the fill where the bias holds -inf. Then a row is fully
+    masked only where every key up to its own position is -inf in the bias, and the graph's row is
+    NaN there (or 0) whatever the causal fill: the guard reads that from the bias's one row."""
+    bias = call.bias
+    if not (call.is_causal and call.mask is None and not call.bias_after_mask and bias is not None):
+        return False
+    if call.window_left >= 0 or call.window_right >= 0 or not shapes.same_dim(dims.sq, dims.sk):
+        return False
+    if bias.shape is None or len(bias.shape) != 4 or bias.shape[2] != 1 or not native.gqa_head_size_fits(dims):
+        return False
+    values = layout.bias_value_set(call, fold_causal=False)
+    if values is None or not layout.dead_values(values) <= {-math.inf}:
+        return False
+    return -math.inf not in values or call.mask_fill == -math.inf
+
+
 def choose_form(call: FlashAttentionCall, dims: CallDims, half: bool, opset: int) -> tuple[str | None, str]:
     """(form, why) for one block: a causal block with nothing else masking it takes the fastest right
-    form the table timed at its case (table_case); every other block MultiHeadAttention with
-    attention_bias where the table has it right on the GPU (None: no form is)."""
+    form the table timed at its case (table_case); a causal block with a padding part the own causal
+    mask with the padding in attention_bias (causal_padding_fits); every other block
+    MultiHeadAttention with attention_bias where the table has it right on the GPU (None: no form is)."""
     mha_case = "causal_leftpad_f16_d64_s37" if half else "causal_leftpad_f32_d64_s37"
+    if causal_padding_fits(call, dims) and CAPABILITIES.usable(FORM_MHA_BIAS, mha_case):
+        return FORM_MHA_CAUSAL_PADDING, (
+            "MultiHeadAttention unidirectional=1 with the padding part in attention_bias: its own causal "
+            f"mask, no [Sq, Sk] causal bias to build or guard ({CAUSAL_PADDING_RESULTS})"
+        )
     if native.gqa_own_causal_fits(call, dims):
         case = table_case("causal", half, shapes.static(dims.d), shapes.static(dims.sk))
         allowed = [f for f in OWN_CAUSAL_FORMS if f != FORM_ATTN23_CAUSAL or opset >= ATTENTION_OPSET]
@@ -267,6 +199,40 @@ def _own_causal(e: Emitter, block: GpuBlock) -> ir.Value:
         )
     block.parts.append(f"{op}'s own causal mask (Sq == Sk proved; no bias or mask)")
     return out
+
+
+def _causal_with_padding(e: Emitter, block: GpuBlock) -> ir.Value:
+    """MultiHeadAttention [B, Sq, Hq·Dv], unidirectional=1, the padding part alone in attention_bias
+    (causal_padding_fits). The rows with no key up to their own position (a left-padded row's
+    first queries) are written out from the bias's one row [B|1, H|1, 1, Sk]: the running count
+    of the keys above -inf (CumSum over the keys) is 0 at key i exactly where query i sees none,
+    O(B·Sk) work where the causal bias's guard reduced [B, 1, Sq, Sk] (cuda_forms_causal_f16.md)."""
+    call, ops = block.call, block.ops
+    pad = layout.bias_before_expand(e, call, ops.lengths, fold_causal=False, avoid_lowest=False)
+    assert pad is not None  # causal_padding_fits: a bias
+    op_bias = e.cast(_held_bias(e, pad), ir.DataType.FLOAT16) if block.half else pad
+    inputs = [ops.q, ops.k, ops.v, None, None, layout.expand_to_scores(e, op_bias, ops.lengths)]
+    out = e.node(
+        "MultiHeadAttention", inputs, domain=CONTRIB_DOMAIN, num_heads=ops.hq, scale=call.scale, unidirectional=1
+    )
+    block.parts.append("MultiHeadAttention's own causal mask (Sq == Sk proved), the padding part in attention_bias")
+    block.parts.extend(layout.mask_parts(call, causal_folded=False))
+    values = layout.bias_value_set(call, fold_causal=False)
+    if values is None or -math.inf not in values:
+        block.parts.append("no bias value absorbs a score: no row can be fully masked, no guard")
+        return out
+    alive = e.node("Cast", [e.node("Greater", [pad, e.f32(-math.inf)])], to=ir.DataType.FLOAT)
+    seen = e.node("CumSum", [alive, e.i64(3)])  # [B|1, H|1, 1, Sk]: keys above -inf up to each key
+    dead = e.transpose(e.node("Equal", [seen, e.f32(0.0)]), [0, 3, 1, 2])  # [B|1, Sq, H|1, 1]
+    zero = call.masked_rows == "zero"
+    fill = e.f32(0.0 if zero else math.nan)
+    fill = e.cast(fill, ir.DataType.FLOAT16) if block.half else fill
+    out4 = e.node("Where", [dead, fill, e.reshape(out, [0, 0, ops.hq, -1])])
+    block.parts.append(
+        "rows with no key up to their position (CumSum of the bias's keys above -inf) -> "
+        f"{'0 (masked_rows zero)' if zero else 'NaN'} by Where"
+    )
+    return e.reshape(out4, [0, 0, -1])
 
 
 def _held_bias(e: Emitter, bias: ir.Value) -> ir.Value:
@@ -336,44 +302,6 @@ def _with_row_guard(e: Emitter, block: GpuBlock) -> tuple[ir.Value, str]:
     return (e.cast(out3, ir.DataType.FLOAT16) if half else out3), guard
 
 
-# The CUDA EP's cost table, by element type, which pipeline/forms.py reads through the EP's record
-# (lowering/targets.py: PROVIDERS["cuda"]) where --ep cuda leaves the form open (onnxruntime-gpu
-# 1.31.1 on an NVIDIA H200, its defaults: TF32 on; wall time with inputs and outputs bound on the
-# GPU; benchmarks/crossover_cuda.py -> CROSSOVER_RESULTS): the `cuda` target's output against the
-# original graph. In float32 the original's TF32 products beat every form the target writes
-# (MultiHeadAttention's float32 kernels do not use them) at every measured length; in float16
-# cuDNN's flash attention wins from 2048 keys with a padding mask, at every length without a mask,
-# never with a full bias ([1, H, S, S]). Causal D64/D128 from 1024 (CAUSAL_RESULTS: own-causal forms, 1.74-2.43x at
-# 1024), D32 and contrib 4096; causal_padding never (the causal bias + guard: 0.42-0.57x at 1024-2048, 0.91-0.99x at 4096).
-CROSSOVER_RESULTS = "benchmarks/results/crossover_cuda.md"
-CAUSAL_RESULTS = "benchmarks/results/cuda_forms_causal_f16.md"  # the float16 causal rows' D64/D128 and causal_padding
-CROSSOVERS_MEASURED_UP_TO = 4096  # the table's longest key length
-
-
-def _cost_row(cuda_row: Mapping[int, int | None], contrib: Mapping[int, int | None] | None = None) -> Mapping:
-    row = MappingProxyType(dict(cuda_row))  # contrib: 0.39-0.54x at 2048-4096 causal (CAUSAL_RESULTS)
-    return MappingProxyType({"cuda": row, "contrib": row if contrib is None else MappingProxyType(dict(contrib))})
-
-
-_NEVER = _cost_row({32: None, 64: None, 128: None})
-CROSSOVERS: Mapping[str, Crossovers] = MappingProxyType(
-    {
-        "float32": MappingProxyType({"padding": _NEVER, "none": _NEVER, "causal": _NEVER, "bias": _NEVER}),
-        "float16": MappingProxyType(
-            {
-                "padding": _cost_row({32: 2048, 64: 2048, 128: 2048}),
-                "none": _cost_row({32: 64, 64: 64, 128: 64}),
-                "causal": _cost_row({32: 4096, 64: 1024, 128: 1024}, {32: 4096, 64: 4096, 128: 4096}),
-                "causal_padding": _NEVER,
-                "bias": _NEVER,
-            }
-        ),
-    }
-)
-# a block of no known element type (or one without a table: bfloat16) takes this one's, which keeps most
-CROSSOVERS_UNKNOWN_DTYPE = "float32"  # (tests/test_forms.py holds it to keep every block another keeps)
-
-
 CUDA_PROFILE = GpuProfile(
     ep="CUDA",
     capabilities=CAPABILITIES,
@@ -394,6 +322,7 @@ CUDA_PROFILE = GpuProfile(
         FORM_MHA_CAUSAL: GpuForm(OP_MHA, _own_causal, one_head_count=True),
         FORM_ATTN23_CAUSAL: GpuForm(OP_ATTENTION, _own_causal, one_head_count=False),
         FORM_MHA_BIAS: GpuForm(OP_MHA, _multi_head_attention, one_head_count=True),
+        FORM_MHA_CAUSAL_PADDING: GpuForm(OP_MHA, _causal_with_padding, one_head_count=True),
     },
     native_float16=True,
     cached_step=_cached_float32_step,

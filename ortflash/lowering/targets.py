@@ -16,14 +16,14 @@ file. A GPU EP's table stands beside its capability table and GpuProfile in its 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import onnx_ir as ir
 
 from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
-from . import cuda, webgpu
+from . import cuda, cuda_measured, webgpu
 from .contrib import CONTRIB_DOMAIN, CONTRIB_VERSION, MIN_CONTRIB_OPSET, lower_contrib
 from .measured import Crossovers
 from .standard import ONNX_ATTENTION_OPSET, ONNX_IR_VERSION, lower_standard
@@ -114,6 +114,12 @@ class ExecutionProvider:
     costs: Mapping[str, Crossovers] | None = None
     unknown_dtype: str = ""  # the type whose table a block of no known type (or one without a table) takes
     results: str = ""  # the cost table's results file (the CPU EP's: per class and mask kind, in forms.py)
+    # (element type, mask kind) -> the results file(s) of the rows measured apart from ``results``
+    kind_results: Mapping[tuple[str, str], str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def results_for(self, kind: str, dtype: str | None) -> str:
+        """The results file(s) a (GPU EP's) row of ``kind`` for blocks of ``dtype`` was read from."""
+        return self.kind_results.get((dtype or "", kind), self.results)
 
     def cost_table(self, dtype: str | None) -> Crossovers:
         """The cost table for blocks of element type ``dtype`` ("float32", "float16"; None or "": not
@@ -150,10 +156,11 @@ PROVIDERS: Mapping[str, ExecutionProvider] = MappingProxyType(
             ExecutionProvider(
                 "cuda",
                 ("cuda", "contrib"),
-                measured_up_to=cuda.CROSSOVERS_MEASURED_UP_TO,
-                costs=cuda.CROSSOVERS,
-                unknown_dtype=cuda.CROSSOVERS_UNKNOWN_DTYPE,
-                results=cuda.CROSSOVER_RESULTS,
+                measured_up_to=cuda_measured.CROSSOVERS_MEASURED_UP_TO,
+                costs=cuda_measured.CROSSOVERS,
+                unknown_dtype=cuda_measured.CROSSOVERS_UNKNOWN_DTYPE,
+                results=cuda_measured.CROSSOVER_RESULTS,
+                kind_results=cuda_measured.KIND_RESULTS,
             ),
             ExecutionProvider(
                 "webgpu",

@@ -9,7 +9,7 @@ optimize call, default the running kernel build's; a row per mask kind, bounded 
 real-size exports, ``benchmarks/crossover_real_size.py``); each GPU EP's beside its capability table
 in its lowering module: the WebGPU EP's (lowering/webgpu.py ``CROSSOVERS``,
 ``benchmarks/crossover_webgpu.py``), measured in float32 and taken for every element type, and the
-CUDA EP's, one per element type (lowering/cuda.py ``CROSSOVERS``, ``benchmarks/crossover_cuda.py``).
+CUDA EP's, one per element type (lowering/cuda_measured.py ``CROSSOVERS``, ``benchmarks/crossover_cuda.py``).
 Each gives, per form and head dim, the least key length at which the form ran faster than the original graph in one run; tests check
 them against their results files. A block is fused where its key length is known (a static
 shape, or the lengths the user says the model runs at) and at or past the crossover at every such
@@ -41,8 +41,8 @@ from ..op.policy import SoftmaxPolicy
 MASK_KINDS = ("none", "padding", "causal", "bias")
 # Kinds a table may hold a row of its own for, each refining one of MASK_KINDS; a table without the
 # row reads the refined kind's. ``causal_padding``: is_causal with a padding part. The CUDA target
-# writes those as MultiHeadAttention with the causal bias and the masked-rows guard, not as its own
-# causal forms (lowering/cuda.py: choose_form), and its CUDA row is that form's.
+# writes those as MultiHeadAttention's own causal mask with the padding row in attention_bias, not as
+# the own-causal forms of a plain causal block (lowering/cuda.py: choose_form), and its CUDA row is that form's.
 REFINED_KINDS: Mapping[str, str] = MappingProxyType({"causal_padding": "causal"})
 
 
@@ -408,7 +408,7 @@ def choose(
         sources = GENERIC_FROM if cpu_class == "generic" else (cpu_class,)
         results = " and ".join(path for c in sources for path in results_paths(kind, c))
     else:
-        results = provider.results
+        results = provider.results_for(kind, dtype)
     dim += provider.dtype_said(dtype)
     if key_lens is None:
         lowest = crossover(probe, head_dim, kind, ep, dtype, cpu_class)
