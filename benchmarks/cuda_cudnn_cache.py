@@ -88,8 +88,9 @@ def make(
 ) -> None:
     """The models of ``groups``: the padding blocks at ``padding_cases`` ((batch, length) each), the
     fed-bias block, the length If. With ``old`` (a folder an earlier tree's make wrote), its padding
-    blocks' cuda target as the variant ``old_cuda`` (the guard as it was), and this tree's guard with
-    the keys' axis reduced in place (``target_cuda_direct``, cuda.ROW_REDUCE = "direct")."""
+    blocks' cuda target as the variant ``old_cuda`` (the guard as it was), and this tree's guard by
+    reductions over the keys, the keys' axis moved to the front (``target_cuda_reduce``,
+    cuda.ROW_REDUCE = "outer_first", the default before "counts")."""
     import cuda_forms as cf
     import onnx
 
@@ -111,9 +112,9 @@ def make(
             variants.update({f"target_{t}": lower(fused, t)[0] for t in ("cuda", "onnx")})
             saved_reduce = getattr(cuda, "ROW_REDUCE", None)  # None: a tree before the switch
             if saved_reduce is not None:
-                cuda.ROW_REDUCE = "direct"  # type: ignore[attr-defined]
+                cuda.ROW_REDUCE = "outer_first"  # type: ignore[attr-defined]
                 try:
-                    variants["target_cuda_direct"] = lower(fused, "cuda")[0]
+                    variants["target_cuda_reduce"] = lower(fused, "cuda")[0]
                 finally:
                     cuda.ROW_REDUCE = saved_reduce  # type: ignore[attr-defined]
             earlier = os.path.join(old or "", f"padding_b{batch}_s{seq}_{shape}.target_cuda.onnx")
@@ -498,7 +499,7 @@ def run(folder: str, out_dir: str) -> None:
 
 def table(json_path: str, md_path: str) -> None:
     """The padding blocks' rows: each variant against the original and PyTorch's default SDPA, and
-    the guard's row reductions (outer_first, the default, against direct) by their GPU kernels."""
+    the guard (counts, the default, against reductions) by their GPU kernels."""
     data = json.load(open(json_path))
     peers = {(p["batch"], p["seq"]): p for p in data["torch_sdpa"] if "torch_ms" in p}
     rows = [r for r in data["rows"] if r.get("group") == "padding" and "ms" in r]
@@ -513,8 +514,8 @@ def table(json_path: str, md_path: str) -> None:
         "kernels named *reduce* (CUPTI, 3 calls); torch: scaled_dot_product_attention with PyTorch's default "
         "backend (boolean [B, 1, 1, S] mask), CUDA events, median of 20",
         "- variants: ep_cuda (`--ep cuda`), ep_cuda_seq_lens (`--ep cuda --seq-lens S`, symbolic only), "
-        "target_cuda (ROW_REDUCE outer_first, the default since 00bfe30), target_cuda_direct (ROW_REDUCE "
-        "direct), target_onnx (Attention-23)",
+        "target_cuda (ROW_REDUCE counts, the default: the masked rows found by MatMuls), target_cuda_reduce "
+        "(ROW_REDUCE outer_first, the default before: by reductions), target_onnx (Attention-23)",
         "",
         "| B | S | shape | variant | kernel | ms | vs original | / torch | reduce µs | GPU busy µs | err | ok |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",

@@ -17,7 +17,8 @@ from onnx import helper as h
 import ortflash
 from ortflash.checks.compare import compare
 from ortflash.checks.sessions import run_model
-from ortflash.lowering import OP_GQA, OP_MHA, layout, lower
+from ortflash.lowering import OP_GQA, OP_MHA, lower
+from ortflash.lowering.masked_rows import value_set
 from ortflash.op import side_channel, spec
 
 LOWEST = float(np.finfo(np.float32).min)
@@ -153,7 +154,7 @@ def _value_set_of(nodes, inits, out, inputs=()):
     graph = h.make_graph(nodes, "v", list(inputs), [h.make_tensor_value_info(out, TP.FLOAT, None)], inits)
     model = ir.serde.deserialize_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
     value = next(o for n in model.graph for o in n.outputs if o.name == out)
-    return layout.value_set(value)
+    return value_set(value)
 
 
 def test_value_set_follows_where_casts_and_arithmetic():

@@ -51,7 +51,7 @@ from ..graph import ir_utils as u
 from ..graph import shapes
 from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
-from . import layout, native
+from . import layout, masked_rows, native
 from .cache import find_cache_append
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA, lower_contrib
 from .cuda_measured import CAPABILITIES, CAUSAL_PADDING_RESULTS
@@ -93,9 +93,11 @@ TABLE_LENGTHS = (1024, 4096, 16384)
 # a key length known only at run time is read at this row: the S=4096 target (--ep cuda
 # lowers float16 causal blocks from 1024 keys at D64/D128 or 4096: CROSSOVERS below)
 RUN_TIME_LENGTH = 4096
-# How the masked-rows guard reduces over the keys: "outer_first" (layout.reduce_outer_first: the
-# reduced axis moved to the front, where the CUDA EP's reduce kernel is fast) or "direct".
-ROW_REDUCE = "outer_first"
+# How the masked-rows guard finds its rows: "counts" (_rows_by_counts: keys counted by MatMuls where
+# the bias's value set allows, else as "outer_first"), "outer_first" (every statistic a reduction
+# with the reduced axis moved to the front: masked_rows.reduce_outer_first) or "direct" (reduced in
+# place). benchmarks/cuda_cudnn_cache.py forces each to compare them.
+ROW_REDUCE = "counts"
 # the float32 next above float32-lowest (the held bias's stand-in for lowest; -inf in float16 too)
 STATIC_CLIFF_ABOVE_LOWEST = float(np.nextafter(np.float32(layout.F32_LOWEST), np.float32(0)))
 
@@ -126,8 +128,8 @@ def causal_padding_fits(call: FlashAttentionCall, dims: CallDims) -> bool:
         return False
     if bias.shape is None or len(bias.shape) != 4 or bias.shape[2] != 1 or not native.gqa_head_size_fits(dims):
         return False
-    values = layout.bias_value_set(call, fold_causal=False)
-    if values is None or not layout.dead_values(values) <= {-math.inf}:
+    values = masked_rows.bias_value_set(call, fold_causal=False)
+    if values is None or not masked_rows.dead_values(values) <= {-math.inf}:
         return False
     return -math.inf not in values or call.mask_fill == -math.inf
 
@@ -217,7 +219,7 @@ def _causal_with_padding(e: Emitter, block: GpuBlock) -> ir.Value:
     )
     block.parts.append("MultiHeadAttention's own causal mask (Sq == Sk proved), the padding part in attention_bias")
     block.parts.extend(layout.mask_parts(call, causal_folded=False))
-    values = layout.bias_value_set(call, fold_causal=False)
+    values = masked_rows.bias_value_set(call, fold_causal=False)
     if values is None or -math.inf not in values:
         block.parts.append("no bias value absorbs a score: no row can be fully masked, no guard")
         return out
@@ -276,29 +278,18 @@ def _with_row_guard(e: Emitter, block: GpuBlock) -> tuple[ir.Value, str]:
         if call.masked_rows == "zero" and not half:
             return e.node("Where", [e.node("IsNaN", [out]), e.f32(0.0), out]), "NaN guard -> Where(IsNaN(out), 0, out)"
         return out, ""
-    values = layout.bias_value_set(call)
-    if values is not None and not layout.dead_values(values):
+    values = masked_rows.bias_value_set(call)
+    if values is not None and not masked_rows.dead_values(values):
         return out, "no bias value absorbs a score: no row can be fully masked, no guard"
-    reduce = layout.reduce_outer_first if ROW_REDUCE == "outer_first" else layout.reduce_keepdims
     out32 = e.cast(out, ir.DataType.FLOAT) if half else out
-    ones = e.i64([1, 1, 1, 1])  # the reduced bias at rank 4 (a causal-only bias is [Sq, Sk])
-
-    def per_row(x: ir.Value) -> ir.Value:  # [B|1, H|1, Sq|1, 1] -> [B|1, Sq|1, H|1, 1]
-        return e.transpose(e.node("Expand", [x, ones]), layout.SWAP_SH)
-
-    row_max, row_min = (per_row(reduce(e, op, bias)) for op in ("ReduceMax", "ReduceMin"))
-    uniform = layout.absorbing_rows(e, row_max, row_min)
-    can_die = values is None or -math.inf in values
-    dead = per_row(layout.key_dead_rows(e, bias, ROW_REDUCE == "outer_first")) if can_die else None
-    # V's mean over the keys, V [B, Sk, Hq·Dv] (cast to float32 after its Transpose: half the bytes moved)
-    if ROW_REDUCE == "outer_first" and u.rank(v3) == 3:
-        v_front = e.transpose(v3, [1, 0, 2])
-        v_front = e.cast(v_front, ir.DataType.FLOAT) if half else v_front
-        v_keys = e.transpose(layout.reduce_keepdims(e, "ReduceMean", v_front, axis=0), [1, 0, 2])
-    else:
-        v_keys = layout.reduce_keepdims(e, "ReduceMean", e.cast(v3, ir.DataType.FLOAT) if half else v3, axis=1)
-    mean_v = e.reshape(v_keys, [0, 0, hq, -1])  # [B, 1, Hq, Dv]
-    out3, guard = layout.write_out_masked_rows(e, call, out32, (uniform, mean_v, dead), hq)
+    rows = (
+        masked_rows.rows_by_counts(e, bias, masked_rows.absorbing_values(call, values), v3, hq, half)
+        if ROW_REDUCE == "counts"
+        else None
+    )
+    if rows is None:
+        rows = masked_rows.rows_by_reductions(e, bias, values, v3, hq, half, outer_first=ROW_REDUCE != "direct")
+    out3, guard = masked_rows.write_out_masked_rows(e, call, out32, rows, hq)
     return (e.cast(out3, ir.DataType.FLOAT16) if half else out3), guard
 
 

@@ -1,9 +1,6 @@
 """What the native attention ops need around them: BNSH <-> BSD layouts, repeated K/V heads,
-the causal and boolean masks written as one additive bias, the rows it masks fully, and the cast
-back to Q's type.
-
-Over 400 lines because the fully-masked-row guard is written here for every GPU lowering (found by
-the keys, not by a ReduceMax of the bias, which the CUDA EP leaves finite): one place, not one per EP."""
+the causal and boolean masks written as one additive bias, and the cast back to Q's type (the
+rows that bias masks fully: lowering/masked_rows.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +16,11 @@ from ..graph import ir_utils as u
 from ..graph import shapes
 from ..graph.emitter import Emitter, replace_output
 from ..op.call import FlashAttentionCall
-from ..op.spec import ABSORBING_FILL
 
 SWAP_SH = [0, 2, 1, 3]  # [B, H, S, D] <-> [B, S, H, D]
 F32_LOWEST = float(np.finfo(np.float32).min)
 # One step above lowest: the same mask value for softmax, but not ONNX Runtime's sentinel.
 _F32_ABOVE_LOWEST = float(np.nextafter(np.float32(F32_LOWEST), np.float32(0)))
-_REDUCE_AXES_INPUT_OPSET = 18  # ReduceMax takes its axes as an input from here on
 
 
 @dataclass(frozen=True)
@@ -242,173 +237,6 @@ def mask_parts(call: FlashAttentionCall, causal_folded: bool) -> list[str]:
         where = " in the bias" if causal_folded else ""
         parts.append(f"window ({', '.join(window)}){where}")
     return parts
-
-
-def reduce_keepdims(e: Emitter, op: str, x: ir.Value, axis: int = -1) -> ir.Value:
-    """op (ReduceMax, ReduceMin, ReduceMean) over one axis, keepdims, in the model's opset's form."""
-    if e.opset >= _REDUCE_AXES_INPUT_OPSET:
-        return e.node(op, [x, e.i64([axis])], keepdims=1)
-    return e.node(op, [x], axes=[axis], keepdims=1)
-
-
-def _front_perms(rank: int, axis: int) -> tuple[list[int], list[int]]:
-    """(perm moving axis to the front, perm moving it back)."""
-    front = [axis] + [i for i in range(rank) if i != axis]
-    return front, [front.index(i) for i in range(rank)]
-
-
-def reduce_outer_first(e: Emitter, op: str, x: ir.Value, axis: int = -1) -> ir.Value:
-    """reduce_keepdims, with the reduced axis moved to the front first and back after (two Transposes).
-
-    On ONNX Runtime's CUDA EP a reduction whose output has more than one element and whose reduced
-    axis is not the outermost runs cuDNN's generic reduce kernel, 95-360 µs on the padding block's
-    [2, 1, 1, 4096] bias or [2, 4096, 1024] V at batch 2 (0.59 of the lowered block's 1.58 ms GPU
-    time), against under 11 µs at batch 1 (benchmarks/results/cuda_cudnn_cache.md)."""
-    rank = u.rank(x)
-    if rank is None or rank < 2:
-        return reduce_keepdims(e, op, x, axis)
-    front, back = _front_perms(rank, axis % rank)
-    return e.transpose(reduce_keepdims(e, op, e.transpose(x, front), axis=0), back)
-
-
-def key_dead_rows(e: Emitter, bias: ir.Value, outer_first: bool = False) -> ir.Value:
-    """bool, bias's last axis reduced (keepdims): the row has no key above -inf. Found by its keys,
-    not by ReduceMax(bias) == -inf: the CUDA EP's ReduceMax gives float32's lowest for a row of
-    -inf (onnxruntime issue 32256; what made --target onnx wrong on 4 held-out exports, a1a40cd).
-    outer_first: reduced as reduce_outer_first does (the keys' axis moved to the front first)."""
-    rank = u.rank(bias)
-    front_back = _front_perms(rank, rank - 1) if outer_first and rank is not None and rank >= 2 else None
-    x = e.transpose(bias, front_back[0]) if front_back else bias
-    alive = e.node("Cast", [e.node("Greater", [x, e.f32(-math.inf)])], to=ir.DataType.FLOAT)
-    if front_back:
-        top = e.transpose(reduce_keepdims(e, "ReduceMax", alive, axis=0), front_back[1])
-    else:
-        top = reduce_keepdims(e, "ReduceMax", alive)
-    return e.node("Equal", [top, e.f32(0.0)])
-
-
-def absorbing_rows(e: Emitter, row_max: ir.Value, row_min: ir.Value) -> ir.Value:
-    """bool: the bias row is one finite value at or below ABSORBING_FILL everywhere (float32-lowest,
-    what transformers writes), where FlashAttention's row is the mean of V."""
-    return e.node(
-        "And",
-        [
-            e.node("Equal", [row_max, row_min]),
-            e.node(
-                "And",
-                [
-                    e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)]),
-                    e.node("Greater", [row_max, e.f32(-math.inf)]),
-                ],
-            ),
-        ],
-    )
-
-
-def write_out_masked_rows(
-    e: Emitter,
-    call: FlashAttentionCall,
-    out: ir.Value,
-    rows: tuple[ir.Value, ir.Value, ir.Value | None],
-    heads: int,
-    why: str = "",
-) -> tuple[ir.Value, str]:
-    """out [B, Sq, H·Dv] with its fully masked rows written out, and the note's words.
-
-    rows: (uniform, mean_v, dead) [.., Sq, H|1, ..]: where uniform (the row is one value at or below
-    ABSORBING_FILL) the row is mean_v; where dead (no key above -inf, key_dead_rows; None: no row
-    can be) it is NaN, or 0 where the block asks for zeros (masked_rows "zero")."""
-    uniform, mean_v, dead = rows
-    out4 = e.node("Where", [uniform, mean_v, e.reshape(out, [0, 0, heads, -1])])
-    guard = "fully masked rows written out: one value <= -2**127 everywhere -> mean of V by Where"
-    if dead is not None:
-        zero = call.masked_rows == "zero"
-        out4 = e.node("Where", [dead, e.f32(0.0 if zero else math.nan), out4])
-        guard += f", -inf everywhere (found by its keys) -> {'0 (masked_rows zero)' if zero else 'NaN'} by Where"
-    return e.reshape(out4, [0, 0, -1]), guard + (f" ({why})" if why else "")
-
-
-# ------------------------------------------------------------------------------------------------
-# What a bias can hold, for the guards of fully masked rows (lowering/webgpu.py)
-
-_VALUE_SET_LIMIT = 16  # distinct values followed through arithmetic; more: not known
-_SAME_VALUES = ("Identity", "Reshape", "Expand", "Unsqueeze", "Squeeze", "Transpose", "Flatten", "Slice", "Tile")
-
-
-def value_set(x: ir.Value | None, depth: int = 12) -> frozenset[float] | None:
-    """A finite superset of the float values x's elements can take, where the graph fixes one: a
-    constant's values, Where of two such, a bool Cast to a number ({0, 1}), the shape and copy
-    ops (their output holds some of their input's values) and elementwise arithmetic of two
-    known sets; None where not known, or where a NaN could arise (no guard is then left out)."""
-    if x is None or depth == 0:
-        return None
-    found = u.const_array(x)
-    if found is not None:
-        values = np.unique(np.asarray(found, np.float64))
-        return _finite_set(values) if values.size <= _VALUE_SET_LIMIT else None
-    node = x.producer()
-    if node is None or node.domain not in ("", "ai.onnx"):
-        return None
-    op = node.op_type
-    if op == "Cast":
-        src = u.operand(node, 0)
-        to = ir.DataType(u.attr_int(node, "to", 0))
-        inner = frozenset({0.0, 1.0}) if src.dtype == ir.DataType.BOOL else value_set(src, depth - 1)
-        if inner is None or not to.is_floating_point():
-            return None
-        return _finite_set(np.asarray(sorted(inner), np.float64).astype(to.numpy()).astype(np.float64))
-    if op == "Where":
-        a, b = value_set(node.inputs[1], depth - 1), value_set(node.inputs[2], depth - 1)
-        return None if a is None or b is None else _finite_set(np.asarray(sorted(a | b)))
-    if op in _SAME_VALUES or op == "Gather":
-        return value_set(node.inputs[0], depth - 1)
-    if op == "Concat":
-        parts = [value_set(v, depth - 1) for v in node.inputs]
-        if any(p is None for p in parts):
-            return None
-        return _finite_set(np.asarray(sorted(frozenset().union(*parts))))  # type: ignore[arg-type]
-    if op in ("Add", "Sub", "Mul") and len(node.inputs) == 2:
-        a, b = value_set(node.inputs[0], depth - 1), value_set(node.inputs[1], depth - 1)
-        if a is None or b is None or len(a) * len(b) > _VALUE_SET_LIMIT:
-            return None
-        dtype = (x.dtype or ir.DataType.FLOAT).numpy()
-        fa, fb = np.asarray(sorted(a), dtype), np.asarray(sorted(b), dtype)
-        with np.errstate(all="ignore"):
-            fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op]
-            out = fn(fa[:, None], fb[None, :]).astype(np.float64)
-        return _finite_set(out)
-    return None
-
-
-def _finite_set(values: np.ndarray) -> frozenset[float] | None:
-    """values as a set, None where one is NaN (or +inf: a score no fill absorbs)."""
-    flat = np.asarray(values, np.float64).reshape(-1)
-    if np.isnan(flat).any() or np.isposinf(flat).any() or np.unique(flat).size > _VALUE_SET_LIMIT:
-        return None
-    return frozenset(float(v) for v in flat)
-
-
-def bias_value_set(call: FlashAttentionCall, fold_causal: bool = True) -> frozenset[float] | None:
-    """The values additive_bias's tensor can hold (the bias as float32 where kept, mask_fill where
-    masked out), or None where not known (and for bias_after_mask, whose sums it does not follow)."""
-    if call.bias_after_mask:
-        return None
-    masks = call.mask is not None or (
-        fold_causal and (call.is_causal != 0 or call.window_left >= 0 or call.window_right >= 0)
-    )
-    kept: frozenset[float] | None = frozenset({0.0})
-    if call.bias is not None:
-        found = value_set(call.bias)
-        kept = None if found is None else _finite_set(np.asarray(sorted(found), np.float32).astype(np.float64))
-    if kept is None:
-        return None
-    return kept | {float(np.float32(call.mask_fill))} if masks else kept
-
-
-def dead_values(values: frozenset[float]) -> frozenset[float]:
-    """The values of a bias at which a score is absorbed (at or below ABSORBING_FILL, -inf too): a
-    row of only these sees no key."""
-    return frozenset(v for v in values if v <= ABSORBING_FILL)
 
 
 def sees_a_key_by_position(call: FlashAttentionCall, sq: object, sk: object) -> bool:

@@ -44,7 +44,7 @@ import onnx_ir as ir
 from ..graph import ir_utils as u
 from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
-from . import layout, native
+from . import layout, masked_rows, native
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .gpu import GpuBlock, GpuForm, GpuProfile, Refusal, with_mask_notes
 from .measured import Capability, CapabilityTable, Crossovers
@@ -186,18 +186,18 @@ def guard_rows(
     masked_rows "zero"). The WebGPU EP gets either wrong in some shapes (module docstring), so:
     - no row can be fully masked (every row keeps a key by its causal and window bounds, Sq == Sk
       proved, and no bias value absorbs a score; or no value at all absorbs one): no guard;
-    - the bias's values are known and only one of them absorbs (layout.value_set: a padding mask
+    - the bias's values are known and only one of them absorbs (masked_rows.value_set: a padding mask
       ``Where(mask, 0, lowest)`` folded with a causal fill of the same value): a row is fully masked
       exactly where its maximum is that value, and is then uniform: Where(ReduceMax <= -2**127,
       mean of V, or NaN / 0, out), the row maxima shared by the blocks of one bias;
     - otherwise the general guard (_general_guard)."""
     pre, expanded, v3 = tensors
-    values = layout.bias_value_set(call)
-    own = layout.bias_value_set(call, fold_causal=False) if call.mask is None else None
+    values = masked_rows.bias_value_set(call)
+    own = masked_rows.bias_value_set(call, fold_causal=False) if call.mask is None else None
     by_position = (
-        own is not None and not layout.dead_values(own) and layout.sees_a_key_by_position(call, dims.sq, dims.sk)
+        own is not None and not masked_rows.dead_values(own) and layout.sees_a_key_by_position(call, dims.sq, dims.sk)
     )
-    if by_position or (values is not None and not layout.dead_values(values)):
+    if by_position or (values is not None and not masked_rows.dead_values(values)):
         why = (
             "every row keeps a key by its causal bounds (Sq == Sk proved)"
             if by_position
@@ -208,7 +208,7 @@ def guard_rows(
     # a row per batch item); a causal part alone is [Sq, Sk], read after the Expand.
     four_d = all(x is None or u.rank(x) == 4 for x in (call.bias, call.mask)) and (call.bias, call.mask) != (None, None)
     rows = pre if four_d else expanded
-    dead = layout.dead_values(values) if values is not None else frozenset()
+    dead = masked_rows.dead_values(values) if values is not None else frozenset()
     if call.bias_after_mask:
         return _general_guard(e, call, out, (expanded, v3), hq)
     if len(dead) != 1:
@@ -216,7 +216,7 @@ def guard_rows(
     (value,) = dead
 
     def row_dead() -> ir.Value:
-        row_max = e.transpose(layout.reduce_keepdims(e, "ReduceMax", rows), layout.SWAP_SH)  # [B|1, Sq|1, H|1, 1]
+        row_max = e.transpose(masked_rows.reduce_keepdims(e, "ReduceMax", rows), layout.SWAP_SH)  # [B|1, Sq|1, H|1, 1]
         return e.node("LessOrEqual", [row_max, e.f32(ABSORBING_FILL)])
 
     dead_rows = _maybe_shared(e, key, "dead_rows", row_dead)
@@ -226,7 +226,9 @@ def guard_rows(
         fill_rows = e.f32(math.nan if nan_rows else 0.0)
         what = "NaN" if nan_rows else "0 (masked_rows zero)"
     else:
-        fill_rows = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+        fill_rows = e.reshape(
+            masked_rows.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1]
+        )  # [B, 1, Hq, Dv]
         what = "the mean of V"
     out4 = e.node("Where", [dead_rows, fill_rows, e.reshape(out, [0, 0, hq, -1])])
     return e.reshape(out4, [0, 0, -1]), (
@@ -252,26 +254,26 @@ def _uniform_guard(
     rows, v3 = tensors
 
     def row_max() -> ir.Value:
-        return e.transpose(layout.reduce_keepdims(e, "ReduceMax", rows), layout.SWAP_SH)  # [B|1, Sq|1, H|1, 1]
+        return e.transpose(masked_rows.reduce_keepdims(e, "ReduceMax", rows), layout.SWAP_SH)  # [B|1, Sq|1, H|1, 1]
 
     top = _maybe_shared(e, key, "row_max", row_max)
     assert top is not None
 
     def uniform_rows() -> ir.Value:
-        low = e.transpose(layout.reduce_keepdims(e, "ReduceMin", rows), layout.SWAP_SH)
+        low = e.transpose(masked_rows.reduce_keepdims(e, "ReduceMin", rows), layout.SWAP_SH)
         zero = e.f32(0.0)
         t = e.node("Where", [e.node("Equal", [top, low]), top, zero])
         t = e.node("Where", [e.node("Greater", [t, e.f32(-math.inf)]), t, zero])
         return e.node("LessOrEqual", [t, e.f32(ABSORBING_FILL)])
 
     def nan_term() -> ir.Value:  # NaN where no key is above -inf (found by its keys), 0 elsewhere
-        dead = e.transpose(layout.key_dead_rows(e, rows), layout.SWAP_SH)
+        dead = e.transpose(masked_rows.key_dead_rows(e, rows), layout.SWAP_SH)
         return e.node("Where", [dead, e.f32(math.nan), e.f32(0.0)])
 
     uniform = _maybe_shared(e, key, "uniform_rows", uniform_rows)
     nan_rows = _maybe_shared(e, key, "nan_term", nan_term)
     assert uniform is not None and nan_rows is not None
-    mean_v = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+    mean_v = e.reshape(masked_rows.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
     out4 = e.node("Where", [uniform, mean_v, e.reshape(out, [0, 0, hq, -1])])
     out4 = e.node("Add", [out4, nan_rows])
     guard = (
@@ -296,9 +298,9 @@ def _general_guard(
     #   The EP was right on such rows in the probe but wrong in the zoo's GPT-2 and Llama blocks
     #   (benchmarks/results/webgpu_zoo.md), so the mean is selected by Where.
     # - a row whose bias is -inf everywhere: NaN in FlashAttention and on the CPU EP; not always on
-    #   the WebGPU EP. Found by its keys (layout.key_dead_rows), not by its ReduceMax, which the
+    #   the WebGPU EP. Found by its keys (masked_rows.key_dead_rows), not by its ReduceMax, which the
     #   CUDA EP makes float32's lowest on such a row (onnxruntime issue 32256).
-    top = layout.reduce_keepdims(e, "ReduceMax", bias)  # [B|1, H|1, Sq, 1], read twice below
+    top = masked_rows.reduce_keepdims(e, "ReduceMax", bias)  # [B|1, H|1, Sq, 1], read twice below
     row_max = e.transpose(top, layout.SWAP_SH)  # [B|1, Sq, H|1, 1]
     if call.bias_after_mask:
         # The bias added after the fills: a row that sees no key holds fill + bias, c (bias 0) or
@@ -314,11 +316,11 @@ def _general_guard(
         count = e.node("ReduceSum", [at_max, e.i64([-1])], keepdims=1)  # axes an input from opset 13
         mean_v = e.transpose(e.node("Div", [total, count]), layout.SWAP_SH)
     else:
-        row_min = e.transpose(layout.reduce_keepdims(e, "ReduceMin", bias), layout.SWAP_SH)
-        uniform = layout.absorbing_rows(e, row_max, row_min)
-        mean_v = e.reshape(layout.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
-    dead = e.transpose(layout.key_dead_rows(e, bias), layout.SWAP_SH)
-    return layout.write_out_masked_rows(
+        row_min = e.transpose(masked_rows.reduce_keepdims(e, "ReduceMin", bias), layout.SWAP_SH)
+        uniform = masked_rows.absorbing_rows(e, row_max, row_min)
+        mean_v = e.reshape(masked_rows.reduce_keepdims(e, "ReduceMean", v3, axis=1), [0, 0, hq, -1])  # [B, 1, Hq, Dv]
+    dead = e.transpose(masked_rows.key_dead_rows(e, bias), layout.SWAP_SH)
+    return masked_rows.write_out_masked_rows(
         e, call, out, (uniform, mean_v, dead), hq, why="the EP gets either wrong in some shapes"
     )
 
