@@ -93,10 +93,10 @@ TABLE_LENGTHS = (1024, 4096, 16384)
 # a key length known only at run time is read at this row: the S=4096 target (--ep cuda
 # lowers float16 causal blocks from 1024 keys at D64/D128 or 4096: CROSSOVERS below)
 RUN_TIME_LENGTH = 4096
-# How the masked-rows guard finds its rows: "counts" (_rows_by_counts: keys counted by MatMuls where
-# the bias's value set allows, else as "outer_first"), "outer_first" (every statistic a reduction
-# with the reduced axis moved to the front: masked_rows.reduce_outer_first) or "direct" (reduced in
-# place). benchmarks/cuda_cudnn_cache.py forces each to compare them.
+# How the masked-rows guard finds its rows: "counts" (masked_rows.rows_by_counts: keys counted by
+# MatMuls where the values the bias can hold allow, else as "outer_first"), "outer_first" (every
+# statistic a reduction with the reduced axis moved to the front: masked_rows.reduce_outer_first)
+# or "direct" (reduced in place). benchmarks/cuda_cudnn_cache.py forces each to compare them.
 ROW_REDUCE = "counts"
 # the float32 next above float32-lowest (the held bias's stand-in for lowest; -inf in float16 too)
 STATIC_CLIFF_ABOVE_LOWEST = float(np.nextafter(np.float32(layout.F32_LOWEST), np.float32(0)))
