@@ -34,6 +34,7 @@ import ep_probe  # noqa: E402
 HEADS, HEAD_DIM = 16, 64
 PADDING_CASES = ((1, 4096), (2, 2048), (2, 4096), (4, 4096))  # (batch, key length) of the exported padding block
 FEDBIAS_SEQ = 4096
+CAUSAL_SEQ = 4096
 IF_PREFILL, IF_PAST = 2048, 2048
 ROUNDS, REPEATS, RUNS = 3, 10, 5
 LOGGED = re.compile(r"function (cudnn\w+)\(\) called")
@@ -134,6 +135,8 @@ def make(
         make_fedbias(folder, index)
     if "if" in groups:
         make_if(folder, index)
+    if "causal" in groups:
+        make_causal(folder, index)
     json.dump(index, open(os.path.join(folder, "index.json"), "w"), indent=1)
 
 
@@ -164,6 +167,35 @@ def make_fedbias(folder: str, index: list[dict[str, Any]]) -> None:
         _save(
             folder, index, "fedbias", f"fedbias_s{FEDBIAS_SEQ}_{shape}", variants, batch=1, seq=FEDBIAS_SEQ, shape=shape
         )
+
+
+def make_causal(folder: str, index: list[dict[str, Any]]) -> None:
+    """The zoo's long causal block (cuda_zoo._long_blocks: q, k, v [1, H, S, D] float16, the causal
+    mask built in the graph; its `--target cuda` ran 71 ms a call at S=4096 in cuda_zoo.md) static and
+    symbolic, with the cuda target's choice, each causal form forced, --ep cuda and the onnx target."""
+    import cuda_capabilities as caps
+    import webgpu_zoo as wz
+    from onnxruntime.transformers import float16
+
+    import ortflash
+    from ortflash.lowering import cuda, lower
+
+    base = wz.causal_in_graph(caps.build("unfused", caps.Case("none", "float32", HEAD_DIM, CAUSAL_SEQ, 1, HEADS)))
+    static = float16.convert_float_to_float16(base, keep_io_types=False)
+    for shape, model in (("static", static), ("symbolic", _named_dims(static, {2: "seq"}))):
+        fused, report = ortflash.optimize(model, target="ortflash")
+        assert report.fused == 1, report
+        variants = {"original": model, "ep_cuda": ortflash.optimize(model, ep="cuda")[0]}
+        variants["target_cuda"] = lower(fused, "cuda")[0]
+        choose = cuda.choose_form
+        try:
+            for form in ("gqa", "mha_causal", "mha_bias"):
+                cuda.choose_form = lambda call, dims, half, opset, f=form: (f, f"{f}, forced")  # type: ignore[assignment]
+                variants[f"target_cuda_{form}"] = lower(fused, "cuda")[0]
+        finally:
+            cuda.choose_form = choose  # type: ignore[assignment]
+        variants["target_onnx"] = lower(fused, "onnx")[0]
+        _save(folder, index, "causal", f"causal_s{CAUSAL_SEQ}_{shape}", variants, batch=1, seq=CAUSAL_SEQ, shape=shape)
 
 
 def make_if(folder: str, index: list[dict[str, Any]]) -> None:
@@ -209,6 +241,8 @@ def feeds_for(entry: dict[str, Any], case: str = "") -> dict[str, np.ndarray]:
             "v3": normal(b, s, HEADS * HEAD_DIM),
             "attention_mask": mask,
         }
+    if entry["group"] == "causal":
+        return {n: normal(1, HEADS, s, HEAD_DIM) for n in ("q", "k", "v")}
     if entry["group"] == "fedbias":
         keep = np.ones((1, 1, s, s), bool)
         keep[..., s - s // 4 :] = False
@@ -448,9 +482,10 @@ def run(folder: str, out_dir: str) -> None:
                     )
                     print(json.dumps(result["rows"][-1]), flush=True)
             if entry["group"] != "padding":  # the same sessions with ORT's cuDNN kernel left out (sdpa_kernel=2)
-                for v in (x for x in entry["files"] if x != "original"):
+                kernel_sets = ("1", "2") if entry["group"] == "causal" else ("2",)  # 1: ORT's own flash only
+                for v, kernel_set in ((x, k) for x in entry["files"] if x != "original" for k in kernel_sets):
                     try:
-                        sess = _session(ort, os.path.join(folder, entry["files"][v]), "2")
+                        sess = _session(ort, os.path.join(folder, entry["files"][v]), kernel_set)
                         _, kernels = _kernels_printed(sess, feeds)
                         once = _timer(ort, sess, feeds)
                         got = [once() for _ in range(REPEATS)]
@@ -459,7 +494,7 @@ def run(folder: str, out_dir: str) -> None:
                                 "stem": entry["stem"],
                                 "group": entry["group"],
                                 "case": case,
-                                "variant": v + "@sdpa_kernel=2",
+                                "variant": f"{v}@sdpa_kernel={kernel_set}",
                                 "kernels": kernels,
                                 "ms": round(statistics.median(got), 4),
                                 "calls_ms": [round(t, 3) for t in got],
@@ -467,7 +502,12 @@ def run(folder: str, out_dir: str) -> None:
                         )
                     except Exception as exc:  # noqa: BLE001
                         result["rows"].append(
-                            {"stem": entry["stem"], "case": case, "variant": v + "@2", "error": str(exc)[:300]}
+                            {
+                                "stem": entry["stem"],
+                                "case": case,
+                                "variant": f"{v}@{kernel_set}",
+                                "error": str(exc)[:300],
+                            }
                         )
             del sessions, timers
             json.dump(result, open(out_json, "w"), indent=1)
@@ -495,6 +535,61 @@ def run(folder: str, out_dir: str) -> None:
             result["torch_sdpa"].append({"batch": batch, "seq": seq, "error": str(exc)[:200]})
         print(json.dumps(result["torch_sdpa"][-1]), flush=True)
     json.dump(result, open(out_json, "w"), indent=1)
+
+
+def causal_table(data: dict[str, Any]) -> list[str]:
+    """The causal group's rows: per variant the median, the first calls, the growth of the process
+    over 50 more calls, the same node with ORT's cuDNN path left out (sdpa_kernel 1: ORT's flash,
+    2: memory-efficient), and the cuDNN graphs finalized over 1 + RUNS runs with cuDNN's log on
+    against the times with it off (the log itself changes whether the cache hits)."""
+    rows = [r for r in data["rows"] if r.get("group") == "causal" or r.get("stem", "").startswith("causal_")]
+    if not rows:
+        return []
+    by = {(r["stem"], r["variant"]): r for r in rows}
+    logged = {(r["stem"], r["variant"], r["logged"]): r for r in data["logged"] if r["stem"].startswith("causal_")}
+    base = {r["stem"]: r["ms"] for r in rows if r["variant"] == "original" and "ms" in r}
+    lines = [
+        "## The zoo's long causal block (cuda_zoo._long_blocks), float16, B1 H16 S4096 D64",
+        "",
+        "q, k, v [1, 16, S, 64] graph inputs, the causal mask built in the graph; static: S a number, symbolic: "
+        "a name. ms: median of 3 alternating rounds of 10 bound calls; first calls: the first 4 of them (ms); "
+        "+RSS: the process's growth over 50 more calls (MiB: a cuDNN graph kept per call grows it); "
+        "sdpa 1 / 2: the same model in a session with `sdpa_kernel` 1 (ORT's flash only) / 2 (memory-efficient "
+        "only); log on: cuDNN's API log set (CUDNN_LOGLEVEL_DBG=3), graphs finalized over 6 runs and the 6 runs' "
+        "ms; log off: the 6 runs' ms in a like process without the log.",
+        "",
+        "| shape | variant | kernel | ms | vs original | first calls | +RSS MiB | sdpa 1 ms | sdpa 2 ms "
+        "| finalized (log on) | runs, log on | runs, log off |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "@" in r["variant"] or "ms" not in r:
+            continue
+        stem, v = r["stem"], r["variant"]
+        grown = by.get((stem, v + "@50_calls"), {})
+        on, off = logged.get((stem, v, True), {}), logged.get((stem, v, False), {})
+
+        def runs(x: dict[str, Any]) -> str:
+            return " ".join(f"{t:.2f}" for t in x.get("ms", [])[1:])
+
+        cells = [
+            r["shape"],
+            v,
+            ",".join(r.get("kernels", [])) or "-",
+            f"{r['ms']:.3f}",
+            f"{base[stem] / r['ms']:.2f}x" if stem in base and v != "original" else "",
+            " ".join(f"{t:.2f}" for t in r.get("calls_ms", [])[:4]),
+            str(grown.get("rss_mib_growth", "")),
+            *(
+                f"{by[(stem, f'{v}@sdpa_kernel={k}')]['ms']:.3f}" if (stem, f"{v}@sdpa_kernel={k}") in by else ""
+                for k in "12"
+            ),
+            str(on.get("calls", {}).get("cudnnBackendFinalize", "")) if on else "",
+            runs(on),
+            runs(off),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return ["", *lines]
 
 
 def table(json_path: str, md_path: str) -> None:
@@ -547,6 +642,7 @@ def table(json_path: str, md_path: str) -> None:
     errors = [r for r in data["rows"] if "error" in r]
     if errors:
         lines += ["", "Errors: " + "; ".join(f"{r['stem']} {r['variant']}: {r['error'][:120]}" for r in errors)]
+    lines += causal_table(data)
     lines += ["", *data.get("findings", [])]
     ep_probe.write_table(md_path, lines)
 
@@ -563,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(f"{b}x{s}" for b, s in PADDING_CASES),
         help="the padding blocks' BATCHxLENGTH, comma-separated",
     )
-    steps.make.add_argument("--groups", default="padding,fedbias,if", help="of padding, fedbias, if")
+    steps.make.add_argument("--groups", default="padding,fedbias,if", help="of padding, fedbias, if, causal")
     return steps.call(
         argv,
         make=lambda a: make(

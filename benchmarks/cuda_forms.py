@@ -169,7 +169,11 @@ def lowered_variants(model: Any, stack: str) -> dict[str, tuple[Any, str]]:
         ep_model,
         "--ep cuda: " + ",".join(sorted(attention_ops & {n.op_type for n in ep_model.graph.node})),
     )
-    forced = {"causal": CAUSAL_FORMS, "causal_padding": CAUSAL_PADDING_FORMS}.get(stack, ())
+    forced = {
+        "causal": CAUSAL_FORMS,
+        "causal_mask": tuple(f for f in CAUSAL_FORMS if f != "attn23_causal_bsd"),  # opset 18: no Attention-23
+        "causal_padding": CAUSAL_PADDING_FORMS,
+    }.get(stack, ())
     if forced:
         choose = cuda.choose_form
         try:

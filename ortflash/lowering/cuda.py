@@ -54,7 +54,7 @@ from ..op.call import FlashAttentionCall
 from . import layout, masked_rows, native
 from .cache import find_cache_append
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA, lower_contrib
-from .cuda_measured import CAPABILITIES, CAUSAL_PADDING_RESULTS
+from .cuda_measured import CAPABILITIES, CAUSAL_PADDING_RESULTS, CUDNN_REBUILT_RESULTS
 from .gpu import GpuBlock, GpuForm, GpuProfile, Refusal, float16_source, with_mask_notes
 from .read import CallDims
 from .standard import OP_ATTENTION
@@ -87,6 +87,14 @@ FORM_MHA_CAUSAL_PADDING = "mha_causal_padding"
 # bias it builds and the fully-masked-rows guard (0.106 ms against mha_causal's 0.060 at S=1024,
 # D=64, benchmarks/results/cuda_forms.md), and the own causal mask needs neither.
 OWN_CAUSAL_FORMS = (FORM_GQA, FORM_MHA_CAUSAL, FORM_ATTN23_CAUSAL)
+# Forms not chosen in float16 whatever their row's time: MultiHeadAttention unidirectional=1 with no
+# bias rebuilt its cuDNN graph on every call in the zoo's long causal block (35-54 ms a call against
+# 0.32 for GroupQueryAttention, the process growing 110 MiB over 50 calls, static and symbolic alike),
+# and ran 0.5 ms as soon as cuDNN's API log was on: ORT 1.31.1 keys its cuDNN graph cache by a hash
+# of every byte of a struct whose padding is left uninitialized, so whether the cache hits follows
+# what the stack held before the call, not the model's shapes (CUDNN_REBUILT_RESULTS; the same node
+# hit the cache in cuda_forms.md's blocks, so the table's rows for it are right but not to be relied on).
+REBUILT_PER_CALL_F16 = frozenset({FORM_MHA_CAUSAL})
 ATTENTION_OPSET = 23  # Attention is in the default domain from this opset
 TABLE_HEAD_DIMS = (64, 128)  # the long cases' head dims and key lengths (cuda_capabilities.py)
 TABLE_LENGTHS = (1024, 4096, 16384)
@@ -134,6 +142,16 @@ def causal_padding_fits(call: FlashAttentionCall, dims: CallDims) -> bool:
     return -math.inf not in values or call.mask_fill == -math.inf
 
 
+def own_causal_forms(half: bool, opset: int) -> list[str]:
+    """The own-causal forms a causal block with nothing else masking it may take: Attention-23 from
+    its opset, none that rebuilt its cuDNN graph per call in float16 (REBUILT_PER_CALL_F16)."""
+    return [
+        f
+        for f in OWN_CAUSAL_FORMS
+        if (f != FORM_ATTN23_CAUSAL or opset >= ATTENTION_OPSET) and not (half and f in REBUILT_PER_CALL_F16)
+    ]
+
+
 def choose_form(call: FlashAttentionCall, dims: CallDims, half: bool, opset: int) -> tuple[str | None, str]:
     """(form, why) for one block: a causal block with nothing else masking it takes the fastest right
     form the table timed at its case (table_case); a causal block with a padding part the own causal
@@ -147,8 +165,7 @@ def choose_form(call: FlashAttentionCall, dims: CallDims, half: bool, opset: int
         )
     if native.gqa_own_causal_fits(call, dims):
         case = table_case("causal", half, shapes.static(dims.d), shapes.static(dims.sk))
-        allowed = [f for f in OWN_CAUSAL_FORMS if f != FORM_ATTN23_CAUSAL or opset >= ATTENTION_OPSET]
-        form = CAPABILITIES.fastest(allowed, case)
+        form = CAPABILITIES.fastest(own_causal_forms(half, opset), case)
         if form is not None:
             cap = CAPABILITIES[(form, case)]
             others = ", ".join(
@@ -157,6 +174,8 @@ def choose_form(call: FlashAttentionCall, dims: CallDims, half: bool, opset: int
                 if f != form and (c := CAPABILITIES.get((f, case))) is not None and c.ms and c.right and c.on_gpu
             )
             where = "" if opset >= ATTENTION_OPSET else f"; {FORM_ATTN23_CAUSAL} needs opset {ATTENTION_OPSET}"
+            if half:
+                where += f"; not {FORM_MHA_CAUSAL}: its cuDNN graph was rebuilt on every call ({CUDNN_REBUILT_RESULTS})"
             return form, (
                 f"{form}: the fastest right form on the GPU for a causal block at the table's {case} "
                 f"(ORT's {cap.kernel} kernel, {cap.ms:.3f} ms; {others or 'no other form timed'}{where})"

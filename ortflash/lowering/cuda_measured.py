@@ -125,6 +125,8 @@ CAPABILITIES = CapabilityTable(
 CROSSOVER_RESULTS = "benchmarks/results/crossover_cuda.md"
 CAUSAL_RESULTS = "benchmarks/results/cuda_forms_causal_f16.md"  # the float16 causal rows' D64/D128
 CAUSAL_PADDING_RESULTS = "benchmarks/results/cuda_forms_causal_padding_f16.md"  # the causal_padding rows
+# MultiHeadAttention unidirectional=1 (no bias) rebuilding its cuDNN graph per call (lowering/cuda.py)
+CUDNN_REBUILT_RESULTS = "benchmarks/results/cuda_cudnn_causal.md"
 # the rows measured apart from crossover_cuda.md, by (element type, mask kind): what a choice's detail names
 KIND_RESULTS: Mapping[tuple[str, str], str] = MappingProxyType(
     {
