@@ -592,17 +592,12 @@ def causal_table(data: dict[str, Any]) -> list[str]:
     return ["", *lines]
 
 
-def table(json_path: str, md_path: str) -> None:
+def _padding_table(data: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """The padding blocks' rows: each variant against the original and PyTorch's default SDPA, and
     the guard (counts, the default, against reductions) by their GPU kernels."""
-    data = json.load(open(json_path))
     peers = {(p["batch"], p["seq"]): p for p in data["torch_sdpa"] if "torch_ms" in p}
-    rows = [r for r in data["rows"] if r.get("group") == "padding" and "ms" in r]
     base = {(r["batch"], r["seq"], r["shape"]): r["ms"] for r in rows if r["variant"] == "original"}
     lines = [
-        "# The exported padding block on ONNX Runtime's CUDA EP at batch 1 and 2 (cuda_cudnn_cache.py)",
-        "",
-        f"- date: {data['date']}; GPU: {data['gpu']}; onnxruntime {data['onnxruntime']}",
         "- block: cuda_forms.block('padding'), float16, H16 D64, a quarter of the keys padded (batch item 2 "
         "on the left); static: batch and length numbers; symbolic: both named. ms: median of 3 alternating "
         "rounds of 10 bound calls (wall, inputs and outputs on the GPU); reduce µs: the GPU time per call of "
@@ -642,6 +637,23 @@ def table(json_path: str, md_path: str) -> None:
     errors = [r for r in data["rows"] if "error" in r]
     if errors:
         lines += ["", "Errors: " + "; ".join(f"{r['stem']} {r['variant']}: {r['error'][:120]}" for r in errors)]
+    return lines
+
+
+def table(json_path: str, md_path: str) -> None:
+    """The padding group's table (_padding_table) and the causal group's (causal_table), each where
+    the run has its rows, then the run's findings."""
+    data = json.load(open(json_path))
+    rows = [r for r in data["rows"] if r.get("group") == "padding" and "ms" in r]
+    lines = [
+        "# ONNX Runtime's CUDA EP: "
+        + ("the exported padding block at batch 1 and 2" if rows else "cuDNN's graph cache")
+        + " (cuda_cudnn_cache.py)",
+        "",
+        f"- date: {data['date']}; GPU: {data['gpu']}; onnxruntime {data['onnxruntime']}",
+    ]
+    if rows:
+        lines += _padding_table(data, rows)
     lines += causal_table(data)
     lines += ["", *data.get("findings", [])]
     ep_probe.write_table(md_path, lines)
