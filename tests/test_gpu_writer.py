@@ -4,6 +4,8 @@ opening, the precision, the operands and the output written by lower_gpu."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from test_webgpu_guards import LOWEST, _fa_node, padded_feeds, padded_model, plain_run
@@ -27,6 +29,29 @@ def test_the_gpu_targets_write_through_their_profiles():
         assert {f for f, _ in profile.capabilities} >= probed, profile.ep
         assert all(form.one_head_count == (form.op == OP_MHA) for form in profile.forms.values()), profile.ep
     assert cuda.CUDA_PROFILE.native_float16 and not webgpu.WEBGPU_PROFILE.native_float16
+
+
+def test_a_capability_table_loads_from_its_json_rows(tmp_path):
+    """Each EP's rows are data (lowering/<ep>_capabilities.json): CapabilityTable.load reads them in
+    order, every field given (ms null where not timed), why optional; anything else is an error."""
+    row = {"form": "mha_bias", "case": "padding", "on_gpu": True, "right": True, "kernel": "", "ms": None}
+    timed = {**row, "case": "causal", "kernel": "FLASH_ATTENTION", "ms": 0.047, "why": "read by choose_form"}
+    path = tmp_path / "toy_capabilities.json"
+    path.write_text(json.dumps({"about": "a toy EP", "rows": [row, timed]}))
+    table = CapabilityTable.load(path)
+    assert list(table.items()) == [
+        (("mha_bias", "padding"), Capability(on_gpu=True, right=True)),
+        (("mha_bias", "causal"), Capability(on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.047)),
+    ]
+    for rows in (
+        [row, row],
+        [{k: v for k, v in row.items() if k != "ms"}],
+        [{**row, "speed": 1.0}],
+        [{**row, "right": 1}],
+    ):
+        path.write_text(json.dumps({"rows": rows}))
+        with pytest.raises(ValueError):
+            CapabilityTable.load(path)
 
 
 def _toy_profile(right: bool) -> gpu.GpuProfile:

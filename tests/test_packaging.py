@@ -114,6 +114,8 @@ def test_the_sdist_has_the_sources_license_and_metadata(tmp_path):
         "csrc/libc_single_threaded.hpp",
         "csrc/module_generic.cpp",
         "ortflash/py.typed",
+        "ortflash/lowering/cuda_capabilities.json",  # the measured tables the GPU targets load
+        "ortflash/lowering/webgpu_capabilities.json",
     ):
         assert needed in names, needed
     metadata = email.message_from_string(pkg_info)

@@ -1,8 +1,9 @@
 """FlashAttention -> the form ONNX Runtime's CUDA EP runs on the GPU, computes right, and runs fast.
 
-The choice per block rests on CAPABILITIES below: what one H200 run measured for each candidate
-form (benchmarks/cuda_capabilities.py; the table is benchmarks/results/cuda_capabilities.md, the
-raw rows cuda_capabilities.json, and tests/test_cuda_table.py checks the two agree). CUDA_PROFILE
+The choice per block rests on CAPABILITIES (cuda_measured.py; its rows in cuda_capabilities.json
+beside it): what one H200 run measured for each candidate form (benchmarks/cuda_capabilities.py; the
+table is benchmarks/results/cuda_capabilities.md, the raw rows cuda_capabilities.json there, and
+tests/test_cuda_table.py checks the two agree). CUDA_PROFILE
 (the module's end) is what the one GPU writer (lowering/gpu.lower_gpu) reads for this EP: the table,
 refusals, choose_form, a writer per form, float16 computed natively, the cached-step shortcut.
 

@@ -1,7 +1,7 @@
 """What one NVIDIA H200 measured of ONNX Runtime's CUDA EP, as the CUDA target reads it:
-CAPABILITIES, each candidate form's kernel, time and rightness per case (lowering/cuda.choose_form
-picks the form from it; benchmarks/cuda_capabilities.py, tests/test_cuda_table.py holds it to the
-committed JSON), and CROSSOVERS, the cost table of the `cuda` target's output against the original
+CAPABILITIES, each candidate form's kernel, time and rightness per case, read from
+cuda_capabilities.json beside this module (lowering/cuda.choose_form picks the form from it;
+benchmarks/cuda_capabilities.py, tests/test_cuda_table.py holds it to the committed JSON), and CROSSOVERS, the cost table of the `cuda` target's output against the original
 graph per element type, mask kind and head dim (pipeline/forms reads it through the EP's record,
 lowering/targets.PROVIDERS["cuda"]; tests/test_forms.py and tests/test_cuda_costs.py hold it to the
 results files named here)."""
@@ -9,107 +9,30 @@ results files named here)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
 
-from .measured import Capability, CapabilityTable, Crossovers
+from .measured import CapabilityTable, Crossovers
 
 # (form, case) -> what the CUDA EP did, measured 2026-12-01 on an NVIDIA H200 (driver 580.159.04)
-# with onnxruntime-gpu 1.31.1 (benchmarks/results/cuda_capabilities.md). Forms and case names are
-# benchmarks/cuda_capabilities.py's; only the rows the choices below read, or that say why a form
-# is not chosen, are copied here, and tests/test_cuda_table.py checks each against the committed JSON.
-CAPABILITIES = CapabilityTable(
-    {
-        # A causal block with no bias or mask (Sq == Sk) takes the fastest of these three at its case
-        # (choose_form): GroupQueryAttention (cuDNN flash in float16; on the CPU in float32, 0 of 1
-        # nodes on CUDA), MultiHeadAttention unidirectional=1 without bias (cuDNN flash in float16)
-        # and Attention-23 is_causal on [B, S, H·D] (flash in float16). kernel: what ORT printed;
-        # ms: the op alone, median, I/O bound, the EP's default session (TF32 on in float32).
-        ("gqa", "causal_f16_d64_s37"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.064),
-        ("gqa", "causal_f32_d64_s37"): Capability(on_gpu=False, right=True, kernel="", ms=0.258),
-        ("gqa", "causal_f16_d64_s1024"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.097),
-        ("gqa", "causal_f16_d64_s4096"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.274),
-        ("gqa", "causal_f16_d64_s16384"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=1.739),
-        ("gqa", "causal_f16_d128_s1024"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.107),
-        ("gqa", "causal_f16_d128_s4096"): Capability(on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.326),
-        ("gqa", "causal_f16_d128_s16384"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=2.455
-        ),
-        ("gqa", "causal_f32_d64_s1024"): Capability(on_gpu=False, right=True, kernel="", ms=12.215),
-        ("gqa", "causal_f32_d64_s4096"): Capability(on_gpu=False, right=True, kernel="", ms=88.372),
-        ("mha_causal", "causal_f16_d64_s37"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.04
-        ),
-        ("mha_causal", "causal_f32_d64_s37"): Capability(on_gpu=True, right=True, kernel="MATH", ms=0.084),
-        ("mha_causal", "causal_f16_d64_s1024"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.064
-        ),
-        ("mha_causal", "causal_f16_d64_s4096"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.137
-        ),
-        ("mha_causal", "causal_f16_d64_s16384"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=1.145
-        ),
-        ("mha_causal", "causal_f16_d128_s1024"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.052
-        ),
-        ("mha_causal", "causal_f16_d128_s4096"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=0.202
-        ),
-        ("mha_causal", "causal_f16_d128_s16384"): Capability(
-            on_gpu=True, right=True, kernel="CUDNN_FLASH_ATTENTION", ms=1.823
-        ),
-        ("mha_causal", "causal_f32_d64_s1024"): Capability(
-            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=0.183
-        ),
-        ("mha_causal", "causal_f32_d64_s4096"): Capability(
-            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=1.464
-        ),
-        ("attn23_causal_bsd", "causal_f16_d64_s37"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.033
-        ),
-        ("attn23_causal_bsd", "causal_f32_d64_s37"): Capability(
-            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=0.035
-        ),
-        ("attn23_causal_bsd", "causal_f16_d64_s1024"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.047
-        ),
-        ("attn23_causal_bsd", "causal_f16_d64_s4096"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.213
-        ),
-        ("attn23_causal_bsd", "causal_f16_d64_s16384"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=1.951
-        ),
-        ("attn23_causal_bsd", "causal_f16_d128_s1024"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.058
-        ),
-        ("attn23_causal_bsd", "causal_f16_d128_s4096"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=0.342
-        ),
-        ("attn23_causal_bsd", "causal_f16_d128_s16384"): Capability(
-            on_gpu=True, right=True, kernel="FLASH_ATTENTION", ms=3.262
-        ),
-        ("attn23_causal_bsd", "causal_f32_d64_s1024"): Capability(
-            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=0.17
-        ),
-        ("attn23_causal_bsd", "causal_f32_d64_s4096"): Capability(
-            on_gpu=True, right=True, kernel="EFFICIENT_ATTENTION", ms=1.353
-        ),
-        # MultiHeadAttention with attention_bias: cuDNN flash in float16, MATH / memory-efficient in float32
-        ("mha_bias", "padding_f16_d64_s37"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "causal_leftpad_f16_d64_s37"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "padding_f16_d64_s16384"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "padding_f32_d64_s37"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "causal_leftpad_f32_d64_s37"): Capability(on_gpu=True, right=True),
-        # rows of -inf: finite on the EP, NaN on the CPU EP (the lowering writes such rows out)
-        ("mha_bias", "dead_rows_neginf_f16_d64_s37"): Capability(on_gpu=True, right=False),
-        # key_padding_mask: the unfused MATH kernel at 4096 (1.22 ms against 0.32 with attention_bias),
-        # refused at 16384
-        ("mha_kpm", "padding_f16_d64_s16384"): Capability(on_gpu=False, right=False),
-        # the decomposed graph in float16: rows of float16-lowest wrong (about 1.0); refused at 16384
-        ("unfused", "causal_leftpad_f16_d64_s37"): Capability(on_gpu=True, right=False),
-        ("unfused", "padding_f16_d64_s16384"): Capability(on_gpu=False, right=False),
-    }
-)
+# with onnxruntime-gpu 1.31.1 (benchmarks/results/cuda_capabilities.md), kept as data in
+# cuda_capabilities.json beside this module (each row's "why" says why it is kept). Forms and case
+# names are benchmarks/cuda_capabilities.py's; only the rows the choices read (lowering/cuda.py), or
+# that say why a form is not chosen, are copied there, and tests/test_cuda_table.py checks each
+# against the committed JSON.
+# - A causal block with no bias or mask (Sq == Sk) takes the fastest of these three at its case
+#   (choose_form): GroupQueryAttention (cuDNN flash in float16; on the CPU in float32, 0 of 1 nodes
+#   on CUDA), MultiHeadAttention unidirectional=1 without bias (cuDNN flash in float16) and
+#   Attention-23 is_causal on [B, S, H·D] (flash in float16): the rows gqa, mha_causal and
+#   attn23_causal_bsd at causal_{f16,f32}_d{64,128}_s{37,1024,4096,16384}. kernel: what ORT printed;
+#   ms: the op alone, median, I/O bound, the EP's default session (TF32 on in float32).
+# - MultiHeadAttention with attention_bias (mha_bias): cuDNN flash in float16, MATH /
+#   memory-efficient in float32; rows of -inf (dead_rows_neginf) finite on the EP, NaN on the CPU
+#   EP (the lowering writes such rows out).
+# - key_padding_mask (mha_kpm): the unfused MATH kernel at 4096 (1.22 ms against 0.32 with
+#   attention_bias), refused at 16384.
+# - the decomposed graph in float16 (unfused): rows of float16-lowest wrong (about 1.0); refused at 16384.
+CAPABILITIES = CapabilityTable.load(Path(__file__).with_name("cuda_capabilities.json"))
 
 
 # The CUDA EP's cost table, by element type, which pipeline/forms.py reads through the EP's record

@@ -1,8 +1,9 @@
 """FlashAttention -> the form ONNX Runtime's WebGPU EP both runs on the GPU and computes right.
 
-The choice per block rests on CAPABILITIES below: what one H200 run measured for each candidate
-form (benchmarks/webgpu_capabilities.py; the table is benchmarks/results/webgpu_capabilities.md,
-the raw rows webgpu_capabilities.json, and tests/test_webgpu_target.py checks the two agree).
+The choice per block rests on CAPABILITIES below (its rows in webgpu_capabilities.json beside this
+module): what one H200 run measured for each candidate form (benchmarks/webgpu_capabilities.py; the
+table is benchmarks/results/webgpu_capabilities.md, the raw rows webgpu_capabilities.json there,
+and tests/test_webgpu_target.py checks the two agree).
 WEBGPU_PROFILE (the module's end) is what the one GPU writer, lowering/gpu.lower_gpu, reads for this
 EP: the table, the refusals, the choice (choose_form), the writer of each form, and every block in
 float32 between casts.
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from types import MappingProxyType
 
 import onnx_ir as ir
@@ -47,31 +49,16 @@ from ..op.call import FlashAttentionCall
 from . import layout, masked_rows, native
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .gpu import GpuBlock, GpuForm, GpuProfile, Refusal, with_mask_notes
-from .measured import Capability, CapabilityTable, Crossovers
+from .measured import CapabilityTable, Crossovers
 from .read import ABSORBING_FILL, CallDims
 
 # (form, case) -> what the WebGPU EP did, measured 2026-11-30 on an NVIDIA H200 with onnxruntime
 # 1.32.0 + onnxruntime-ep-webgpu 0.4.0, re-measured 2026-12-02 on onnxruntime 1.31.1 + the same
-# plugin, driver 580.159.04: all 67 rows the same (benchmarks/results/webgpu_capabilities.md). Forms and cases
-# are benchmarks/webgpu_capabilities.py's; only the rows the choices below read are copied here.
-CAPABILITIES = CapabilityTable(
-    {
-        ("mha_bias", "padding"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "causal"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "causal_leftpad"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "dead_rows"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "dead_rows_neginf"): Capability(on_gpu=True, right=False),
-        ("mha_bias", "causal_leftpad_neginf"): Capability(on_gpu=True, right=False),
-        ("mha_bias", "nomask_s8192"): Capability(on_gpu=True, right=True),
-        ("mha_bias", "causal_s8192"): Capability(on_gpu=True, right=True),
-        ("mha_kpm", "padding"): Capability(on_gpu=False, right=False),  # "not implemented for webgpu"
-        ("gqa", "causal"): Capability(on_gpu=True, right=True),
-        ("gqa", "causal_s8192"): Capability(on_gpu=True, right=True),
-        ("gqa", "causal_leftpad"): Capability(on_gpu=True, right=False),
-        ("attn23", "padding"): Capability(on_gpu=False, right=True),
-        ("unfused", "nomask_s8192"): Capability(on_gpu=True, right=False),
-    }
-)
+# plugin, driver 580.159.04: all 67 rows the same (benchmarks/results/webgpu_capabilities.md), kept
+# as data in webgpu_capabilities.json beside this module. Forms and cases are
+# benchmarks/webgpu_capabilities.py's; only the rows the choices below read (gqa/causal and
+# mha_bias/padding), or that say why a form is not chosen (each such row's "why"), are copied there.
+CAPABILITIES = CapabilityTable.load(Path(__file__).with_name("webgpu_capabilities.json"))
 
 
 # The forms the target writes, by the capability table's names (benchmarks/webgpu_capabilities.py).
