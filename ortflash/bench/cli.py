@@ -16,6 +16,20 @@ from .variants import DEFAULT_BLOCK_SIZE, DEFAULT_VARIANTS, VARIANTS, parse_vari
 
 ISAS = ("avx512", "avx2", "generic")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# the options run() hands to bench() under their own names (--timeout and --no-profile are renamed there)
+_BENCH_OPTIONS = (
+    "seq_lens",
+    "variants",
+    "batch",
+    "repeats",
+    "warmup",
+    "rounds",
+    "threads",
+    "isa",
+    "block_size",
+    "sgemm_size",
+    "name",
+)
 
 
 def _slowdown(text: str) -> float:
@@ -133,20 +147,10 @@ def run(args: argparse.Namespace) -> int:
     old = baseline_check.load_baseline(args.baseline) if args.baseline else None
     res = bench(
         args.model,
-        seq_lens=args.seq_lens,
-        variants=args.variants,
-        batch=args.batch,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        rounds=args.rounds,
-        threads=args.threads,
-        isa=args.isa,
-        block_size=args.block_size,
+        **{option: getattr(args, option) for option in _BENCH_OPTIONS},
         timeout_s=args.timeout,
         profile=not args.no_profile,
-        sgemm_size=args.sgemm_size,
         out_dir=None,
-        name=args.name,
         console=console,
     )
     code = EXIT_OK if all(r.get("status") in ("ok", "skipped", "unavailable") for r in res["runs"]) else EXIT_FAILED

@@ -179,9 +179,9 @@ def write_attention(e: Emitter, p: AttentionOpReading, policy: SoftmaxPolicy, bl
         mask = m if mask is None else e.node("And", [mask, m])
 
     call = FlashAttentionCall(
-        q=q4,
-        k=k4,
-        v=v4,
+        q4,
+        k4,
+        v4,
         dtype=p.dtype,
         scale=p.scale,
         bias=bias,

@@ -256,9 +256,9 @@ def _assemble(
             bias = padding if bias is None else e.node("Add", [bias, padding])
 
     return FlashAttentionCall(
-        q=q,
-        k=k,
-        v=v,
+        q,
+        k,
+        v,
         dtype=u.dtype(block.q),
         scale=block.scale,
         bias=bias,

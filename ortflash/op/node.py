@@ -121,9 +121,9 @@ def read_node(node: ir.Node) -> FlashAttentionCall:
     kept_bias = None if is_placeholder(bias) else bias
     kept_mask = None if is_placeholder(mask) else mask
     return FlashAttentionCall(
-        q=q,
-        k=k,
-        v=v,
+        q,
+        k,
+        v,
         dtype=q.dtype,
         scale=float(attrs["scale"]),
         bias=kept_bias,

@@ -3,20 +3,20 @@
 // raw little-endian bytes; outputs list their order in __metadata__.order. Uint8Array in and out, so
 // the module needs neither Node's nor the browser's own APIs.
 
-// safetensors dtype -> [onnxruntime-js type, typed array, bytes per element]
+// safetensors dtype -> [onnxruntime-js type, typed array]
 export const DTYPES = {
-  F32: ['float32', Float32Array, 4],
-  F64: ['float64', Float64Array, 8],
-  F16: ['float16', Uint16Array, 2],
-  I64: ['int64', BigInt64Array, 8],
-  I32: ['int32', Int32Array, 4],
-  I16: ['int16', Int16Array, 2],
-  I8: ['int8', Int8Array, 1],
-  U64: ['uint64', BigUint64Array, 8],
-  U32: ['uint32', Uint32Array, 4],
-  U16: ['uint16', Uint16Array, 2],
-  U8: ['uint8', Uint8Array, 1],
-  BOOL: ['bool', Uint8Array, 1],
+  F32: ['float32', Float32Array],
+  F64: ['float64', Float64Array],
+  F16: ['float16', Uint16Array],
+  I64: ['int64', BigInt64Array],
+  I32: ['int32', Int32Array],
+  I16: ['int16', Int16Array],
+  I8: ['int8', Int8Array],
+  U64: ['uint64', BigUint64Array],
+  U32: ['uint32', Uint32Array],
+  U16: ['uint16', Uint16Array],
+  U8: ['uint8', Uint8Array],
+  BOOL: ['bool', Uint8Array],
 };
 const FROM_ORT = Object.fromEntries(Object.entries(DTYPES).map(([st, [ortType]]) => [ortType, st]));
 
@@ -43,10 +43,10 @@ export function decodeTensors(Tensor, bytes) {
     if (name === '__metadata__') continue;
     const spec = DTYPES[info.dtype];
     if (!spec) throw new Error(`tensor ${name} has unsupported dtype ${info.dtype}`);
-    const [ortType, Typed, size] = spec;
+    const [ortType, Typed] = spec;
     const [begin, end] = info.data_offsets;
     const count = info.shape.reduce((a, b) => a * b, 1);
-    if (end - begin !== count * size || base + end > bytes.length) {
+    if (end - begin !== count * Typed.BYTES_PER_ELEMENT || base + end > bytes.length) {
       throw new Error(`tensor ${name}: byte range does not match its shape and dtype`);
     }
     // slice() copies into a fresh buffer: typed arrays need offsets that are multiples of their size.
