@@ -95,22 +95,25 @@ def _causal_block(half: bool, s: int = 64, heads: int = 4, d: int = 32) -> onnx.
 
 
 def test_float16_causal_block_takes_the_tables_fastest_form_and_computes_the_original() -> None:
-    """S=64, D=32 at opset 21: the table's causal_f16_d64_s1024 row, where Attention-23 (0.047 ms)
-    needs opset 23 and MultiHeadAttention unidirectional=1 (0.064) is not taken in float16 (its cuDNN
-    graph was rebuilt per call: cuda.REBUILT_PER_CALL_F16), so GroupQueryAttention (0.097), in float16."""
+    """S=64, D=32 at opset 21: the table's causal_f16_d64_s1024 row, where Attention-23 (0.047 ms) is
+    fastest: the model is raised to opset 23 for it (cuda.opset_wanted); not MultiHeadAttention
+    unidirectional=1 (0.064), whose cuDNN graph was rebuilt per call (cuda.REBUILT_PER_CALL_F16), nor
+    GroupQueryAttention (0.097). In float16, and right on the CPU EP."""
     model = _causal_block(half=True)
     fused, report = ortflash.optimize(model, target="ortflash")
     assert report.fused == 1
     lowered, notes = lower(fused, "cuda")
-    gqa = [n for n in lowered.graph.node if n.op_type == "GroupQueryAttention"]
-    assert len(gqa) == 1 and notes[0].lowered
-    assert not [n for n in lowered.graph.node if n.op_type == "MultiHeadAttention"]
-    assert "CUDNN_FLASH_ATTENTION kernel, 0.097 ms" in notes[0].reason
+    attention = [n for n in lowered.graph.node if n.op_type == "Attention"]
+    assert len(attention) == 1 and notes[0].lowered
+    assert not [n for n in lowered.graph.node if n.op_type in ("MultiHeadAttention", "GroupQueryAttention")]
+    assert [o.version for o in lowered.opset_import if o.domain == ""] == [23] and lowered.ir_version >= 10
+    assert "FLASH_ATTENTION kernel, 0.047 ms" in notes[0].reason
     assert "not mha_causal: its cuDNN graph was rebuilt on every call" in notes[0].reason
+    assert "the model's default opset raised from 21 to 23 for it" in notes[0].reason
     types = {
         vi.name: vi.type.tensor_type.elem_type for vi in onnx.shape_inference.infer_shapes(lowered).graph.value_info
     }
-    assert types[gqa[0].input[0]] == TensorProto.FLOAT16  # no float32 casts around it
+    assert types[attention[0].input[0]] == TensorProto.FLOAT16  # no float32 casts around it
     rng = np.random.default_rng(0)
     feeds = {n: rng.standard_normal((1, 4, 64, 32)).astype(np.float16) for n in "qkv"}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
@@ -118,12 +121,34 @@ def test_float16_causal_block_takes_the_tables_fastest_form_and_computes_the_ori
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-3)
 
 
+def test_a_model_whose_opset_cannot_be_raised_takes_the_fastest_form_at_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the default opset cannot be raised for Attention-23, the block is lowered at the model's
+    own opset (GroupQueryAttention here) and the note says why; nothing is refused for it."""
+    from ortflash import lowering
+    from ortflash.pipeline.opset import OpsetNotRaised
+
+    def refuse(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
+        raise OpsetNotRaised("no step for Foo-1 -> 23")
+
+    monkeypatch.setattr(lowering, "raise_default_opset", refuse)
+    fused, _ = ortflash.optimize(_causal_block(half=True), target="ortflash")
+    lowered, notes = lower(fused, "cuda")
+    assert _lowered_ops(lowered) == ["GroupQueryAttention"] and notes[0].lowered
+    assert [o.version for o in lowered.opset_import if o.domain == ""] == [21]
+    assert (
+        "the model's opset not raised to 23 for Attention-23 (OpsetNotRaised: no step for Foo-1 -> 23)"
+        in notes[0].reason
+    )
+
+
 def test_group_query_attention_where_the_table_has_it_fastest_keeps_its_present_outputs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A table whose fastest causal form is GroupQueryAttention: the node has present_key /
     present_value (the CUDA EP refuses it without them) and computes the original."""
-    table = CapabilityTable({k: v for k, v in CAPABILITIES.items() if k[0] != "mha_causal"})
+    table = CapabilityTable({k: v for k, v in CAPABILITIES.items() if k[0] not in ("mha_causal", "attn23_causal_bsd")})
     monkeypatch.setattr(cuda, "CAPABILITIES", table)
     model = _causal_block(half=True)
     fused, _ = ortflash.optimize(model, target="ortflash")

@@ -105,7 +105,7 @@ from ..pipeline.opset import raise_default_opset
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .head_count import GivenHeads, write_given_head_counts
 from .read import read_call
-from .standard import OP_ATTENTION
+from .standard import ONNX_ATTENTION_OPSET, ONNX_IR_VERSION, OP_ATTENTION
 from .targets import REGISTRY, TARGETS, Target
 
 __all__ = [
@@ -237,7 +237,8 @@ def _lowered(
     # Converted after fusion: no Softmax is left for the 12 -> 13 adapter to wrap in reshapes
     # (it does where it cannot see the rank, as in models without shapes).
     least = record.min_opset
-    raise_to = least if least is not None and _default_opset(work) < least else None
+    source_opset = _default_opset(work)
+    raise_to = least if least is not None and source_opset < least else None
     if raise_to is not None or infer_shapes:
         # the opset raiser and the shape inference take protos: inside the lowering, the one round trip
         proto = ir.serde.serialize_model(work)
@@ -253,6 +254,20 @@ def _lowered(
             _restore_metadata(proto, raised)
             proto = raised
         work = ir.serde.deserialize_model(with_flash_shapes(proto) if infer_shapes else proto)
+    # a higher opset that only a faster form needs (the cuda target's Attention-23): raised where it
+    # can be, else the blocks are lowered at the model's own opset and their notes say why
+    wanted = _opset_wanted(work, record, source_opset) if raise_to is None else None
+    not_raised = ""
+    if wanted is not None:
+        proto = ir.serde.serialize_model(work)
+        try:
+            raised = raise_default_opset(proto, wanted)
+        except Exception as exc:  # noqa: BLE001 - the converter raises several types
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:_MESSAGE_CHARS]}"
+            not_raised = f"; the model's opset not raised to {wanted} for Attention-23 ({error})"
+        else:
+            _restore_metadata(proto, raised)
+            work = ir.serde.deserialize_model(raised)
     opset = _default_opset(work)
     graph = work.graph
     if folder is not None:
@@ -273,7 +288,13 @@ def _lowered(
             notes.append(LoweringNote(name, False, f"{why}; {_NEEDS_ORTFLASH}", spec.OP_TYPE, block))
             continue
         owner.remove(node, safe=True)
-        notes.append(LoweringNote(name, True, how, op, block))
+        if op == OP_ATTENTION and record.opset_wanted is not None:
+            how += (
+                f"; the model's default opset raised from {source_opset} to {opset} for it"
+                if opset > source_opset
+                else ""
+            )
+        notes.append(LoweringNote(name, True, how + (not_raised if op != OP_ATTENTION else ""), op, block))
 
     if not any(n.lowered for n in notes):
         return None, notes
@@ -286,7 +307,24 @@ def _lowered(
     # Opset 23 belongs to IR 11, but IR 10 is what ONNX Runtime 1.31 and onnxruntime-web 1.30
     # load it with; a model already above 10 keeps its version.
     work.ir_version = ir_version if record.ir_version is None else max(ir_version, record.ir_version)
+    if opset >= ONNX_ATTENTION_OPSET > source_opset:  # raised for Attention-23: the IR version it loads with
+        work.ir_version = max(work.ir_version, ONNX_IR_VERSION)
     return work, notes
+
+
+def _opset_wanted(work: ir.Model, record: Target, opset: int) -> int | None:
+    """The highest default opset a block's faster form needs (record.opset_wanted), else None."""
+    if record.opset_wanted is None:
+        return None
+    wanted = []
+    for node in flash_nodes(work.graph):
+        try:
+            call = read_call(node)
+        except NotLowered:
+            continue
+        if (version := record.opset_wanted(call, opset)) is not None:
+            wanted.append(version)
+    return max(wanted, default=None)
 
 
 def _default_opset(model: ir.Model) -> int:

@@ -53,7 +53,7 @@ from ..graph import ir_utils as u
 from ..graph import shapes
 from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
-from . import layout, masked_rows, native
+from . import gpu, layout, masked_rows, native
 from .cache import find_cache_append
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA, lower_contrib
 from .cuda_measured import CAPABILITIES, CAUSAL_PADDING_RESULTS, CUDNN_REBUILT_RESULTS
@@ -142,6 +142,22 @@ def causal_padding_fits(call: FlashAttentionCall, dims: CallDims) -> bool:
     if values is None or not masked_rows.dead_values(values) <= {-math.inf}:
         return False
     return -math.inf not in values or call.mask_fill == -math.inf
+
+
+def opset_wanted(call: FlashAttentionCall, opset: int) -> int | None:
+    """ATTENTION_OPSET where a float16 block would take Attention-23 in a model of that opset and not
+    at ``opset`` (lowering/targets.py's Target.opset_wanted: the model's default opset is raised for
+    it, every node carried over exactly, pipeline/opset.py), else None. Attention-23 runs ORT's own
+    flash kernel, outside cuDNN's graph cache, and the table times it fastest for float16 causal
+    blocks at D64 up to 4096 keys and D128 at 1024 (0.047 against GroupQueryAttention's 0.097 ms at
+    1024, 0.213 against 0.274 at 4096, D64). Float32 blocks are not raised for it (0.170 against
+    MultiHeadAttention's 0.183 at 1024: within the noise, and the float32 rows lower at no length)."""
+    if opset >= ATTENTION_OPSET:
+        return None
+    form, half = gpu.form_at_opset(call, CUDA_PROFILE, ATTENTION_OPSET)
+    if not half or form != FORM_ATTN23_CAUSAL:
+        return None
+    return ATTENTION_OPSET if gpu.form_at_opset(call, CUDA_PROFILE, opset)[0] != FORM_ATTN23_CAUSAL else None
 
 
 def own_causal_forms(half: bool, opset: int) -> list[str]:

@@ -94,7 +94,7 @@ def lower_gpu(e: Emitter, call: FlashAttentionCall, output: ir.Value, profile: G
     if profile.cached_step is not None and (written := profile.cached_step(e, call, output, heads)) is not None:
         return written
     halves = [float16_source(x) if profile.native_float16 else None for x in (call.q, call.k, call.v)]
-    half = profile.native_float16 and (call.dtype == ir.DataType.FLOAT16 or all(h is not None for h in halves))
+    half = _runs_in_float16(call, profile, halves)
     name, why = profile.choose(call, dims, half, e.opset)
     if name is None:
         raise NotLowered(f"no form in the {profile.ep} capability table is right on the GPU for this block")
@@ -119,6 +119,28 @@ def lower_gpu(e: Emitter, call: FlashAttentionCall, output: ir.Value, profile: G
         out = e.cast(out, ir.DataType.FLOAT)
     layout.replace_bsd_output(e, out, hq, output, reuse)
     return form.op, f"{why}; " + "; ".join(parts)
+
+
+def _runs_in_float16(call: FlashAttentionCall, profile: GpuProfile, halves: list[ir.Value | None]) -> bool:
+    """Whether the block is computed in float16: the profile runs float16 natively and the call is
+    float16, or its Q, K and V are float16 values cast to float32 (halves: float16_source of each)."""
+    return profile.native_float16 and (call.dtype == ir.DataType.FLOAT16 or all(h is not None for h in halves))
+
+
+def form_at_opset(call: FlashAttentionCall, profile: GpuProfile, opset: int) -> tuple[str | None, bool]:
+    """(form, computed in float16) as lower_gpu would choose for call in a model of default opset
+    ``opset`` (form None: a refusal applies, or no form is right), read without writing anything; the
+    cached-step shortcut is not considered (a block it takes is not one whose form an opset changes)."""
+    halves = [float16_source(x) if profile.native_float16 else None for x in (call.q, call.k, call.v)]
+    half = _runs_in_float16(call, profile, halves)
+    if any(refusal.applies(call) for refusal in profile.refusals):
+        return None, half
+    try:
+        dims = call_dims(call)
+        native.head_counts(dims)
+    except NotLowered:
+        return None, half
+    return profile.choose(call, dims, half, opset)[0], half
 
 
 def float16_source(x: ir.Value) -> ir.Value | None:

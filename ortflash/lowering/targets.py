@@ -43,6 +43,9 @@ class Target:
     # ONNX Runtime's own kernels compute the whole block, as the original ops did (the choice for
     # blocks that feed a quantizer, where a rounding difference can flip an integer downstream)
     ort_kernels: bool = False
+    # (call, the model's default opset) -> a higher default opset a faster form of the call needs, which
+    # the lowering raises the model to where it can (every node carried over exactly), else None
+    opset_wanted: Callable[[FlashAttentionCall, int], int | None] | None = None
 
     @property
     def needs_ortflash(self) -> bool:
@@ -88,6 +91,7 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
                 "(benchmarks/results/cuda_capabilities.md)",
                 min_opset=MIN_CONTRIB_OPSET,
                 domain=(CONTRIB_DOMAIN, CONTRIB_VERSION),
+                opset_wanted=cuda.opset_wanted,
             ),
             Target(
                 "webgpu",
