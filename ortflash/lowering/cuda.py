@@ -13,8 +13,9 @@ refusals, choose_form, a writer per form, float16 computed natively, the cached-
   - causal, no bias or mask, Sq == Sk proved, one head size that is a multiple of 8: the fastest
     right form the table timed at the block's (element type, head dim, key length) row, a length
     known only at run time read at S=4096 (choose_form): Attention-23 is_causal on [B, S, H·D]
-    (flash; opset 23 models only) or GroupQueryAttention with its own causal mask (on the GPU in
-    float16 only), and in float32 MultiHeadAttention unidirectional=1 without a bias, which float16
+    (ORT's own flash kernel; a float16 model below opset 23 is raised to it for this form where the
+    table times it fastest: opset_wanted) or GroupQueryAttention with its own causal mask (on the
+    GPU in float16 only), and in float32 MultiHeadAttention unidirectional=1 without a bias, which float16
     blocks do not take (its cuDNN graph was rebuilt on every call: REBUILT_PER_CALL_F16); the note
     names the kernel ORT ran there and its time;
   - causal with a padding part (Hugging Face's decoder mask: one bias row per batch, [B, 1, 1, Sk],
