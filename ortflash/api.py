@@ -158,8 +158,9 @@ def verify(
     node naive and online), unless ``softmax`` (naive | online | auto) overrides every node's.
     ``feeds``: your inputs (never resized); None: random ones (:func:`make_feeds` with ``dims``,
     ``seq_len``, ``batch``). Tolerances default to float32 rounding (``rtol 1e-4, atol 1e-5``;
-    float16 outputs ``2e-2, 2e-3``). ``weights_dir``: where a proto ``optimized`` reads external
-    weights (default: the folder of ``original`` when it is a path). ``measure_noise``: run the
+    ``2e-2, 2e-3`` for a model that computes in float16: a float16 output or float16 values inside).
+    ``weights_dir``: where a proto ``optimized`` reads external weights (default: the folder of
+    ``original`` when it is a path). ``measure_noise``: run the
     original in float64 too, and where an output of the original is itself beyond the tolerance
     of it, raise that output's atol by twice that noise (None: only where no tolerance is given).
     Random inputs the original does not take at ``batch`` > 1 are retried at batch 1 (a note says so).

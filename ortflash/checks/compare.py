@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from ..model_io import graphs_of
+
 # (rtol, atol): float32 rounding, and looser where the model computes in float16.
 FLOAT32_TOLERANCE = (1e-4, 1e-5)
 FLOAT16_TOLERANCE = (2e-2, 2e-3)
@@ -157,9 +159,30 @@ def noise_text(noise: Mapping[str, float]) -> str:
 
 
 def default_tolerance(model: onnx.ModelProto) -> tuple[float, float]:
-    """(rtol, atol): float32 rounding, looser where the model computes in float16."""
-    f16 = any(o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 for o in model.graph.output)
-    return FLOAT16_TOLERANCE if f16 else FLOAT32_TOLERANCE
+    """(rtol, atol): float32 rounding, looser where the model computes in float16: a float16 output,
+    or float16 values inside the graph (a model converted to float16 with its inputs and outputs
+    kept float32, as onnxruntime.transformers.float16's keep_io_types writes it, rounds in float16
+    although its outputs are float32)."""
+    return FLOAT16_TOLERANCE if computes_in_float16(model) else FLOAT32_TOLERANCE
+
+
+def computes_in_float16(model: onnx.ModelProto) -> bool:
+    """Whether any graph of the model (subgraphs and functions too) has a float16 input, output,
+    initializer or typed value, or a node that casts to float16 or makes a float16 constant."""
+    half = onnx.TensorProto.FLOAT16
+    for graph in (g for root in (model.graph, *model.functions) for g in graphs_of(root)):
+        values = [*getattr(graph, "input", ()), *getattr(graph, "output", ()), *getattr(graph, "value_info", ())]
+        if any(v.type.tensor_type.elem_type == half for v in values if v.type.HasField("tensor_type")):
+            return True
+        if any(t.data_type == half for t in getattr(graph, "initializer", ())):
+            return True
+        for node in graph.node:
+            for attr in node.attribute:
+                if node.op_type == "Cast" and attr.name == "to" and attr.i == half:
+                    return True
+                if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == half:
+                    return True
+    return False
 
 
 def tolerance_text(rtol: float, atol: float) -> str:
