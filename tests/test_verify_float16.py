@@ -11,6 +11,7 @@ import onnx
 from onnxruntime.transformers import float16
 from test_verify_noise import normalized_block
 
+import ortflash
 from ortflash.checks.compare import FLOAT16_TOLERANCE, FLOAT32_TOLERANCE, computes_in_float16, default_tolerance
 from ortflash.cli import main
 
@@ -50,3 +51,16 @@ def test_verify_checks_a_float16_model_with_float32_outputs_at_the_float16_toler
     assert main(["optimize", str(src), "-o", str(out), "--target", "contrib", "--verify"]) == 0
     printed = capsys.readouterr().out
     assert f"rtol {FLOAT16_TOLERANCE[0]:g}, atol {FLOAT16_TOLERANCE[1]:g}" in printed
+
+
+def test_the_noise_of_a_float16_model_is_its_float16_rounding() -> None:
+    """The ill-conditioned block (tests/test_verify_noise.py) converted to float16 inside: its float64
+    reference is widened from float16 too, so its own noise is its float16 rounding (before, the
+    "float64" copy kept its float16 weights and casts, computed as the original did, and found none),
+    and the ortflash rewrite, which computes in float32, verifies within it."""
+    half = _float16_inside(normalized_block(100.0, skip=False))
+    fused, _ = ortflash.optimize(half, target="ortflash")
+    result = ortflash.verify(half, fused)
+    assert (result.rtol, result.atol) == FLOAT16_TOLERANCE
+    assert result.noise.get("y", 0.0) > FLOAT16_TOLERANCE[1], result.noise
+    assert result.ok

@@ -153,7 +153,7 @@ def noise_text(noise: Mapping[str, float]) -> str:
     worst = max(noise, key=lambda name: noise[name])
     outputs = f"{worst}" if len(noise) == 1 else f"{worst}; {len(noise)} outputs beyond the tolerance on their own"
     return (
-        f"the model's own noise: {_short(noise[worst])} (the original in float32 against float64, max |difference|, "
+        f"the model's own noise: {_short(noise[worst])} (the original against itself in float64, max |difference|, "
         f"at {outputs}): atol raised by {NOISE_FACTOR:g} x its noise there"
     )
 

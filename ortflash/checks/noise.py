@@ -1,5 +1,5 @@
-"""The model's own numerical noise: how far the original's float32 outputs are from its outputs in
-float64, on the same inputs.
+"""The model's own numerical noise: how far the original's float32 (or float16) outputs are from its
+outputs in float64, on the same inputs.
 
 A graph can be ill-conditioned in float32: a LayerNormalization over a sum with a large common
 part (weights of one sign, a bias far from zero) cancels most of its digits, so any two float32
@@ -9,6 +9,10 @@ by about as much as the original differs from the exact result. Verify measures 
 once, in one extra session of the original in float64, and allows it on top of its tolerance
 where it exceeds the tolerance (checks/compare); a model whose float32 outputs are within the
 tolerance of its float64 ones keeps the tolerance as it is.
+
+A model that computes in float16 (a float16 conversion, its inputs and outputs kept float32 or
+not) is widened from float16 too: its noise is then its float16 rounding, which a rewrite that
+computes the same in another order differs by (a converted decoder's prefill: about 5e-3).
 
 Where ONNX Runtime has no float64 kernel for an op of the model (contrib ops, say), the model
 does not load in float64 and no noise is measured: the tolerance stays as given.
@@ -26,19 +30,20 @@ from ..model_io import graphs_of
 from .compare import compare
 from .sessions import ModelSource, open_session, run_session
 
-_F32, _F64 = onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE
+_F32, _F16, _F64 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE
+_NARROW = (_F32, _F16)  # the element types widened to float64
 # Attributes that name an element type to produce (Cast's to, ConstantOfShape's value is a tensor).
 _TYPE_ATTRIBUTES = ("to", "dtype")
 
 
 def _widened_tensor(tensor: onnx.TensorProto) -> None:
-    if tensor.data_type == _F32:
+    if tensor.data_type in _NARROW:
         wide = onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(tensor).astype(np.float64), tensor.name)
         tensor.CopyFrom(wide)
 
 
 def _widened_type(tp: onnx.TypeProto) -> None:
-    if tp.HasField("tensor_type") and tp.tensor_type.elem_type == _F32:
+    if tp.HasField("tensor_type") and tp.tensor_type.elem_type in _NARROW:
         tp.tensor_type.elem_type = _F64
     elif tp.HasField("sequence_type"):
         _widened_type(tp.sequence_type.elem_type)
@@ -89,8 +94,8 @@ def _kept_in_float32(graph: onnx.GraphProto, float32: set[str]) -> None:
 
 
 def in_float64(model: onnx.ModelProto, keep_other_domains: bool = False) -> onnx.ModelProto | None:
-    """A copy of ``model`` computing in float64 where it computed in float32 (inputs, outputs,
-    weights, constants, casts); None where a float32 tensor is stored outside the proto.
+    """A copy of ``model`` computing in float64 where it computed in float32 or float16 (inputs,
+    outputs, weights, constants, casts); None where such a tensor is stored outside the proto.
     ``keep_other_domains``: nodes of other domains than ONNX's run in float32 between casts."""
     float32 = _float32_names(model) if keep_other_domains else set()
     wide = onnx.ModelProto()
@@ -99,7 +104,7 @@ def in_float64(model: onnx.ModelProto, keep_other_domains: bool = False) -> onnx
         if not isinstance(graph, onnx.GraphProto):
             continue
         for init in graph.initializer:
-            if init.data_location == onnx.TensorProto.EXTERNAL and init.data_type == _F32:
+            if init.data_location == onnx.TensorProto.EXTERNAL and init.data_type in _NARROW:
                 return None
             _widened_tensor(init)
         for vi in (*graph.input, *graph.output, *graph.value_info):
@@ -108,7 +113,7 @@ def in_float64(model: onnx.ModelProto, keep_other_domains: bool = False) -> onnx
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.TENSOR:
                     _widened_tensor(attr.t)
-                elif attr.type == onnx.AttributeProto.INT and attr.name in _TYPE_ATTRIBUTES and attr.i == _F32:
+                elif attr.type == onnx.AttributeProto.INT and attr.name in _TYPE_ATTRIBUTES and attr.i in _NARROW:
                     attr.i = _F64
     if keep_other_domains:
         del wide.graph.value_info[:]  # the narrowed values are typed by inference again
@@ -118,20 +123,20 @@ def in_float64(model: onnx.ModelProto, keep_other_domains: bool = False) -> onnx
 
 class NoiseMeter:
     """The original in float64, opened once (the one extra session verify opens), and the
-    distance of the float32 outputs from its outputs on each set of inputs."""
+    distance of the float32 (or float16) outputs from its outputs on each set of inputs."""
 
     def __init__(self, original: ModelSource, proto: onnx.ModelProto, opt_level: str) -> None:
         self.why_not = ""
         self.session = None
-        if not any(vi.type.tensor_type.elem_type == _F32 for vi in proto.graph.output):
-            self.why_not = "no float32 output"
+        if not any(vi.type.tensor_type.elem_type in _NARROW for vi in proto.graph.output):
+            self.why_not = "no float32 or float16 output"
             return
         other_domains = any(n.domain not in ("", "ai.onnx") for n in proto.graph.node)
         # first all in float64; where that does not load, ops of other domains stay float32
         for keep in (False, True) if other_domains else (False,):
             wide = in_float64(proto, keep_other_domains=keep)
             if wide is None:
-                self.why_not = "its float32 weights are stored outside the model"
+                self.why_not = "its float32 or float16 weights are stored outside the model"
                 return
             try:
                 self.session = open_session(wide, what="the original model in float64", opt_level=opt_level)
@@ -143,11 +148,12 @@ class NoiseMeter:
     def noise(
         self, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], rtol: float, atol: float
     ) -> dict[str, float]:
-        """Output name -> max |float32 - float64| where that is beyond the tolerance (rtol, atol);
+        """Output name -> max |output - float64| where that is beyond the tolerance (rtol, atol);
         outputs within it are left out (their tolerance stays as given)."""
         if self.session is None:
             return {}
-        wide_feeds = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
+        narrow = (np.float32, np.float16)
+        wide_feeds = {k: v.astype(np.float64) if v.dtype in narrow else v for k, v in feeds.items()}
         try:
             exact = run_session(self.session, wide_feeds, what="the original model in float64")
         except OrtflashError as exc:
@@ -155,7 +161,7 @@ class NoiseMeter:
             return {}
         found = {}
         for name, value in outputs.items():
-            if value.dtype != np.float32 or name not in exact or exact[name].shape != value.shape:
+            if value.dtype not in narrow or name not in exact or exact[name].shape != value.shape:
                 continue
             diff = compare(exact[name], value.astype(np.float64), name, rtol, atol)
             if not diff.ok and not diff.nan_mismatch and np.isfinite(diff.max_abs):
