@@ -32,6 +32,7 @@ from .sessions import ModelSource, open_session, run_session
 
 _F32, _F16, _F64 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE
 _NARROW = (_F32, _F16)  # the element types widened to float64
+_NARROW_ARRAYS = (np.float32, np.float16)  # the same, as the arrays of feeds and outputs
 # Attributes that name an element type to produce (Cast's to, ConstantOfShape's value is a tensor).
 _TYPE_ATTRIBUTES = ("to", "dtype")
 
@@ -152,8 +153,7 @@ class NoiseMeter:
         outputs within it are left out (their tolerance stays as given)."""
         if self.session is None:
             return {}
-        narrow = (np.float32, np.float16)
-        wide_feeds = {k: v.astype(np.float64) if v.dtype in narrow else v for k, v in feeds.items()}
+        wide_feeds = {k: v.astype(np.float64) if v.dtype in _NARROW_ARRAYS else v for k, v in feeds.items()}
         try:
             exact = run_session(self.session, wide_feeds, what="the original model in float64")
         except OrtflashError as exc:
@@ -161,7 +161,7 @@ class NoiseMeter:
             return {}
         found = {}
         for name, value in outputs.items():
-            if value.dtype not in narrow or name not in exact or exact[name].shape != value.shape:
+            if value.dtype not in _NARROW_ARRAYS or name not in exact or exact[name].shape != value.shape:
                 continue
             diff = compare(exact[name], value.astype(np.float64), name, rtol, atol)
             if not diff.ok and not diff.nan_mismatch and np.isfinite(diff.max_abs):

@@ -243,31 +243,23 @@ def _lowered(
         # the opset raiser and the shape inference take protos: inside the lowering, the one round trip
         proto = ir.serde.serialize_model(work)
         if raise_to is not None:
-            try:
-                raised = raise_default_opset(proto, raise_to)
-            except Exception as exc:  # noqa: BLE001 - the converter raises several types
-                why = (
-                    f"the model could not be converted to opset {raise_to} for {record.name} "
-                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:_MESSAGE_CHARS]}); {_NEEDS_ORTFLASH}"
-                )
+            raised, error = _raised(proto, raise_to)
+            if raised is None:
+                why = f"the model could not be converted to opset {raise_to} for {record.name} ({error}); {_NEEDS_ORTFLASH}"
                 return None, [_with_reason(_kept_note(n, i), why) for i, n in enumerate(flash_nodes(work.graph))]
-            _restore_metadata(proto, raised)
             proto = raised
         work = ir.serde.deserialize_model(with_flash_shapes(proto) if infer_shapes else proto)
-    # a higher opset that only a faster form needs (the cuda target's Attention-23): raised where it
-    # can be, else the blocks are lowered at the model's own opset and their notes say why
-    wanted = _opset_wanted(work, record, source_opset) if raise_to is None else None
-    not_raised = ""
+    # a higher opset that only a faster form of some blocks needs (the cuda target's Attention-23):
+    # raised where it can be, else those blocks are lowered at the model's own opset; their notes say which
+    wanted, wanting = _opset_wanted(work, record, source_opset) if raise_to is None else (None, frozenset())
+    wanted_note = ""
     if wanted is not None:
-        proto = ir.serde.serialize_model(work)
-        try:
-            raised = raise_default_opset(proto, wanted)
-        except Exception as exc:  # noqa: BLE001 - the converter raises several types
-            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:_MESSAGE_CHARS]}"
-            not_raised = f"; the model's opset not raised to {wanted} for Attention-23 ({error})"
+        raised, error = _raised(ir.serde.serialize_model(work), wanted)
+        if raised is None:
+            wanted_note = f"; the model's opset not raised to {wanted} for Attention-23 ({error})"
         else:
-            _restore_metadata(proto, raised)
             work = ir.serde.deserialize_model(raised)
+            wanted_note = f"; the model's default opset raised from {source_opset} to {wanted} for it"
     opset = _default_opset(work)
     graph = work.graph
     if folder is not None:
@@ -288,13 +280,7 @@ def _lowered(
             notes.append(LoweringNote(name, False, f"{why}; {_NEEDS_ORTFLASH}", spec.OP_TYPE, block))
             continue
         owner.remove(node, safe=True)
-        if op == OP_ATTENTION and record.opset_wanted is not None:
-            how += (
-                f"; the model's default opset raised from {source_opset} to {opset} for it"
-                if opset > source_opset
-                else ""
-            )
-        notes.append(LoweringNote(name, True, how + (not_raised if op != OP_ATTENTION else ""), op, block))
+        notes.append(LoweringNote(name, True, how + (wanted_note if name in wanting else ""), op, block))
 
     if not any(n.lowered for n in notes):
         return None, notes
@@ -312,19 +298,31 @@ def _lowered(
     return work, notes
 
 
-def _opset_wanted(work: ir.Model, record: Target, opset: int) -> int | None:
-    """The highest default opset a block's faster form needs (record.opset_wanted), else None."""
+def _opset_wanted(work: ir.Model, record: Target, opset: int) -> tuple[int | None, frozenset[str]]:
+    """The highest default opset a block's faster form needs (record.opset_wanted; None: none
+    does), and the names of the FlashAttention nodes that want one, as the notes name them."""
     if record.opset_wanted is None:
-        return None
-    wanted = []
-    for node in flash_nodes(work.graph):
+        return None, frozenset()
+    wanted: dict[str, int] = {}
+    for index, node in enumerate(flash_nodes(work.graph)):
         try:
             call = read_call(node)
         except NotLowered:
             continue
         if (version := record.opset_wanted(call, opset)) is not None:
-            wanted.append(version)
-    return max(wanted, default=None)
+            wanted[node.name or f"{spec.OP_TYPE}_{index}"] = version
+    return max(wanted.values(), default=None), frozenset(wanted)
+
+
+def _raised(proto: onnx.ModelProto, version: int) -> tuple[onnx.ModelProto | None, str]:
+    """(proto at default opset ``version``, its FlashAttention nodes' metadata kept, "") or (None,
+    why the converter refused it)."""
+    try:
+        raised = raise_default_opset(proto, version)
+    except Exception as exc:  # noqa: BLE001 - the converter raises several types
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:_MESSAGE_CHARS]}"
+    _restore_metadata(proto, raised)
+    return raised, ""
 
 
 def _default_opset(model: ir.Model) -> int:

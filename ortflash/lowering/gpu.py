@@ -85,16 +85,10 @@ class GpuProfile:
 def lower_gpu(e: Emitter, call: FlashAttentionCall, output: ir.Value, profile: GpuProfile) -> tuple[str, str]:
     """Write the profile's form of call and reroute output to it: (op, how)."""
     native.require_contrib_opset(e)
-    for refusal in profile.refusals:
-        if refusal.applies(call):
-            raise NotLowered(refusal.why)
-    dims = call_dims(call)
-    heads = native.head_counts(dims)
+    dims, heads, halves, half = _read(call, profile)
     native.require_castlike_for_unknown_dtype(e, call)
     if profile.cached_step is not None and (written := profile.cached_step(e, call, output, heads)) is not None:
         return written
-    halves = [float16_source(x) if profile.native_float16 else None for x in (call.q, call.k, call.v)]
-    half = _runs_in_float16(call, profile, halves)
     name, why = profile.choose(call, dims, half, e.opset)
     if name is None:
         raise NotLowered(f"no form in the {profile.ep} capability table is right on the GPU for this block")
@@ -121,25 +115,32 @@ def lower_gpu(e: Emitter, call: FlashAttentionCall, output: ir.Value, profile: G
     return form.op, f"{why}; " + "; ".join(parts)
 
 
-def _runs_in_float16(call: FlashAttentionCall, profile: GpuProfile, halves: list[ir.Value | None]) -> bool:
-    """Whether the block is computed in float16: the profile runs float16 natively and the call is
-    float16, or its Q, K and V are float16 values cast to float32 (halves: float16_source of each)."""
-    return profile.native_float16 and (call.dtype == ir.DataType.FLOAT16 or all(h is not None for h in halves))
+def _read(
+    call: FlashAttentionCall, profile: GpuProfile
+) -> tuple[CallDims, tuple[int, int], list[ir.Value | None], bool]:
+    """What the profile's choice reads of call: its dims, head counts (hq, hkv), the float16 value
+    each of Q, K and V was cast from (None where not, or where the profile runs no float16), and
+    whether the block is computed in float16 (the call is float16, or all three are such casts).
+    Raises NotLowered where a refusal of the profile applies or the head counts are not known."""
+    for refusal in profile.refusals:
+        if refusal.applies(call):
+            raise NotLowered(refusal.why)
+    dims = call_dims(call)
+    heads = native.head_counts(dims)
+    halves = [float16_source(x) if profile.native_float16 else None for x in (call.q, call.k, call.v)]
+    half = profile.native_float16 and (call.dtype == ir.DataType.FLOAT16 or all(h is not None for h in halves))
+    return dims, heads, halves, half
 
 
 def form_at_opset(call: FlashAttentionCall, profile: GpuProfile, opset: int) -> tuple[str | None, bool]:
     """(form, computed in float16) as lower_gpu would choose for call in a model of default opset
-    ``opset`` (form None: a refusal applies, or no form is right), read without writing anything; the
-    cached-step shortcut is not considered (a block it takes is not one whose form an opset changes)."""
-    halves = [float16_source(x) if profile.native_float16 else None for x in (call.q, call.k, call.v)]
-    half = _runs_in_float16(call, profile, halves)
-    if any(refusal.applies(call) for refusal in profile.refusals):
-        return None, half
+    ``opset`` ((None, False) where it would refuse the call; form None where no form is right), read
+    without writing anything; the cached-step shortcut is not considered (a block it takes is not
+    one whose form an opset changes)."""
     try:
-        dims = call_dims(call)
-        native.head_counts(dims)
+        dims, _, _, half = _read(call, profile)
     except NotLowered:
-        return None, half
+        return None, False
     return profile.choose(call, dims, half, opset)[0], half
 
 
