@@ -146,19 +146,18 @@ def add_opt_level(p: argparse.ArgumentParser, when: str = "") -> None:
     )
 
 
-def add_num_heads(p: argparse.ArgumentParser) -> None:
+def add_pipeline_options(p: argparse.ArgumentParser) -> None:
+    """The options of which blocks are fused and how that :func:`pipeline_options` reads (but
+    --no-causal-proof, which only optimize has): --num-heads, and the cost table's --cpu-class and
+    --seq-lens."""
+    from ..pipeline.forms import CPU_CLASSES
+
     p.add_argument(
         "--num-heads",
         type=positive_int,
         help="head count of blocks whose count cannot be proved from shapes or initializers (for "
         "instance MultiHeadAttention nodes ONNX Runtime's optimizer wrote without it)",
     )
-
-
-def add_seq_lens(p: argparse.ArgumentParser) -> None:
-    """The options the cost table reads: --seq-lens, and --cpu-class (which CPU's table)."""
-    from ..pipeline.forms import CPU_CLASSES
-
     p.add_argument(
         "--cpu-class",
         choices=CPU_CLASSES,

@@ -9,7 +9,7 @@ from ..lowering import TARGETS
 from ..model_io import load
 from ..pipeline.optimize import AUTO, EXECUTION_PROVIDERS, optimize
 from ..report import result_document
-from .args import EXIT_OK, add_num_heads, add_seq_lens, check_target_and_ep, pipeline_options
+from .args import EXIT_OK, add_pipeline_options, check_target_and_ep, pipeline_options
 from .inputs import check_seq_lens
 from .output import print_report, write_json
 
@@ -18,8 +18,7 @@ HELP = "list every Softmax: fused or why not (under a --target too); writes noth
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model")
-    add_num_heads(p)
-    add_seq_lens(p)
+    add_pipeline_options(p)
     p.add_argument(
         "--target",
         choices=(*TARGETS, AUTO),

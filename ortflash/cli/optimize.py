@@ -23,10 +23,9 @@ from .args import (
     EXIT_MISMATCH,
     EXIT_OK,
     add_feeds,
-    add_num_heads,
+    add_pipeline_options,
     add_opt_level,
     add_policy,
-    add_seq_lens,
     check_target_and_ep,
     new_nodes_policy,
     pipeline_options,
@@ -85,8 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep every block's mask tensor as the graph computes it: no is_causal read from the mask "
         "subgraph (for comparisons, and as an escape hatch)",
     )
-    add_num_heads(p)
-    add_seq_lens(p)
+    add_pipeline_options(p)
     p.add_argument(
         "--tune",
         action="store_true",
