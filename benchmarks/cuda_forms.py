@@ -152,10 +152,14 @@ def block(stack: str, d: int, dtype: str, s: int | None) -> Any:
     return model
 
 
-def lowered_variants(model: Any, stack: str) -> dict[str, tuple[Any, str]]:
-    """variant -> (model, note): the cuda target's choice, each form it may write forced, the onnx target."""
+def lowered_variants(model: Any, stack: str, symbolic: bool = False) -> dict[str, tuple[Any, str]]:
+    """variant -> (model, note): the cuda target's choice, each form it may write forced, the onnx target;
+    for a symbolic block also ``ep_cuda_if``, what --ep cuda writes with the length If allowed on the
+    CUDA EP (forms.LOWERED_DISPATCH_EPS forced): the lowered form from the table's crossover, the
+    original ops below it, decided per run."""
     import ortflash
     from ortflash.lowering import cuda, lower
+    from ortflash.pipeline import forms
 
     fused, report = ortflash.optimize(model, target="ortflash")
     if report.fused != 1:
@@ -169,6 +173,15 @@ def lowered_variants(model: Any, stack: str) -> dict[str, tuple[Any, str]]:
         ep_model,
         "--ep cuda: " + ",".join(sorted(attention_ops & {n.op_type for n in ep_model.graph.node})),
     )
+    if symbolic:
+        saved = forms.LOWERED_DISPATCH_EPS
+        forms.LOWERED_DISPATCH_EPS = ("cuda",)
+        try:
+            if_model, if_report = ortflash.optimize(model, ep="cuda")
+        finally:
+            forms.LOWERED_DISPATCH_EPS = saved
+        if any(n.op_type == "If" for n in if_model.graph.node):
+            out["ep_cuda_if"] = (if_model, "--ep cuda with the length If: " + if_report.blocks[0].reason)
     forced = {
         "causal": CAUSAL_FORMS,
         "causal_mask": tuple(f for f in CAUSAL_FORMS if f != "attn23_causal_bsd"),  # opset 18: no Attention-23
@@ -195,6 +208,7 @@ def make(
     lengths: tuple[int, ...] = LENGTHS,
     cliff: bool = True,
     stacks: tuple[str, ...] = STACKS,
+    static: bool = True,
 ) -> None:
     """The blocks in ``dtypes``; float16 ones static at each of ``lengths`` and symbolic (run at
     each of them); float32 symbolic only (at F32_LENGTHS); with ``cliff``, make_cliff's cases."""
@@ -205,11 +219,11 @@ def make(
     for dtype in dtypes:
         for stack in stacks:
             for d in HEAD_DIMS if dtype == "float16" else (64,):
-                for s in (None, *(lengths if dtype == "float16" else ())):
+                for s in (None, *(lengths if dtype == "float16" and static else ())):
                     name = stem(stack, d, dtype, s)
                     original = block(stack, d, dtype, s)
                     onnx.save(original, os.path.join(folder, f"{name}.original.onnx"))
-                    variants = lowered_variants(original, stack)
+                    variants = lowered_variants(original, stack, symbolic=s is None)
                     for variant, (model, _note) in variants.items():
                         onnx.save(model, os.path.join(folder, f"{name}.{variant.replace(':', '-')}.onnx"))
                     index.append(
@@ -705,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     steps.make.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="float16's lengths")
     steps.make.add_argument("--no-cliff", action="store_true", help="leave out make_cliff's cases")
     steps.make.add_argument("--stacks", default=",".join(STACKS), help="the blocks to make (STACKS)")
+    steps.make.add_argument("--symbolic-only", action="store_true", help="no static model per length")
     return steps.call(
         argv,
         make=lambda args: make(
@@ -713,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
             tuple(int(s) for s in args.lengths.split(",")),
             not args.no_cliff,
             tuple(args.stacks.split(",")),
+            not args.symbolic_only,
         ),
         run=lambda args: run(args.folder, args.out, args.budget_s),
         table=lambda args: table(args.json, args.md),

@@ -10,6 +10,7 @@ The tests of the If list the EP themselves; the default is held by its own test.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -201,3 +202,33 @@ def test_a_gpu_decode_crossover_lets_a_long_decode_step_take_the_lowered_form(
     if start > 300:  # webgpu's no-mask row: a prefill of 300 keys keeps the original ops, a step does not
         cases.append((_block_feeds(300, 0), False))
     _check_sides(original, model, cases, atol=2e-3)
+
+
+def test_an_op_listed_for_the_if_gets_it_and_no_other_form_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """forms.LOWERED_DISPATCH_OPS lets one lowered op take the If on an EP the If is otherwise off
+    on: a float16 causal block whose length is known only at run time, lowered to Attention-23 on
+    CUDA, is written inside an If on the length, the original ops below the crossover, both sides
+    right against the original (CPU EP, float16's tolerance); the no-mask cached block, lowered to
+    MultiHeadAttention, keeps its ops. By default none is listed (not yet measured with the If)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import cuda_forms  # the benchmark's exported blocks (onnx only)
+
+    assert dict(forms.LOWERED_DISPATCH_OPS) == {}
+    original = cuda_forms.block("causal_mask", 64, "float16", None)
+    assert "If" not in _ops(ortflash.optimize(original, ep="cuda")[0])
+    monkeypatch.setattr(forms, "LOWERED_DISPATCH_OPS", {"cuda": frozenset({"Attention"})})
+    model, report = ortflash.optimize(original, ep="cuda")
+    ops = _ops(model)
+    assert "FlashAttention" not in ops and ops.count("If") == 1 and ops.count("Attention") == 1
+    assert "Softmax" in ops  # the original ops, in the If's else branch
+    start = forms.crossover("cuda", 64, "causal", "cuda", "float16")
+    assert start is not None and report.blocks[0].fused_from == start
+    assert report.blocks[0].lowered_to == "Attention"
+    assert [o.version for o in model.opset_import if o.domain == ""] == [23]
+    assert "If" not in _ops(ortflash.optimize(cached_float16_block(), ep="cuda")[0])
+
+    def feeds(seq: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seq)
+        return {name: rng.standard_normal((1, seq, 16 * 64)).astype(np.float16) for name in ("q3", "k3", "v3")}
+
+    _check_sides(original, model, [(feeds(start), True), (feeds(start // 16), False)], atol=2e-2)

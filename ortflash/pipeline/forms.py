@@ -320,6 +320,23 @@ DECODE_RESULTS = "benchmarks/results/decode_step.md"
 # MultiHeadAttention's 0.12 ms outside an If). Both branches loaded and were right on both EPs.
 DISPATCH_EPS = (None, "cpu", "cuda", "webgpu")
 LOWERED_DISPATCH_EPS: tuple[str, ...] = ()
+# The lowered ops that get the If on a GPU EP even where LOWERED_DISPATCH_EPS does not list it:
+# EP -> op (a Report row's lowered_to). The candidate is CUDA's Attention-23 (the float16 causal
+# blocks' form, lowering/cuda.opset_wanted), which runs ORT's own flash kernel outside cuDNN's graph
+# cache, where the 56 ms above was MultiHeadAttention's cuDNN graph rebuilt on every call inside the
+# If (benchmarks/results/cuda_cudnn_causal.md). None is listed until the If around it is measured
+# (benchmarks/cuda_forms.py's ep_cuda_if variant; IF_RESULTS).
+LOWERED_DISPATCH_OPS: Mapping[str, frozenset[str]] = MappingProxyType({})
+IF_RESULTS = "benchmarks/results/cuda_forms_if.md"
+
+
+def dispatches_lowered(ep: str | None, lowered_to: str | None) -> bool:
+    """Whether a block lowered to ``lowered_to`` for ``ep`` may be written as an If on the length."""
+    return lowered_to is not None and (
+        ep in LOWERED_DISPATCH_EPS or lowered_to in LOWERED_DISPATCH_OPS.get(ep or "", ())
+    )
+
+
 # The decode step on the GPU EPs: GPU EP -> the key length from which a one-query step takes the
 # lowered form (None: never, the original ops at every length). Measured at past 127 and 2048 on the
 # zoo's Llama, Mistral, Qwen2 and GPT-2 decoders and decode_step.py's Llama (H200, onnxruntime-gpu
@@ -428,7 +445,7 @@ def choose(
         )
         no_if = (
             f"; no If on the length on the {ep} EP: it measured slower than the original ops ({GPU_DECODE_RESULTS})"
-            if start is not None and ep in GPU_DECODE_CROSSOVERS and ep not in LOWERED_DISPATCH_EPS
+            if start is not None and ep in GPU_DECODE_CROSSOVERS and not can_dispatch
             else ""
         )
         return FormChoice(

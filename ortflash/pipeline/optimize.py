@@ -180,7 +180,7 @@ def _fastest_forms(
         # main graph, or an If's branch (a merged decoder's: the If nested there). On a GPU EP it is
         # written before the lowering, which then lowers the node inside the If's fused branch: the
         # main graph's only
-        lowered_later = block.lowered_to is not None and ep in forms.LOWERED_DISPATCH_EPS
+        lowered_later = forms.dispatches_lowered(ep, block.lowered_to)
         scope = _scope_of(block.name)
         can_dispatch = (block.lowered_to is None and _in_if_branches(block.name)) or (lowered_later and not scope)
         choice = forms.choose(
