@@ -324,8 +324,10 @@ LOWERED_DISPATCH_EPS: tuple[str, ...] = ()
 # EP -> op (a Report row's lowered_to). The candidate is CUDA's Attention-23 (the float16 causal
 # blocks' form, lowering/cuda.opset_wanted), which runs ORT's own flash kernel outside cuDNN's graph
 # cache, where the 56 ms above was MultiHeadAttention's cuDNN graph rebuilt on every call inside the
-# If (benchmarks/results/cuda_cudnn_causal.md). None is listed until the If around it is measured
-# (benchmarks/cuda_forms.py's ep_cuda_if variant; IF_RESULTS).
+# If (benchmarks/results/cuda_cudnn_causal.md). Measured with the If on the exported causal block
+# (H200, 2026-12-03, IF_RESULTS): 2.4-6.9x the original from 1024 keys at D64, but 0.93-0.99x on
+# the original branch below (0.82-0.93x at D128, GroupQueryAttention): on a lone block the If's
+# 7-20 us is a loss, so none is listed.
 LOWERED_DISPATCH_OPS: Mapping[str, frozenset[str]] = MappingProxyType({})
 IF_RESULTS = "benchmarks/results/cuda_forms_if.md"
 
