@@ -204,15 +204,9 @@ def make_if(folder: str, index: list[dict[str, Any]]) -> None:
     import onnx
 
     import ortflash
-    from ortflash.pipeline import forms
 
     block = dg._cached_block(onnx.TensorProto.FLOAT16)
-    saved = forms.LOWERED_DISPATCH_EPS
-    forms.LOWERED_DISPATCH_EPS = ("cuda",)  # the If as decode_gpu.py measured it (not written by default)
-    try:
-        with_if = ortflash.optimize(block, ep="cuda")[0]
-    finally:
-        forms.LOWERED_DISPATCH_EPS = saved
+    with_if = ep_probe.optimized_with_gpu_if(block, "cuda")[0]  # the If as decode_gpu.py measured it
     assert _ops(with_if).get("If") == 1 and _ops(with_if).get("MultiHeadAttention") == 1, _ops(with_if)
     variants = {"original": block, "target_cuda": ortflash.optimize(block, target="cuda")[0], "ep_cuda_if": with_if}
     _save(folder, index, "if", "cached_block_f16", variants, batch=1, seq=IF_PREFILL, shape="symbolic")

@@ -159,7 +159,6 @@ def lowered_variants(model: Any, stack: str, symbolic: bool = False) -> dict[str
     original ops below it, decided per run."""
     import ortflash
     from ortflash.lowering import cuda, lower
-    from ortflash.pipeline import forms
 
     fused, report = ortflash.optimize(model, target="ortflash")
     if report.fused != 1:
@@ -174,12 +173,7 @@ def lowered_variants(model: Any, stack: str, symbolic: bool = False) -> dict[str
         "--ep cuda: " + ",".join(sorted(attention_ops & {n.op_type for n in ep_model.graph.node})),
     )
     if symbolic:
-        saved = forms.LOWERED_DISPATCH_EPS
-        forms.LOWERED_DISPATCH_EPS = ("cuda",)
-        try:
-            if_model, if_report = ortflash.optimize(model, ep="cuda")
-        finally:
-            forms.LOWERED_DISPATCH_EPS = saved
+        if_model, if_report = ep_probe.optimized_with_gpu_if(model, "cuda")
         if any(n.op_type == "If" for n in if_model.graph.node):
             out["ep_cuda_if"] = (if_model, "--ep cuda with the length If: " + if_report.blocks[0].reason)
     forced = {
@@ -210,8 +204,9 @@ def make(
     stacks: tuple[str, ...] = STACKS,
     static: bool = True,
 ) -> None:
-    """The blocks in ``dtypes``; float16 ones static at each of ``lengths`` and symbolic (run at
-    each of them); float32 symbolic only (at F32_LENGTHS); with ``cliff``, make_cliff's cases."""
+    """The blocks in ``dtypes``; float16 ones static at each of ``lengths`` (unless ``static`` is
+    False) and symbolic (run at each of them); float32 symbolic only (at F32_LENGTHS); with
+    ``cliff``, make_cliff's cases."""
     import onnx
 
     os.makedirs(folder, exist_ok=True)

@@ -183,6 +183,20 @@ def placements(profile_path: str) -> dict[str, dict[str, str]]:
     return out
 
 
+def optimized_with_gpu_if(model: Any, ep: str) -> tuple[Any, Any]:
+    """``ortflash.optimize(model, ep=ep)`` with the length If allowed on ``ep``
+    (forms.LOWERED_DISPATCH_EPS forced, as a measurement of the If needs; not written by default)."""
+    import ortflash
+    from ortflash.pipeline import forms
+
+    saved = forms.LOWERED_DISPATCH_EPS
+    forms.LOWERED_DISPATCH_EPS = (ep,)
+    try:
+        return ortflash.optimize(model, ep=ep)
+    finally:
+        forms.LOWERED_DISPATCH_EPS = saved
+
+
 def gpu() -> str:
     """The GPU and its driver, as nvidia-smi says."""
     import subprocess

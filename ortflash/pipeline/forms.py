@@ -447,7 +447,7 @@ def choose(
         )
         no_if = (
             f"; no If on the length on the {ep} EP: it measured slower than the original ops ({GPU_DECODE_RESULTS})"
-            if start is not None and ep in GPU_DECODE_CROSSOVERS and not can_dispatch
+            if start is not None and ep in GPU_DECODE_CROSSOVERS and ep not in LOWERED_DISPATCH_EPS
             else ""
         )
         return FormChoice(
