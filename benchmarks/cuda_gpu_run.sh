@@ -11,6 +11,7 @@
 #     names (cuda_capabilities.py --only) and the lowered blocks as users run them (cuda_forms.py)
 #   CUDNN_S=200 bash benchmarks/cuda_gpu_run.sh install cudnn forms  # or call 2: cuda_cudnn_cache.py's models
 #     in build/cuda_run/cudnn (the padding blocks at batch 1 and 2), then cuda_forms.py's
+#   bash benchmarks/cuda_gpu_run.sh install default-causal  # or call 2: cuda_default_causal.py's stacks (--ep cuda, no --seq-lens)
 #   bash benchmarks/cuda_gpu_run.sh install webgpu-zoo  # or call 2 for webgpu_zoo.py's models in build/cuda_run/wzoo
 # .whl/bundle holds build/cuda_run (the `make` outputs of cuda_capabilities.py, cuda_zoo.py and
 # crossover_webgpu.py) as tar.xz: unpacked to /tmp/cuda_run, which build/cuda_run points at there.
@@ -50,6 +51,7 @@ PY
       grep -q "CUDAExecutionProvider'" "$OUT/device.txt" || exit 4 ;;
     caps) timeout "${CAPS_S:-300}" python3 benchmarks/cuda_capabilities.py run build/cuda_run/caps --out "$OUT" --budget-s "$(( ${CAPS_S:-300} - 40 ))" ${CAPS_ONLY:+--only "$CAPS_ONLY"} > "$OUT/caps.log" 2>&1; echo "caps rc=$?" ;;
     forms) timeout "${FORMS_S:-300}" python3 benchmarks/cuda_forms.py run build/cuda_run/forms --out "$OUT" --budget-s "$(( ${FORMS_S:-300} - 60 ))" > "$OUT/forms.log" 2>&1; echo "forms rc=$?" ;;
+    default-causal) timeout "${DEFAULT_S:-200}" python3 benchmarks/cuda_default_causal.py run build/cuda_run/default_causal --out "$OUT" > "$OUT/default_causal.log" 2>&1; echo "default-causal rc=$?" ;;
     zoo) timeout "${ZOO_S:-200}" python3 benchmarks/cuda_zoo.py run "build/cuda_run/${ZOO_DIR:-zoo}" --out "$OUT" --budget-s "$(( ${ZOO_S:-200} - 30 ))" > "$OUT/zoo.log" 2>&1; echo "zoo rc=$?" ;;
     webgpu)  # ORT's WebGPU plugin EP (carry .whl/ep .gl) on the onnxruntime-gpu build installed above
       for f in /tmp/stash/.gl/*.deb /tmp/stash/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done; ldconfig

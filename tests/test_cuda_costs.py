@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ortflash.lowering import cuda_measured
+from ortflash.lowering.measured import EVERY_LENGTH
 from ortflash.op.policy import SoftmaxPolicy
 from ortflash.pipeline import forms
 
@@ -40,7 +41,8 @@ def _measured() -> dict[tuple[str, int, str, int, str], float]:
 @pytest.mark.parametrize("d", [64, 128])
 def test_float16_causal_lowers_from_1024_at_the_measured_head_dims(d):
     assert _fused(d, 1024) and _fused(d, 2048) and _fused(d, 4096)
-    assert not _fused(d, 512)  # 512 not measured with the own-causal forms
+    # D64 at every length (SHORT_CAUSAL_RESULTS); D128's symbolic form not clear of the noise below 1024
+    assert [_fused(d, s) for s in (1, 37, 512)] == [d == 64] * 3
 
 
 def test_float16_causal_keeps_4096_where_not_re_measured():
@@ -61,8 +63,8 @@ def _measured_padding() -> dict[tuple[int, str, int, str], float]:
 def test_the_rows_are_the_named_results_file():
     ms = _measured()
     row = cuda_measured.CROSSOVERS["float16"]["causal"]["cuda"]
+    assert row[64] == EVERY_LENGTH and row[128] == 1024
     for d in (64, 128):
-        assert row[d] == 1024
         for shape in ("static", "symbolic"):
             for s in (1024, 2048, 4096):
                 own = ms[("causal_mask", d, shape, s, "original")] / ms[("causal_mask", d, shape, s, "cuda")]
@@ -149,3 +151,90 @@ def test_a_choice_names_the_results_file_its_row_was_read_from():
     assert "cuda_forms_causal_attn23_f16.md" in why("causal", "float16")
     assert "cuda_forms_causal" not in why("padding", "float16") and "crossover_cuda.md" in why("padding", "float16")
     assert "cuda_forms_causal" not in why("causal", "float32") and "crossover_cuda.md" in why("causal", "float32")
+
+
+def _short_runs() -> list[dict[tuple[int, str, int, str], float]]:
+    """(head dim, shape, S, variant) -> ms of the exported causal-mask block, per run of SHORT_CAUSAL_RESULTS."""
+    runs = []
+    for name in (cuda_measured.SHORT_CAUSAL_RESULTS, cuda_measured.SHORT_CAUSAL_RESULTS.replace(".md", "_run2.md")):
+        data = json.loads((ROOT / name).with_suffix(".json").read_text())
+        runs.append(
+            {
+                (r["head_dim"], r["shape"], r["seq"], r["variant"]): r["ms"]
+                for r in data["rows"]
+                if "ms" in r and r.get("stack") == "causal_mask" and r.get("dtype") == "float16"
+            }
+        )
+    return runs
+
+
+def test_the_every_length_row_is_its_results_files():
+    """D64 takes the lowered form from one key: in both runs, static and symbolic, S = 1-1024, it ran
+    1.10-2.93x the original (1.10 and 1.17x static at one key, 1.6x and more from 4; the unchanged
+    model's cells read 0.83-1.16x); D128's symbolic form
+    did not clear 1.2x below 1024 in either run, so its row stays at 1024."""
+    lengths = (1, 4, 16, 32, 64, 128, 256, 512, 1024)
+    for ms in _short_runs():
+        for shape in ("static", "symbolic"):
+            own = [ms[(64, shape, s, "original")] / ms[(64, shape, s, "cuda")] for s in lengths]
+            assert min(own) >= 1.09 and min(own[1:]) >= 1.6, (shape, own)
+        d128 = [ms[(128, "symbolic", s, "original")] / ms[(128, "symbolic", s, "cuda")] for s in lengths[:-1]]
+        assert max(d128) < 1.2, d128
+
+
+def test_every_length_needs_the_query_length_to_be_the_key_length():
+    """A length known only at run time: a block whose Sq == Sk is proved takes the every-length row
+    with no If; one that may run a one-query step against a cache (not measured) keeps its ops."""
+    policy = SoftmaxPolicy.for_new_nodes()
+    square = forms.choose("cuda", policy, 64, None, "causal", "cuda", "float16", queries_are_keys=True)
+    assert square.fused and square.dispatch_from is None and "every key length" in square.why
+    cached = forms.choose("cuda", policy, 64, None, "causal", "cuda", "float16", queries_are_keys=False)
+    assert not cached.fused and cached.dispatch_from is None
+    assert not forms.choose("cuda", policy, 128, None, "causal", "cuda", "float16", queries_are_keys=True).fused
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_ep_cuda_lowers_a_dynamic_float16_causal_decoder_at_d64_with_no_if(monkeypatch, d):
+    """End to end, no --seq-lens: the float16 decoder with an exported causal mask (its length a name)
+    becomes Attention-23 under --ep cuda at D64, with no If on the length; at D128 it is left as it was."""
+    import test_causal_proof
+    from onnx import TensorProto
+
+    import ortflash
+
+    monkeypatch.setattr(test_causal_proof, "D", d)
+    model = test_causal_proof._decoder(padding="none", dtype=TensorProto.FLOAT16, fill=float("-inf"))
+    written, report = ortflash.optimize(model, ep="cuda")
+    ops = [n.op_type for n in written.graph.node]
+    assert [b.mask_kind for b in report.blocks] == ["causal"] * 2
+    assert "If" not in ops and "FlashAttention" not in ops
+    assert ops.count("Attention") == (2 if d == 64 else 0), ops
+    assert [b.lowered_to is not None for b in report.blocks] == [d == 64] * 2, [b.reason for b in report.blocks]
+
+
+def _onnx_attention_block(head_dim: int = 64, heads: int = 4):
+    from onnx import TensorProto, helper
+
+    hidden = heads * head_dim
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, [1, "seq", hidden]) for n in ("q", "k", "v", "o")]
+    node = helper.make_node("Attention", ["q", "k", "v"], ["o"], q_num_heads=heads, kv_num_heads=heads, is_causal=1)
+    graph = helper.make_graph([node], "attention_op", io[:3], io[3:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    return model
+
+
+def test_ep_cuda_keeps_a_block_that_is_already_onnx_attention():
+    """ONNX's Attention op runs on the CUDA EP's own flash kernel: rewritten for it, the block ran
+    0.28-0.92x the op at 1-2048 keys (ONE_OP_RESULTS), so --ep cuda keeps it at every length (it was
+    lowered from 1024 before); --target cuda still rewrites it."""
+    import ortflash
+
+    model = _onnx_attention_block()
+    for lengths in (None, [37], [2048]):
+        written, report = ortflash.optimize(model, ep="cuda", seq_lens=lengths)
+        assert report.blocks[0].lowered_to is None and not report.blocks[0].fused, report.blocks[0].reason
+        assert "runs natively" in report.blocks[0].reason
+        assert [n.op_type for n in written.graph.node] == ["Attention"]
+    _, forced = ortflash.optimize(model, target="cuda")
+    assert forced.blocks[0].lowered_to is not None

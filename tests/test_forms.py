@@ -374,7 +374,8 @@ def test_ep_cuda_keeps_float32_blocks_and_short_float16_ones_and_says_why():
     policy = SoftmaxPolicy.for_new_nodes()
     assert not forms.choose("cuda", policy, 64, [1024], "padding", "cuda", "float16").fused
     assert forms.choose("cuda", policy, 64, [2048], "padding", "cuda", "float16").fused
-    assert not forms.choose("cuda", policy, 64, [512], "causal", "cuda", "float16").fused
+    assert not forms.choose("cuda", policy, 128, [512], "causal", "cuda", "float16").fused
+    assert forms.choose("cuda", policy, 64, [512], "causal", "cuda", "float16").fused  # every length at D64
     assert forms.choose("cuda", policy, 64, [1024], "causal", "cuda", "float16").fused  # test_cuda_costs
     assert forms.choose("cuda", policy, 128, [4096], "causal", "cuda", "float16").fused
     # an element type without a table of its own is decided as float32, the table that keeps most

@@ -43,6 +43,12 @@ class FrontEnd(Protocol):
         """The stem of the new nodes' names: "attention" -> "ortflash/attention_3/..."."""
         ...
 
+    @property
+    def one_op(self) -> bool:
+        """Whether each block it reads is already one attention op (ONNX's Attention), not a graph of
+        plain ops: a GPU EP may run that op natively, which the cost tables did not time against."""
+        ...
+
     def candidates(self, graph: ir.Graph) -> list[ir.Node]:
         """The nodes of graph this front end reads, in graph order."""
         ...
@@ -79,6 +85,7 @@ class Fused:
 
     blocks: list[Block] = field(default_factory=list)
     per_batch_head: set[int] = field(default_factory=set)  # row numbers (first_row-based)
+    one_op: set[int] = field(default_factory=set)  # the rows that were one attention op (FrontEnd.one_op)
 
 
 def fuse(
@@ -122,6 +129,8 @@ def fuse(
             fused.blocks.append(Block(label, True, written.reason, softmax=policy.mode or "", **written.columns))
             if front_end.heads_per_batch_head(reading):
                 fused.per_batch_head.add(row)
+            if front_end.one_op:
+                fused.one_op.add(row)
     return fused
 
 

@@ -63,6 +63,7 @@ class AttentionOpFrontEnd:
 
     label: str = "Attention"
     prefix: str = "onnx_attention"
+    one_op: bool = True
 
     def candidates(self, graph: ir.Graph) -> list[ir.Node]:
         return [n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]

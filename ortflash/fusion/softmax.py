@@ -27,6 +27,7 @@ class SoftmaxFrontEnd:
     prove_causal: bool = True
     label: str = "Softmax"
     prefix: str = "attention"
+    one_op: bool = False
 
     def candidates(self, graph: ir.Graph) -> list[ir.Node]:
         return [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]

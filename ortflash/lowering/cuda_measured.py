@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-from .measured import CapabilityTable, Crossovers
+from .measured import EVERY_LENGTH, CapabilityTable, Crossovers
 
 # (form, case) -> what the CUDA EP did, measured 2026-12-01 on an NVIDIA H200 (driver 580.159.04)
 # with onnxruntime-gpu 1.31.1 (benchmarks/results/cuda_capabilities.md), kept as data in
@@ -46,15 +46,24 @@ CAPABILITIES = CapabilityTable.load(Path(__file__).with_name("cuda_capabilities.
 # float16, Attention-23 where the table times it fastest, the model's opset raised for it, else GroupQueryAttention:
 # 1.43-3.15x at 1024, 2.18-4.20x at 2048, 3.66-7.80x at 4096, where the unchanged cells read 0.99-1.10x), D32 and contrib 4096; causal_padding D64/D128 from 2048 (CAUSAL_PADDING_RESULTS: the own causal mask + the
 # padding row, 1.61-2.05x at 2048, 3.24-4.24x at 4096; 1.03-1.24x at 1024, not clear of the noise), D32 and contrib never.
+# Causal D64 at every length (SHORT_CAUSAL_RESULTS, two runs, S = 1-1024): Attention-23 on ORT's FLASH
+# kernel (cuDNN's at one key) ran 1.10-2.25x the original static and 1.87-2.93x symbolic, where the
+# unchanged model read 0.83-1.16x; D128 stays from 1024: its symbolic form (GroupQueryAttention, cuDNN)
+# ran only 1.02-1.17x below 1024, not clear of that noise.
 CROSSOVER_RESULTS = "benchmarks/results/crossover_cuda.md"
 CAUSAL_RESULTS = "benchmarks/results/cuda_forms_causal_attn23_f16.md"  # the float16 causal rows' D64/D128
+SHORT_CAUSAL_RESULTS = "benchmarks/results/cuda_forms_short_causal.md"  # their D64 row below 1024
+# A block that was one ONNX Attention op (is_causal, [B, S, H·D]) lowered for the CUDA EP ran 0.28-0.92x
+# the op itself at 1-2048 keys (1.17-1.35x at 4096): the op is ORT's own flash kernel already
+ONE_OP_RESULTS = SHORT_CAUSAL_RESULTS
 CAUSAL_PADDING_RESULTS = "benchmarks/results/cuda_forms_causal_padding_f16.md"  # the causal_padding rows
 # MultiHeadAttention unidirectional=1 (no bias) rebuilding its cuDNN graph per call (lowering/cuda.py)
 CUDNN_REBUILT_RESULTS = "benchmarks/results/cuda_cudnn_causal.md"
 # the rows measured apart from crossover_cuda.md, by (element type, mask kind): what a choice's detail names
 KIND_RESULTS: Mapping[tuple[str, str], str] = MappingProxyType(
     {
-        ("float16", "causal"): f"{CAUSAL_RESULTS} (D64/D128) and {CROSSOVER_RESULTS} (D32)",
+        ("float16", "causal"): f"{CAUSAL_RESULTS} (D64/D128), {SHORT_CAUSAL_RESULTS} (D64 below 1024) and "
+        f"{CROSSOVER_RESULTS} (D32)",
         ("float16", "causal_padding"): CAUSAL_PADDING_RESULTS,
     }
 )
@@ -74,7 +83,7 @@ CROSSOVERS: Mapping[str, Crossovers] = MappingProxyType(
             {
                 "padding": _cost_row({32: 2048, 64: 2048, 128: 2048}),
                 "none": _cost_row({32: 64, 64: 64, 128: 64}),
-                "causal": _cost_row({32: 4096, 64: 1024, 128: 1024}, {32: 4096, 64: 4096, 128: 4096}),
+                "causal": _cost_row({32: 4096, 64: EVERY_LENGTH, 128: 1024}, {32: 4096, 64: 4096, 128: 4096}),
                 "causal_padding": _cost_row({32: None, 64: 2048, 128: 2048}, {32: None, 64: None, 128: None}),
                 "bias": _NEVER,
             }

@@ -13,6 +13,11 @@ from pathlib import Path
 # A cost table (pipeline/forms.py chooses by it): mask kind -> form -> head dim -> the least key
 # length from which the form ran faster than the original ops (None: at no measured length).
 Crossovers = Mapping[str, Mapping[str, Mapping[int, int | None]]]
+# A crossover of one key: the form beat the original ops at every length measured, from one key up.
+# A block whose length is known only at run time then takes it with no If on the length, where its
+# query length is proved its key length (the rows were measured with Sq == Sk: a one-query step
+# against a longer cache is another case, pipeline/forms.choose).
+EVERY_LENGTH = 1
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,10 @@ class ExecutionProvider:
     results: str = ""  # the cost table's results file (the CPU EP's: per class and mask kind, in forms.py)
     # (element type, mask kind) -> the results file(s) of the rows measured apart from ``results``
     kind_results: Mapping[tuple[str, str], str] = field(default_factory=lambda: MappingProxyType({}))
+    # where set, a block that was one ONNX Attention op keeps it on this EP, which runs that op
+    # natively: the results file that timed the lowered forms against the op itself (the cost
+    # table's rows time them against graphs of plain ops)
+    one_op_results: str = ""
 
     def results_for(self, kind: str, dtype: str | None) -> str:
         """The results file(s) a (GPU EP's) row of ``kind`` for blocks of ``dtype`` was read from."""
@@ -165,6 +169,7 @@ PROVIDERS: Mapping[str, ExecutionProvider] = MappingProxyType(
                 unknown_dtype=cuda_measured.CROSSOVERS_UNKNOWN_DTYPE,
                 results=cuda_measured.CROSSOVER_RESULTS,
                 kind_results=cuda_measured.KIND_RESULTS,
+                one_op_results=cuda_measured.ONE_OP_RESULTS,
             ),
             ExecutionProvider(
                 "webgpu",

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..lowering.measured import Crossovers
+from ..lowering.measured import EVERY_LENGTH, Crossovers
 from ..lowering.targets import PROVIDERS, ExecutionProvider
 from ..op.policy import SoftmaxPolicy
 
@@ -404,6 +404,8 @@ def choose(
     dtype: str | None = None,
     can_dispatch: bool = False,
     cpu_class: str | None = None,
+    queries_are_keys: bool = False,
+    one_op: bool = False,
 ) -> FormChoice:
     """Fused, or the original ops kept, for one block of ``target``, mask ``kind`` and element type
     ``dtype`` (None: not known) that runs at ``key_lens`` (None: the length is known only at run
@@ -411,10 +413,21 @@ def choose(
     can be written as an If on its run's length (it stays a FlashAttention node in the main graph):
     then a length known only at run time takes the fused form from the crossover
     (``FormChoice.dispatch_from``) wherever the table has one. ``cpu_class``: which CPU table
-    decides on the CPU EP (``CPU_CLASSES``; None: the running machine's); the detail names it."""
+    decides on the CPU EP (``CPU_CLASSES``; None: the running machine's); the detail names it.
+    ``queries_are_keys``: the block's query length is proved its key length (no one-query step
+    against a cache), so a row that wins from one key (``EVERY_LENGTH``) needs no If. ``one_op``:
+    the block was one ONNX Attention op, which an EP with ``one_op_results`` keeps."""
     provider: ExecutionProvider | None = PROVIDERS.get(_named(ep))
     if provider is None:
         return FormChoice(True, f"fused as the target writes it: no measured cost table for the {ep} EP")
+    if one_op and provider.one_op_results:
+        return FormChoice(
+            False,
+            f"the block is ONNX's Attention op, which the {ep} EP runs natively",
+            f"kept ONNX's Attention op: the {ep} EP runs it on its own fused kernels, and the forms the target "
+            f"writes measured slower than the op itself ({provider.one_op_results}); the cost table times them "
+            f"against graphs of plain ops; --target {target} rewrites it anyway",
+        )
     # the CPU EP's table by CPU class; another EP's by element type
     cpu_class = (cpu_class or running_cpu_class()) if provider.costs is None else None
     longest = provider.measured_up_to
@@ -432,6 +445,14 @@ def choose(
     if key_lens is None:
         lowest = crossover(probe, head_dim, kind, ep, dtype, cpu_class)
         start = _fused_from(target, policy, head_dim, kind, ep, dtype, lowest, cpu_class)
+        if start is not None and start <= EVERY_LENGTH and queries_are_keys:
+            return FormChoice(
+                True,
+                f"{probe} is faster at every key length",
+                f"{probe} beat the original ops at every key length measured, from one key ({dim}, {results}), "
+                "and the block's query length is its key length (no one-query step against a cache): written "
+                "with no If on the length",
+            )
         if start is not None and can_dispatch and ep in DISPATCH_EPS:
             return _dispatched(target, policy, start, dim, results, ep)
         where = (

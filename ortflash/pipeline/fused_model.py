@@ -32,7 +32,7 @@ from ..op import spec
 from ..op.node import BLOCK_ID, flash_nodes
 from ..op.policy import SoftmaxPolicy
 from ..report import Report
-from .fused_rows import prove_heads
+from .fused_rows import prove_heads, queries_are_keys
 from .rounding import mark_rounding_sensitive
 
 
@@ -40,11 +40,15 @@ from .rounding import mark_rounding_sensitive
 class BlockFacts:
     """What fusion proved of one fused block that no report column carries: the head count the
     user gave where nothing proves it (``--num-heads``, for the lowerings that take it as a
-    number), and whether its scores are per batch·head ([B·H, Sq, Sk], whose node sees one head
-    per batch-head pair, so its shapes show no head count)."""
+    number), whether its scores are per batch·head ([B·H, Sq, Sk], whose node sees one head
+    per batch-head pair, so its shapes show no head count), whether its query length is its key
+    length (fused_rows.queries_are_keys: no one-query step against a cache) and whether it was
+    one ONNX Attention op (fusion/driver.FrontEnd.one_op) rather than a graph of plain ops."""
 
     given_heads: GivenHeads | None = None
     per_batch_head: bool = False
+    queries_are_keys: bool = False
+    one_op: bool = False
 
 
 @dataclass
@@ -129,8 +133,9 @@ def fuse_model(
             block.name = scope + block.name
         report.blocks += rows.blocks
         given = prove_heads(graph, report, num_heads, rows.per_batch_head)
-        for row in {*given, *rows.per_batch_head}:
-            facts[row] = BlockFacts(given.get(row), row in rows.per_batch_head)
+        square = queries_are_keys(graph)
+        for row in {*given, *rows.per_batch_head, *square, *rows.one_op}:
+            facts[row] = BlockFacts(given.get(row), row in rows.per_batch_head, row in square, row in rows.one_op)
     if not report.fused:
         # Nothing to write differently: the input itself, not a round trip of it through the IR
         # (which would carry inferred shapes that change what ONNX Runtime's optimizer does).

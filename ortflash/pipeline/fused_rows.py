@@ -66,6 +66,19 @@ def prove_heads(
     return given
 
 
+def queries_are_keys(graph: ir.Graph) -> set[int]:
+    """The rows of the blocks fused in ``graph`` whose query length is proved their key length (Q's
+    and K's sequence dims the same): no one-query step against a longer KV cache, which the GPU
+    EPs' cost rows, all measured with Sq == Sk, do not time."""
+    rows: set[int] = set()
+    for node in flash_nodes(graph, subgraphs=False):
+        q, k = node.inputs[0], node.inputs[1]
+        if BLOCK_ID in node.metadata_props and q is not None and k is not None:
+            if shapes.same_dim(shapes.resolved_dim(q, 2), shapes.resolved_dim(k, 2)):
+                rows.add(int(node.metadata_props[BLOCK_ID]))
+    return rows
+
+
 def _mask_kind(node: ir.Node) -> str:
     """The cost table's row for a fused node (forms.MASK_KINDS): what it reads besides Q, K and V."""
     rows: list[int | None] = []

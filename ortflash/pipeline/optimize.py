@@ -26,7 +26,7 @@ from ..op.node import flash_nodes
 from ..op.policy import SoftmaxPolicy
 from ..report import Report, TargetChoice
 from . import forms
-from .fused_model import FusedModel, fuse_model, lowered_for, rewritten, written
+from .fused_model import BlockFacts, FusedModel, fuse_model, lowered_for, rewritten, written
 from .ir_versions import loadable_ir_version
 from .length_dispatch import Threshold, dispatch
 from .native_attention import native_attention_note
@@ -129,7 +129,7 @@ def optimize(
         raise OrtflashError(f"seq_lens must be positive key lengths, got {list(seq_lens)}")
     table_class = cpu_class or forms.running_cpu_class()  # the CPU table is chosen once per call
     chosen = (model, report)
-    return _fastest_forms(inputs, chosen, seq_lens, check, ep, table_class)
+    return _fastest_forms(inputs, chosen, seq_lens, check, ep, table_class, fused.facts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +159,7 @@ def _fastest_forms(
     check: LoadCheck,
     ep: str | None,
     cpu_class: str,
+    facts: Mapping[int, BlockFacts] = MappingProxyType({}),
 ) -> tuple[onnx.ModelProto, Report]:
     """The chosen target's model with every block the cost table says is slower fused than as it
     was left as it was (fused again without them), and every block whose length is known only at
@@ -193,6 +194,8 @@ def _fastest_forms(
             block.dtype or None,
             can_dispatch,
             cpu_class,
+            queries_are_keys=facts.get(row, BlockFacts()).queries_are_keys,
+            one_op=facts.get(row, BlockFacts()).one_op,
         )
         details[block.name] = choice.detail
         if choice.dispatch_from is not None:
