@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,15 +181,21 @@ def cost_variants(path: str, work: Path, threads: int | None) -> tuple[list[str]
     return variants, info
 
 
-def gain_variants(path: str, work: Path, threads: int | None) -> tuple[list[str], dict[str, Any]]:
+def gain_variants(
+    path: str, work: Path, threads: int | None, runs: int = 40, seq_lens: Sequence[int] = (16, 32, 64, 128, 256, 512)
+) -> tuple[list[str], dict[str, Any]]:
+    """The default's model, and its in-process reading against the original at ``seq_lens``
+    (``runs`` rounds; ``same``, the original file again, is the reading's own noise)."""
     import ortflash
 
     stem = Path(path).stem
     default, report = ortflash.optimize(path, online_softmax=True)
     target = work / f"{stem}_default.onnx"
     onnx.save(_configured(default, threads), target)
-    seqs = (16, 32, 64, 128, 256, 512)
-    in_process = interleaved(path, {"default": str(target)}, threads, runs=40, seq_lens=seqs)
+    same = work / f"{stem}_same.onnx"
+    onnx.save(onnx.load(path), same)
+    witnesses = {"default": str(target), "same": str(same)}
+    in_process = interleaved(path, witnesses, threads, runs=runs, seq_lens=tuple(seq_lens))
     return [f"default={target}"], {"default_rows": [b.reason for b in report.blocks], "in_process_ms": in_process}
 
 
@@ -269,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "length_dispatch_runs"))
     parser.add_argument("--cpu-class", default=None, help="count: the CPU table to read (default the running build's)")
+    parser.add_argument("--in-process-runs", type=int, default=40, help="gain: rounds of the in-process reading")
+    parser.add_argument("--no-bench", action="store_true", help="gain: the in-process reading only, no run per process")
     args = parser.parse_args(argv)
 
     if args.part == "count":
@@ -290,23 +299,31 @@ def main(argv: list[str] | None = None) -> int:
                 onnx.save(build_model(layers=2, stack=stack), target)
                 models.append(str(target))
         for path in models:
-            make = cost_variants if args.part == "cost" else gain_variants
-            variants, info = make(path, work, args.threads or None)
+            if args.part == "cost":
+                variants, info = cost_variants(path, work, args.threads or None)
+            else:
+                variants, info = gain_variants(path, work, args.threads or None, args.in_process_runs, seq_lens)
+            if args.no_bench and args.part == "gain":
+                variants = []
             if args.only:
                 variants = [v for v in variants if v.split("=")[0] in args.only.split(",")]
             started = machine()
-            results = bench(
-                path,
-                seq_lens=seq_lens,
-                variants=("original", *variants),
-                repeats=args.repeats,
-                warmup=3,
-                rounds=args.rounds,
-                threads=args.threads or None,
-                profile=False,
-                plot=False,
-                progress=False,
-                name=f"length_dispatch_{Path(path).stem}",
+            results = (
+                {"runs": [], "config": {"seq_lens": []}}
+                if args.no_bench and args.part == "gain"
+                else bench(
+                    path,
+                    seq_lens=seq_lens,
+                    variants=("original", *variants),
+                    repeats=args.repeats,
+                    warmup=3,
+                    rounds=args.rounds,
+                    threads=args.threads or None,
+                    profile=False,
+                    plot=False,
+                    progress=False,
+                    name=f"length_dispatch_{Path(path).stem}",
+                )
             )
             doc = {
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),

@@ -12,6 +12,7 @@ from attention_graphs import Variant, build
 from conftest import PINNED_CPU_CLASS
 
 from ortflash.lowering import cuda_measured, webgpu
+from ortflash.lowering.measured import CostRecord
 from ortflash.lowering.targets import PROVIDERS, ExecutionProvider
 from ortflash.op.policy import SoftmaxPolicy
 from ortflash.pipeline import forms
@@ -389,7 +390,10 @@ def test_the_cuda_table_is_its_committed_benchmark_results():
     doc = json.loads((RESULTS_DIR / "crossover_cuda.json").read_text())
     kinds = {"padding": "padding", "causal_mask": "causal", "nomask": "none", "bias": "bias"}
     cuda_ep = PROVIDERS["cuda"]
-    assert cuda_ep.costs is cuda_measured.CROSSOVERS and cuda_ep.results == "benchmarks/results/crossover_cuda.md"
+    assert (
+        cuda_ep.measured.costs is cuda_measured.CROSSOVERS
+        and cuda_ep.measured.results == "benchmarks/results/crossover_cuda.md"
+    )
     assert set(doc["by_dtype"]) == set(cuda_measured.CROSSOVERS)
     for dtype, by_stack in doc["by_dtype"].items():
         assert set(by_stack) == set(kinds)
@@ -411,9 +415,9 @@ def test_the_cuda_table_is_its_committed_benchmark_results():
                     stack,
                     dim,
                 )
-    assert max(doc["seq_lens"]) == cuda_ep.measured_up_to
+    assert max(doc["seq_lens"]) == cuda_ep.measured.measured_up_to
     # the table an unknown element type takes keeps every block any other table keeps
-    taken = cuda_measured.CROSSOVERS[cuda_ep.unknown_dtype]
+    taken = cuda_measured.CROSSOVERS[cuda_ep.measured.unknown_dtype]
     for table in cuda_measured.CROSSOVERS.values():
         for kind, by_form in table.items():
             for dim, at in by_form["cuda"].items():
@@ -428,8 +432,8 @@ def test_the_webgpu_table_is_its_committed_benchmark_results():
             assert webgpu.CROSSOVERS[kind]["webgpu"][int(dim)] == row["crossover"], (stack, dim)
     # the kinds not measured take the padding row, the slower of the two
     assert webgpu.CROSSOVERS["none"] == webgpu.CROSSOVERS["bias"] == webgpu.CROSSOVERS["padding"]
-    assert max(doc["seq_lens"]) == PROVIDERS["webgpu"].measured_up_to
-    assert PROVIDERS["webgpu"].cost_table("float16") is webgpu.CROSSOVERS  # one table for every element type
+    assert max(doc["seq_lens"]) == PROVIDERS["webgpu"].measured.measured_up_to
+    assert PROVIDERS["webgpu"].measured.cost_table("float16") is webgpu.CROSSOVERS  # one table for every element type
 
 
 def test_ep_webgpu_keeps_a_short_block_that_the_webgpu_table_says_is_slower_and_says_so():
@@ -463,7 +467,9 @@ def test_a_third_ep_is_a_record_the_choice_reads(monkeypatch):
     (lowering/targets.PROVIDERS): a new EP is a record with its table, no branch in forms.py."""
     by_dtype = {"float16": {kind: {"contrib": {64: 512}} for kind in forms.MASK_KINDS}}
     npu = ExecutionProvider(
-        "npu", ("contrib",), measured_up_to=1024, costs=by_dtype, unknown_dtype="float16", results="npu_results.md"
+        "npu",
+        ("contrib",),
+        CostRecord(measured_up_to=1024, costs=by_dtype, unknown_dtype="float16", results="npu_results.md"),
     )
     monkeypatch.setattr(forms, "PROVIDERS", {**PROVIDERS, "npu": npu})
     policy = SoftmaxPolicy.for_new_nodes()

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-from .measured import EVERY_LENGTH, CapabilityTable, Crossovers
+from .measured import EVERY_LENGTH, CapabilityTable, CostRecord, Crossovers
 
 # (form, case) -> what the CUDA EP did, measured 2026-12-01 on an NVIDIA H200 (driver 580.159.04)
 # with onnxruntime-gpu 1.31.1 (benchmarks/results/cuda_capabilities.md), kept as data in
@@ -92,3 +92,6 @@ CROSSOVERS: Mapping[str, Crossovers] = MappingProxyType(
 )
 # a block of no known element type (or one without a table: bfloat16) takes this one's, which keeps most
 CROSSOVERS_UNKNOWN_DTYPE = "float32"  # (tests/test_forms.py holds it to keep every block another keeps)
+MEASURED = CostRecord(
+    CROSSOVERS_MEASURED_UP_TO, CROSSOVERS, CROSSOVERS_UNKNOWN_DTYPE, CROSSOVER_RESULTS, KIND_RESULTS, ONE_OP_RESULTS
+)

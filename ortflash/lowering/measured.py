@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 # A cost table (pipeline/forms.py chooses by it): mask kind -> form -> head dim -> the least key
 # length from which the form ran faster than the original ops (None: at no measured length).
@@ -18,6 +19,47 @@ Crossovers = Mapping[str, Mapping[str, Mapping[int, int | None]]]
 # query length is proved its key length (the rows were measured with Sq == Sk: a one-query step
 # against a longer cache is another case, pipeline/forms.choose).
 EVERY_LENGTH = 1
+ANY_DTYPE = "*"  # a cost table's element type that stands for every type
+
+
+@dataclass(frozen=True)
+class CostRecord:
+    """What was measured on one EP: its cost tables, how far they reach, and the results files a
+    choice's detail names. Each GPU EP's is built beside its rows (cuda_measured.MEASURED,
+    webgpu.MEASURED); the CPU EP's tables are per CPU class (pipeline/forms.py: CPU_CROSSOVERS)."""
+
+    measured_up_to: int  # the cost table's longest measured key length
+    # element type ("float32", "float16"; ANY_DTYPE: every type) -> the cost table; None: the CPU
+    # EP's, one per CPU class, chosen per optimize call
+    costs: Mapping[str, Crossovers] | None = None
+    unknown_dtype: str = ""  # the type whose table a block of no known type (or one without a table) takes
+    results: str = ""  # the cost table's results file (the CPU EP's: per class and mask kind, in forms.py)
+    # (element type, mask kind) -> the results file(s) of the rows measured apart from ``results``
+    kind_results: Mapping[tuple[str, str], str] = field(default_factory=lambda: MappingProxyType({}))
+    # where set, a block that was one ONNX Attention op keeps it on this EP, which runs that op
+    # natively: the results file that timed the lowered forms against the op itself (the cost
+    # table's rows time them against graphs of plain ops)
+    one_op_results: str = ""
+
+    def results_for(self, kind: str, dtype: str | None) -> str:
+        """The results file(s) a (GPU EP's) row of ``kind`` for blocks of ``dtype`` was read from."""
+        return self.kind_results.get((dtype or "", kind), self.results)
+
+    def cost_table(self, dtype: str | None) -> Crossovers:
+        """The cost table for blocks of element type ``dtype`` ("float32", "float16"; None or "": not
+        known); a GPU EP's only (the CPU EP's is chosen by CPU class)."""
+        assert self.costs is not None, "the CPU EP's cost table is per CPU class (pipeline/forms.py)"
+        if ANY_DTYPE in self.costs:
+            return self.costs[ANY_DTYPE]
+        return self.costs.get(dtype or "", self.costs[self.unknown_dtype])
+
+    def dtype_said(self, dtype: str | None) -> str:
+        """The element type as a choice's detail names it ("" where one table serves every type)."""
+        if self.costs is None or ANY_DTYPE in self.costs:
+            return ""
+        if dtype in self.costs:
+            return f", {dtype}"
+        return f", an element type without a table of its own (as {self.unknown_dtype})"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ file. A GPU EP's table stands beside its capability table and GpuProfile in its 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import onnx_ir as ir
@@ -25,7 +25,7 @@ from ..graph.emitter import Emitter
 from ..op.call import FlashAttentionCall
 from . import cuda, cuda_measured, webgpu
 from .contrib import CONTRIB_DOMAIN, CONTRIB_VERSION, MIN_CONTRIB_OPSET, lower_contrib
-from .measured import Crossovers
+from .measured import CostRecord
 from .standard import ONNX_ATTENTION_OPSET, ONNX_IR_VERSION, lower_standard
 
 # Writes one call as the target's ops after ``e``'s anchor; returns (op written, how), or raises NotLowered.
@@ -105,45 +105,12 @@ REGISTRY: Mapping[str, Target] = MappingProxyType(
 )
 TARGETS = tuple(REGISTRY)
 
-ANY_DTYPE = "*"  # a cost table's element type that stands for every type
-
 
 @dataclass(frozen=True)
 class ExecutionProvider:
     name: str  # as --ep names it
     targets: tuple[str, ...]  # the targets whose ops run there natively, in order of preference
-    measured_up_to: int  # the cost table's longest measured key length
-    # element type ("float32", "float16"; ANY_DTYPE: every type) -> the cost table; None: the CPU
-    # EP's, one per CPU class, chosen per optimize call (pipeline/forms.py: CPU_CROSSOVERS)
-    costs: Mapping[str, Crossovers] | None = None
-    unknown_dtype: str = ""  # the type whose table a block of no known type (or one without a table) takes
-    results: str = ""  # the cost table's results file (the CPU EP's: per class and mask kind, in forms.py)
-    # (element type, mask kind) -> the results file(s) of the rows measured apart from ``results``
-    kind_results: Mapping[tuple[str, str], str] = field(default_factory=lambda: MappingProxyType({}))
-    # where set, a block that was one ONNX Attention op keeps it on this EP, which runs that op
-    # natively: the results file that timed the lowered forms against the op itself (the cost
-    # table's rows time them against graphs of plain ops)
-    one_op_results: str = ""
-
-    def results_for(self, kind: str, dtype: str | None) -> str:
-        """The results file(s) a (GPU EP's) row of ``kind`` for blocks of ``dtype`` was read from."""
-        return self.kind_results.get((dtype or "", kind), self.results)
-
-    def cost_table(self, dtype: str | None) -> Crossovers:
-        """The cost table for blocks of element type ``dtype`` ("float32", "float16"; None or "": not
-        known); a GPU EP's only (the CPU EP's is chosen by CPU class)."""
-        assert self.costs is not None, f"the {self.name} EP's cost table is per CPU class (pipeline/forms.py)"
-        if ANY_DTYPE in self.costs:
-            return self.costs[ANY_DTYPE]
-        return self.costs.get(dtype or "", self.costs[self.unknown_dtype])
-
-    def dtype_said(self, dtype: str | None) -> str:
-        """The element type as a choice's detail names it ("" where one table serves every type)."""
-        if self.costs is None or ANY_DTYPE in self.costs:
-            return ""
-        if dtype in self.costs:
-            return f", {dtype}"
-        return f", an element type without a table of its own (as {self.unknown_dtype})"
+    measured: CostRecord  # what was measured there: the cost table, its reach, its results files
 
 
 # The order per EP (docs/targets.md, "Targets"). contrib first on the CPU and CUDA: ONNX Runtime's
@@ -160,24 +127,9 @@ PROVIDERS: Mapping[str, ExecutionProvider] = MappingProxyType(
         ep.name: ep
         for ep in (
             # the CPU tables' longest key length (benchmarks/crossover.py, S = 16-2048)
-            ExecutionProvider("cpu", ("contrib", "onnx", "ortflash"), measured_up_to=2048),
-            ExecutionProvider(
-                "cuda",
-                ("cuda", "contrib"),
-                measured_up_to=cuda_measured.CROSSOVERS_MEASURED_UP_TO,
-                costs=cuda_measured.CROSSOVERS,
-                unknown_dtype=cuda_measured.CROSSOVERS_UNKNOWN_DTYPE,
-                results=cuda_measured.CROSSOVER_RESULTS,
-                kind_results=cuda_measured.KIND_RESULTS,
-                one_op_results=cuda_measured.ONE_OP_RESULTS,
-            ),
-            ExecutionProvider(
-                "webgpu",
-                ("webgpu", "contrib"),
-                measured_up_to=webgpu.CROSSOVERS_MEASURED_UP_TO,
-                costs=MappingProxyType({ANY_DTYPE: webgpu.CROSSOVERS}),
-                results=webgpu.CROSSOVER_RESULTS,
-            ),
+            ExecutionProvider("cpu", ("contrib", "onnx", "ortflash"), CostRecord(measured_up_to=2048)),
+            ExecutionProvider("cuda", ("cuda", "contrib"), cuda_measured.MEASURED),
+            ExecutionProvider("webgpu", ("webgpu", "contrib"), webgpu.MEASURED),
         )
     }
 )

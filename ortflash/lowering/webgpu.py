@@ -49,7 +49,7 @@ from ..op.call import FlashAttentionCall
 from . import layout, masked_rows, native
 from .contrib import CONTRIB_DOMAIN, OP_GQA, OP_MHA
 from .gpu import GpuBlock, GpuForm, GpuProfile, Refusal, with_mask_notes
-from .measured import CapabilityTable, Crossovers
+from .measured import ANY_DTYPE, CapabilityTable, CostRecord, Crossovers
 from .read import ABSORBING_FILL, CallDims
 
 # (form, case) -> what the WebGPU EP did, measured 2026-11-30 on an NVIDIA H200 with onnxruntime
@@ -335,6 +335,7 @@ CROSSOVERS: Crossovers = MappingProxyType(
         "bias": _PADDING_COSTS,
     }
 )
+MEASURED = CostRecord(CROSSOVERS_MEASURED_UP_TO, MappingProxyType({ANY_DTYPE: CROSSOVERS}), results=CROSSOVER_RESULTS)
 
 WEBGPU_PROFILE = GpuProfile(
     ep="WebGPU",

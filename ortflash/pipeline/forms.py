@@ -254,10 +254,10 @@ def table(ep: str | None, dtype: str | None, cpu_class: str | None = None) -> Ta
     where not known) and, on the CPU EP, of ``cpu_class`` (None: the running machine's): mask kind
     -> form -> head dim -> crossover."""
     provider = PROVIDERS[_named(ep)]
-    if provider.costs is None:
+    if provider.measured.costs is None:
         kinds = CPU_CROSSOVERS[cpu_class or running_cpu_class()]
     else:
-        kinds = provider.cost_table(dtype)
+        kinds = provider.measured.cost_table(dtype)
     missing = {kind: kinds[parent] for kind, parent in REFINED_KINDS.items() if kind not in kinds}
     return MappingProxyType({**kinds, **missing}) if missing else kinds
 
@@ -280,7 +280,7 @@ def cpu_table_says(kind: str, cpu_class: str) -> str:
     return said
 
 
-MEASURED_UP_TO = PROVIDERS["cpu"].measured_up_to  # the CPU tables' longest key length
+MEASURED_UP_TO = PROVIDERS["cpu"].measured.measured_up_to  # the CPU tables' longest key length
 _KIND_NAMES = {
     "none": "no mask",
     "padding": "a padding mask",
@@ -420,17 +420,17 @@ def choose(
     provider: ExecutionProvider | None = PROVIDERS.get(_named(ep))
     if provider is None:
         return FormChoice(True, f"fused as the target writes it: no measured cost table for the {ep} EP")
-    if one_op and provider.one_op_results:
+    if one_op and provider.measured.one_op_results:
         return FormChoice(
             False,
             f"the block is ONNX's Attention op, which the {ep} EP runs natively",
             f"kept ONNX's Attention op: the {ep} EP runs it on its own fused kernels, and the forms the target "
-            f"writes measured slower than the op itself ({provider.one_op_results}); the cost table times them "
+            f"writes measured slower than the op itself ({provider.measured.one_op_results}); the cost table times them "
             f"against graphs of plain ops; --target {target} rewrites it anyway",
         )
     # the CPU EP's table by CPU class; another EP's by element type
-    cpu_class = (cpu_class or running_cpu_class()) if provider.costs is None else None
-    longest = provider.measured_up_to
+    cpu_class = (cpu_class or running_cpu_class()) if provider.measured.costs is None else None
+    longest = provider.measured.measured_up_to
     probe = form_at(target, policy, longest)
     if probe is None or probe not in table(ep, dtype, cpu_class)[kind]:
         return FormChoice(True, f"fused as asked: no measured cost table for {target} on the {ep or 'cpu'} EP")
@@ -440,8 +440,8 @@ def choose(
         sources = GENERIC_FROM if cpu_class == "generic" else (cpu_class,)
         results = " and ".join(path for c in sources for path in results_paths(kind, c))
     else:
-        results = provider.results_for(kind, dtype)
-    dim += provider.dtype_said(dtype)
+        results = provider.measured.results_for(kind, dtype)
+    dim += provider.measured.dtype_said(dtype)
     if key_lens is None:
         lowest = crossover(probe, head_dim, kind, ep, dtype, cpu_class)
         start = _fused_from(target, policy, head_dim, kind, ep, dtype, lowest, cpu_class)
