@@ -14,6 +14,8 @@ Models (built from `transformers` configs, never downloaded, torch.manual_seed(0
 - bert_h6d64_l4: the same BERT with 6 heads x 64 (D = 64 at a dynamic length S = 16..512).
 - vit_s: ViT-S/16, hidden 384, 6 heads x 64, FFN 1536, 224 x 224 image, patch 16 -> 197 tokens
   (fixed), 6 of its 12 layers (the per-layer cost is what is measured; 6 keeps the runs short).
+- bloom_h12d64_l2: BLOOM (ALiBi beside the causal + padding mask), hidden 768, 12 heads x 64, 2 layers,
+  vocab 30522, no position table (any length).
 
 Exporters: TorchScript (dynamo=False, opset 17) with eager attention for every model, and the
 dynamo exporter with SDPA for minilm_l6 (kept only if it exports and matches PyTorch).
@@ -54,7 +56,7 @@ IMAGE, PATCH = 224, 16
 @dataclass
 class Spec:
     name: str
-    kind: str  # "bert" | "vit"
+    kind: str  # "bert" | "vit" | "bloom"
     layers: int
     heads: int
     head_dim: int
@@ -68,6 +70,8 @@ SPECS = [
     Spec("minilm_l6_sdpa_dynamo", "bert", 6, 12, 32, "sdpa", "dynamo"),
     Spec("bert_h6d64_l4_eager_torchscript", "bert", 4, 6, 64, "eager", "torchscript"),
     Spec("vit_s_l6_eager_torchscript", "vit", 6, 6, 64, "eager", "torchscript"),
+    # ALiBi beside a causal mask (BLOOM-560m's 16 x 64 heads at BERT-base's width): any length, no positions
+    Spec("bloom_h12d64_l2_eager_torchscript", "bloom", 2, 12, 64, "eager", "torchscript"),
 ]
 
 
@@ -88,6 +92,22 @@ def build(spec: Spec) -> torch.nn.Module:
         )
         zoo._set_impl(cfg, spec.attn_impl)
         return zoo.EncoderWrapper(zoo._perturb_constant_params(BertModel(cfg, add_pooling_layer=False)))
+    if spec.kind == "bloom":
+        from transformers import BloomConfig, BloomModel
+
+        cfg = BloomConfig(
+            vocab_size=VOCAB,
+            hidden_size=hidden,
+            n_layer=spec.layers,
+            n_head=spec.heads,
+            use_cache=False,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
+            initializer_range=INIT_STD,
+        )
+        zoo._set_impl(cfg, spec.attn_impl)
+        return zoo.EncoderWrapper(zoo._perturb_constant_params(BloomModel(cfg)))
     from transformers import ViTConfig, ViTModel
 
     cfg = ViTConfig(
@@ -120,8 +140,8 @@ def export(spec: Spec, wrapper: torch.nn.Module, path: Path) -> None:
     example = tuple(torch.from_numpy(example_feeds[n]) for n in names)
     if spec.exporter == "torchscript":
         zoo._register_diff_symbolic()
-        dyn = {n: ({0: "batch", 1: "seq"} if spec.kind == "bert" else {0: "batch"}) for n in names}
-        dyn["last_hidden_state"] = {0: "batch", 1: "seq"} if spec.kind == "bert" else {0: "batch"}
+        dyn = {n: ({0: "batch", 1: "seq"} if spec.kind != "vit" else {0: "batch"}) for n in names}
+        dyn["last_hidden_state"] = {0: "batch", 1: "seq"} if spec.kind != "vit" else {0: "batch"}
         torch.onnx.export(
             wrapper,
             example,
@@ -136,7 +156,7 @@ def export(spec: Spec, wrapper: torch.nn.Module, path: Path) -> None:
     else:
         batch = torch.export.Dim("batch", min=1, max=64)
         seq = torch.export.Dim("seq", min=2, max=MAX_POS)
-        dyn = tuple({0: batch, 1: seq} if spec.kind == "bert" else {0: batch} for _ in names)
+        dyn = tuple({0: batch, 1: seq} if spec.kind != "vit" else {0: batch} for _ in names)
         prog = torch.onnx.export(
             wrapper,
             example,
@@ -154,7 +174,7 @@ def export(spec: Spec, wrapper: torch.nn.Module, path: Path) -> None:
 def check(spec: Spec, wrapper: torch.nn.Module, path: Path) -> list[dict]:
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(SEED)
-    cases = [(1, 7, 0), (2, 23, 9), (1, 300, 0)] if spec.kind == "bert" else [(1, 0, 0), (2, 0, 0)]
+    cases = [(1, 7, 0), (2, 23, 9), (1, 300, 0)] if spec.kind != "vit" else [(1, 0, 0), (2, 0, 0)]
     out = []
     for batch, seq, pad in cases:
         feeds = feeds_for(spec, batch, seq, pad, rng)
@@ -211,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 "head_dim": spec.head_dim,
                 "attn_impl": spec.attn_impl,
                 "exporter": spec.exporter,
-                "seq": "dynamic" if spec.kind == "bert" else (IMAGE // PATCH) ** 2 + 1,
+                "seq": "dynamic" if spec.kind != "vit" else (IMAGE // PATCH) ** 2 + 1,
                 "size_bytes": path.stat().st_size,
                 "check": cases,
                 "export_s": round(time.time() - t0, 1),

@@ -38,3 +38,32 @@ def test_a_kv_cache_decoders_causal_blocks_are_causal_rows(name: str) -> None:
 def test_t5s_position_bias_stays_a_bias_row() -> None:
     _, report = ortflash.optimize(MODELS / "t5_eager_torchscript.onnx", target="ortflash", online_softmax=True)
     assert [b.mask_kind for b in report.blocks].count("bias") >= 2
+
+
+OUTSIDE = Path(__file__).resolve().parent / "data" / "outside"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        # MPT: the ALiBi table [1, H, 1, max] sliced to the keys; the padding part written by the proof
+        # (a Not of the [B, 1, 1, Sk] look-up) has a rank and no inferred dims
+        "mpt_eager_torchscript",
+        # the dynamo export's slice of the table: a query axis of 1 - Max(0, 1 - seq), one row
+        "mpt_eager_dynamo",
+        # BLOOM: ALiBi [B·H, 1, Sk] through baddbmm, viewed as [B, H, 1, Sk] by fusion's own Reshape
+        "bloom_eager_torchscript",
+    ],
+)
+def test_an_alibi_bias_beside_a_proved_causal_mask_is_a_causal_padding_row(name: str) -> None:
+    """ALiBi is constant over the queries: with the causal mask proved, such a block reads the causal
+    row, not the full-bias one (which keeps the block's ops on the AVX2 table at every length). Before,
+    the row's query-axis reading stopped at a rank without dims, at a Reshape and at a Slice: 'bias'."""
+    _, report = ortflash.optimize(OUTSIDE / f"{name}.onnx", target="ortflash", online_softmax=True)
+    assert [b.mask_kind for b in report.blocks] == ["causal_padding", "causal_padding"], [
+        b.reason for b in report.blocks
+    ]
+    _, default = ortflash.optimize(OUTSIDE / f"{name}.onnx", online_softmax=True, cpu_class="avx2")
+    assert all("original ops below" in b.reason for b in default.blocks), [b.reason for b in default.blocks]
+    assert forms.crossover("online", 4, "causal", cpu_class="avx2") is not None
+    assert forms.crossover("online", 4, "bias", cpu_class="avx2") is None  # what the 'bias' row said

@@ -112,11 +112,52 @@ def _query_rows(value: ir.Value, depth: int = 8) -> int | None:
                 return 1
             inner = axis - sum(1 for a in axes if a % rank < axis)
             return shapes.static(shapes.resolved_dim(node.inputs[0], inner))
-        return 1 if rank < 2 else shapes.static(shapes.resolved_dim(value, rank - 2))
-    if depth == 0 or node is None or node.op_type not in _BROADCASTING:
+        if rank < 2:
+            return 1
+        size = shapes.static(shapes.resolved_dim(value, rank - 2))
+        if size is not None or node is None:
+            return size
+        # a rank but no inferred dims: what fusion wrote (a Not of the padding part) is read below
+    if depth == 0 or node is None:
+        return None
+    if node.op_type == "Reshape" and _keeps_trailing_two(node):
+        return _query_rows(node.inputs[0], depth - 1)  # type: ignore[arg-type]
+    if node.op_type == "Slice" and node.inputs[0] is not None and _query_rows(node.inputs[0], depth - 1) == 1:
+        return 1  # a slice of a one-row axis has one row (ALiBi slopes x positions sliced to the keys, MPT)
+    if node.op_type not in _BROADCASTING:
         return None
     sizes = [_query_rows(x, depth - 1) for x in node.inputs if x is not None]
     if any(size is None for size in sizes):
         return None
     wider = [size for size in sizes if size != 1]
     return wider[0] if wider else 1
+
+
+def _keeps_trailing_two(reshape: ir.Node) -> bool:
+    """Whether a Reshape keeps its input's last two axes as its own last two: its shape is a Concat
+    that ends with Slice(Shape(input), a, end) over at least those axes (fusion's [B·H, Sq, Sk] to
+    [B, H, Sq, Sk] view of a per-batch·head bias, fusion/softmax_write._heads_view)."""
+    data, shape = (*reshape.inputs, None, None)[:2]
+    concat = shape.producer() if shape is not None else None
+    if data is None or concat is None or concat.op_type != "Concat" or not concat.inputs:
+        return False
+    last = concat.inputs[-1]
+    tail = last.producer() if last is not None else None
+    if tail is None or tail.op_type != "Slice" or len(tail.inputs) < 3:
+        return False
+    of = tail.inputs[0].producer() if tail.inputs[0] is not None else None
+    if of is None or of.op_type != "Shape" or of.inputs[0] is not data or of.attributes:
+        return False  # a Shape with start or end attributes reads part of the shape: not matched here
+    starts, ends = u.const_array(tail.inputs[1]), u.const_array(tail.inputs[2])
+    axes = u.const_array(tail.inputs[3]) if len(tail.inputs) > 3 and tail.inputs[3] is not None else None
+    steps = u.const_array(tail.inputs[4]) if len(tail.inputs) > 4 and tail.inputs[4] is not None else None
+    rank = u.rank(data)
+    if starts is None or ends is None or starts.size != 1 or ends.size != 1 or rank is None:
+        return False
+    if (axes is not None and axes.reshape(-1).tolist() not in ([0], [-1])) or (
+        steps is not None and steps.reshape(-1).tolist() != [1]
+    ):
+        return False
+    start, end = int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0])
+    start, end = start + rank if start < 0 else start, min(end + rank if end < 0 else end, rank)
+    return end == rank and rank - start >= 2
