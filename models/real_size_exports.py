@@ -16,6 +16,8 @@ Models (built from `transformers` configs, never downloaded, torch.manual_seed(0
   (fixed), 6 of its 12 layers (the per-layer cost is what is measured; 6 keeps the runs short).
 - bloom_h12d64_l2: BLOOM (ALiBi beside the causal + padding mask), hidden 768, 12 heads x 64, 2 layers,
   vocab 30522, no position table (any length).
+- gpt_neo_h12d64_l2: GPT-Neo-125M's width (hidden 768, 12 heads x 64), one global and one local layer
+  (window 256), 2048 positions: its own causal buffer filled before Hugging Face's causal + padding mask.
 
 Exporters: TorchScript (dynamo=False, opset 17) with eager attention for every model, and the
 dynamo exporter with SDPA for minilm_l6 (kept only if it exports and matches PyTorch).
@@ -56,7 +58,7 @@ IMAGE, PATCH = 224, 16
 @dataclass
 class Spec:
     name: str
-    kind: str  # "bert" | "vit" | "bloom"
+    kind: str  # "bert" | "vit" | "bloom" | "gpt_neo"
     layers: int
     heads: int
     head_dim: int
@@ -72,6 +74,8 @@ SPECS = [
     Spec("vit_s_l6_eager_torchscript", "vit", 6, 6, 64, "eager", "torchscript"),
     # ALiBi beside a causal mask (BLOOM-560m's 16 x 64 heads at BERT-base's width): any length, no positions
     Spec("bloom_h12d64_l2_eager_torchscript", "bloom", 2, 12, 64, "eager", "torchscript"),
+    # a causal Where, then a causal + padding bias added after it (GPT-Neo-125M's heads, 2 of its 12 layers)
+    Spec("gpt_neo_h12d64_l2_eager_torchscript", "gpt_neo", 2, 12, 64, "eager", "torchscript"),
 ]
 
 
@@ -108,6 +112,24 @@ def build(spec: Spec) -> torch.nn.Module:
         )
         zoo._set_impl(cfg, spec.attn_impl)
         return zoo.EncoderWrapper(zoo._perturb_constant_params(BloomModel(cfg)))
+    if spec.kind == "gpt_neo":
+        from transformers import GPTNeoConfig, GPTNeoModel
+
+        cfg = GPTNeoConfig(
+            vocab_size=VOCAB,
+            max_position_embeddings=2048,
+            hidden_size=hidden,
+            num_layers=spec.layers,
+            attention_types=[[["global", "local"], spec.layers // 2]],
+            num_heads=spec.heads,
+            window_size=256,
+            use_cache=False,
+            bos_token_id=0,
+            eos_token_id=0,
+            initializer_range=INIT_STD,
+        )
+        zoo._set_impl(cfg, spec.attn_impl)
+        return zoo.EncoderWrapper(zoo._perturb_constant_params(GPTNeoModel(cfg)))
     from transformers import ViTConfig, ViTModel
 
     cfg = ViTConfig(

@@ -18,7 +18,7 @@ from ..graph.interpret import proved_dims
 from ..op.call import FlashAttentionCall
 from ..op.node import write_call
 from ..op.policy import SoftmaxPolicy
-from .causal.proof import CausalProof, NotProved, prove
+from .causal.proof import CausalProof, NotProved, absorbs_scores, prove
 from .causal.write import neutral_padding, write_padding
 from .driver import Written
 from .softmax_block import SoftmaxBlock, through
@@ -56,7 +56,7 @@ def write_block(
         others = [
             ("bias" if any(x is b for b in block.biases) else "mask") + f" {u.value_shape(x) or '?'}"
             for x in list(block.biases) + [c for c, _ in block.masks]
-            if x is not proof.replaced
+            if all(x is not r for r in proof.replaced)
         ]
         columns["mask"] = ", ".join(filter(None, [_proof_column(proof), *others])) or "none"
         if proof.proof.score_bound is not None:
@@ -120,7 +120,9 @@ class _Causal:
     proof: CausalProof
     as_mask: bool
     marks_masked: bool
-    replaced: ir.Value  # the bias or mask condition that is_causal and the padding part replace
+    # the bias or mask condition that is_causal and the padding part replace (two: a causal mask
+    # and a causal bias added after it, _with_bias_after)
+    replaced: tuple[ir.Value, ...]
 
 
 def _has_query_dim(x: ir.Value) -> bool:
@@ -173,7 +175,45 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
         if not _compares_positions(candidate):
             return f"kept as a full {'mask' if as_mask else 'bias'}: {why}"
         return f"not proved causal: {why}"
-    return _Causal(proof, as_mask, marks_masked, candidate)
+    first = _Causal(proof, as_mask, marks_masked, (candidate,))
+    return _with_bias_after(block, first, q, k, k_perm) if block.bias_after_mask else first
+
+
+def _with_bias_after(
+    block: SoftmaxBlock, first: _Causal, q: ir.Value, k: ir.Value, k_perm: list[int] | None
+) -> _Causal:
+    """first (a causal mask, filled before the bias) and the block's one query-dependent bias added
+    after it, where that bias is proved causal with the same frontier and window: one causal
+    proof that replaces both (GPT-Neo: where(its own causal buffer, s, lowest) + Hugging Face's
+    [B, 1, S, S] causal + padding mask).
+
+    Exact where both fills absorb the scores and the scores are float32: right of the frontier
+    the graph computes fill_mask + fill_bias, at most -2**128, which float32 rounds to -inf; on
+    a visible key, s + padding(b, j), as the op computes with the padding part as its bias (after
+    the fill, as before). So the op's fill is -inf, and a row whose every visible key is padded
+    (left padding) keeps the graph's weights: equal over its visible keys, none right of the
+    frontier. Two different frontiers would leave keys seen by one tensor and hidden by the
+    other, whose scores differ between a padded and a visible key (two fills), so first stays
+    alone then, the bias a full one. first alone where it cannot be proved."""
+    mask_biases = block.biases[: block.split_biases] if block.heads_split is not None else block.biases
+    query_biases = [b for b in mask_biases if _has_query_dim(b) and _compares_positions(b)]
+    masks = block.masks[: block.split_masks] if block.heads_split is not None else block.masks
+    if len(query_biases) != 1 or len(masks) != 1 or len(block.masks) != 1 or not first.as_mask:
+        return first
+    if not neutral_padding(first.proof.padding) or not absorbs_scores(first.proof.mask_fill):
+        return first
+    (bias,) = query_biases
+    if u.dtype(bias) != ir.DataType.FLOAT or u.dtype(block.q) != ir.DataType.FLOAT:
+        return first
+    try:
+        second = prove(bias, as_mask=False, marks_masked=False, block_fill=None, q=q, k=k, k_perm=k_perm, alone=False)
+    except NotProved:
+        return first
+    same_frontier = (second.is_causal, second.window_left) == (first.proof.is_causal, first.proof.window_left)
+    if not same_frontier or second.score_bound is not None or not absorbs_scores(second.mask_fill):
+        return first
+    proof = CausalProof(second.is_causal, -math.inf, second.padding, second.window_left)
+    return _Causal(proof, False, False, (*first.replaced, bias))
 
 
 _COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Trilu")
@@ -219,7 +259,7 @@ def _call(e: Emitter, block: SoftmaxBlock, causal: _Causal | None = None) -> Fla
 
 def _kept_by(causal: _Causal | None) -> Callable[[ir.Value], bool]:
     """Whether a bias or mask of the block stays: all but the one a causal proof replaces."""
-    return (lambda x: x is not causal.replaced) if causal is not None else (lambda x: True)
+    return (lambda x: all(x is not r for r in causal.replaced)) if causal is not None else (lambda x: True)
 
 
 def _assemble(
