@@ -260,6 +260,28 @@ def _cache_model(config_name: str, model_name: str, attn_impl: str, **kw: object
     return zoo.CacheDecoderWrapper(_perturb_constant_params(model))
 
 
+def build_gpt_neo_cache(attn_impl: str) -> torch.nn.Module:
+    """GPT-Neo with a KV cache: its own causal buffer (a Where) before Hugging Face's causal + padding
+    mask (added after), one global and one local layer (window 8)."""
+    from transformers import GPTNeoConfig, GPTNeoModel
+
+    cfg = GPTNeoConfig(
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+        hidden_size=64,
+        num_layers=2,
+        attention_types=[[["global", "local"], 1]],
+        num_heads=2,
+        intermediate_size=16,
+        window_size=8,
+        use_cache=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        initializer_range=INIT_STD,
+    )
+    return zoo.CacheDecoderWrapper(_perturb_constant_params(GPTNeoModel(_set_impl(cfg, attn_impl))))
+
+
 def build_qwen3_cache(attn_impl: str) -> torch.nn.Module:
     # q_norm / k_norm (RMSNorm per head) between the projections and the scores
     return _cache_model(
@@ -673,6 +695,14 @@ ARCHS: list[Arch] = [
         {"self": 2},
     ),
     _cache_arch("qwen3_cache", build_qwen3_cache, 4, 2, 16, "Qwen3 decoder, q/k RMSNorm"),
+    _cache_arch(
+        "gpt_neo_cache",
+        build_gpt_neo_cache,
+        2,
+        2,
+        32,
+        "GPT-Neo decoder: the causal Where of its own buffer before the causal + padding bias; a local layer",
+    ),
     _cache_arch("smollm3_cache", build_smollm3_cache, 4, 1, 16, "SmolLM3 decoder, NoPE layer"),
     _cache_arch("phi3_cache", build_phi3_cache, 4, 2, 16, "Phi-3 decoder"),
     _cache_arch("gemma2_cache", build_gemma2_cache, 4, 2, 16, "Gemma2 decoder, softcap"),

@@ -84,3 +84,35 @@ def test_gpt_neo_global_layer_takes_the_padding_part_and_the_local_one_keeps_its
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
                 np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def _cache_feeds(batch: int, seq: int, past: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A step of the cached export: seq new tokens against past cached ones, the first row left
+    padded over every cached key and the first new one (rows that see only padding at a prefill)."""
+    mask = np.ones((batch, past + seq), np.int64)
+    mask[0, : past + 1] = 0
+    f = {"input_ids": rng.integers(0, 100, (batch, seq)).astype(np.int64), "attention_mask": mask}
+    for i in range(2):
+        for kv in ("key", "value"):
+            f[f"past_key_values.{i}.{kv}"] = rng.standard_normal((batch, 2, past, 32)).astype(np.float32)
+    return f
+
+
+def test_gpt_neo_with_a_cache_keeps_its_buffer_mask_whole_and_computes_the_same():
+    """With a KV cache the buffer's rows start at the cache's length (a Slice whose start is
+    computed): the buffer is not proved causal, so nothing is read with it (the combined proof needs
+    the buffer's), and both blocks keep their mask and bias. A prefill and one-token steps match."""
+    path = os.path.join(os.path.dirname(__file__), "data", "outside", "gpt_neo_cache_eager_torchscript.onnx")
+    model = onnx.load(path)
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
+    assert [b.fused for b in report.blocks] == [True, True]
+    assert all("kept as a full mask: a Slice with starts or steps computed" in b.reason for b in report.blocks)
+    assert all(_operand_dims(fused, i, "bias") is not None for i in range(2))
+    original = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for seq, past in ((6, 0), (1, 5), (1, 12)):
+        f = _cache_feeds(2, seq, past, rng)
+        want = original.run(None, f)
+        got = ortflash.InferenceSession(fused, softmax="naive").run(None, f)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
