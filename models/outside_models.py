@@ -261,25 +261,10 @@ def _cache_model(config_name: str, model_name: str, attn_impl: str, **kw: object
 
 
 def build_gpt_neo_cache(attn_impl: str) -> torch.nn.Module:
-    """GPT-Neo with a KV cache: its own causal buffer (a Where) before Hugging Face's causal + padding
-    mask (added after), one global and one local layer (window 8)."""
-    from transformers import GPTNeoConfig, GPTNeoModel
-
-    cfg = GPTNeoConfig(
-        vocab_size=VOCAB,
-        max_position_embeddings=128,
-        hidden_size=64,
-        num_layers=2,
-        attention_types=[[["global", "local"], 1]],
-        num_heads=2,
-        intermediate_size=16,
-        window_size=8,
-        use_cache=True,
-        bos_token_id=0,
-        eos_token_id=0,
-        initializer_range=INIT_STD,
-    )
-    return zoo.CacheDecoderWrapper(_perturb_constant_params(GPTNeoModel(_set_impl(cfg, attn_impl))))
+    """The zoo's GPT-Neo (models/generate.py: its own causal buffer, a Where, before Hugging Face's
+    causal + padding mask added after it; one global and one local layer, window 8) with a KV cache:
+    the forward asks for the cache (use_cache=True) whatever the config says."""
+    return zoo.CacheDecoderWrapper(zoo.build_gpt_neo(attn_impl).m)
 
 
 def build_qwen3_cache(attn_impl: str) -> torch.nn.Module:
