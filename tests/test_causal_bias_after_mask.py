@@ -4,7 +4,9 @@ float32's lowest) and Hugging Face's [B, 1, S, S] causal + padding mask added af
 both have one frontier the block becomes is_causal with the bias's [B, 1, 1, S] padding part and
 the fill -inf (the two fills' sum, which float32 rounds to -inf); where their frontiers differ
 (GPT-Neo's local layer: a window in the buffer, none in Hugging Face's mask) the bias stays whole,
-since a row whose every visible key is padded sees other keys in the graph."""
+since a row whose every visible key is padded sees other keys in the graph. By hand: the same
+form with fills that do not absorb the scores, and with a window in the bias only, is not read as
+one block, and every case computes what the graph does."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+from attention_graphs import Nodes
+from onnx import TensorProto
 from onnx import helper as h
 
 import ortflash
@@ -116,3 +120,78 @@ def test_gpt_neo_with_a_cache_keeps_its_buffer_mask_whole_and_computes_the_same(
         got = ortflash.InferenceSession(fused, softmax="naive").run(None, f)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------- hand-built: what is read and what is not
+
+LOWEST = float(np.finfo(np.float32).min)
+B, H, S, D = 2, 2, 11, 8
+
+
+def _where_then_bias(mask_fill: float, bias_fill: float, bias_window: bool) -> onnx.ModelProto:
+    """GPT-Neo's form by hand: scores Where(j <= i, s, mask_fill) (the buffer), then + Where(j <= i
+    [and j > i - 4] and attention_mask[b, j], 0, bias_fill) (masking_utils' mask), Softmax, P·V."""
+    g = Nodes()
+    const, node = g.const, g.node
+    length = node("Squeeze", [node("Shape", ["attention_mask"], "shape_m", start=1, end=2), const("ax0", [0])], "n")
+    ar = node("Range", [const("zero", 0), length, const("one", 1)], "ar")
+    kv = node("Unsqueeze", [ar, const("ax012", [0, 1, 2])], "kv")  # [1, 1, 1, S]: j
+    qi = node("Unsqueeze", [ar, const("ax013", [0, 1, 3])], "qi")  # [1, 1, S, 1]: i
+    causal = node("LessOrEqual", [kv, qi], "causal")
+    seen = causal
+    if bias_window:
+        inside = node("Greater", [kv, node("Sub", [qi, const("four", 4)], "low")], "inside")
+        seen = node("And", [causal, inside], "band")
+    keep = node(
+        "Unsqueeze", [node("Cast", ["attention_mask"], "keep", to=TensorProto.BOOL), const("ax12", [1, 2])], "pad"
+    )
+    visible = node("And", [seen, keep], "visible")
+    bias = node("Where", [visible, const("zero_f", 0.0, np.float32), const("bias_fill", bias_fill, np.float32)], "bias")
+    s = node("MatMul", ["q", node("Transpose", ["k"], "kt", perm=[0, 1, 3, 2])], "s")
+    s = node("Where", [causal, s, const("mask_fill", mask_fill, np.float32)], "masked")
+    s = node("Add", [s, bias], "biased")
+    node("MatMul", [node("Softmax", [s], "p", axis=-1), "v"], "out")
+    inputs = [h.make_tensor_value_info("attention_mask", TensorProto.INT64, ["B", "S"])]
+    inputs += [h.make_tensor_value_info(x, TensorProto.FLOAT, ["B", H, "S", D]) for x in "qkv"]
+    outputs = [h.make_tensor_value_info("out", TensorProto.FLOAT, None)]
+    graph = h.make_graph(g.nodes, "where_then_bias", inputs, outputs, g.inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+# (mask fill, bias fill, a window in the bias only) -> read as one causal block?
+CASES = {
+    "both_lowest": (LOWEST, LOWEST, False, True),
+    # -10000 does not absorb the scores: right of the frontier the graph holds lowest - 10000 = lowest
+    # (finite), not -inf, so the fills are not the op's -inf: the buffer alone is read
+    "bias_fill_finite": (LOWEST, -10000.0, False, False),
+    "mask_fill_finite": (-10000.0, LOWEST, False, False),
+    # another frontier in the bias: its window's left keys are visible to the buffer
+    "bias_window": (LOWEST, LOWEST, True, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hand_built_where_then_bias_is_read_only_with_one_frontier_and_absorbing_fills(case):
+    mask_fill, bias_fill, window, combined = CASES[case]
+    model = _where_then_bias(mask_fill, bias_fill, window)
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
+    (node,) = _flash_nodes(fused)
+    attrs = {a.name: h.get_attribute_value(a) for a in node.attribute}
+    bias = _operand_dims(fused, 0, "bias")
+    if combined:
+        assert int(attrs["is_causal"]) == 1, report.blocks[0].reason
+        assert attrs["mask_fill"] == -math.inf and bias is not None and bias[2] == 1, (attrs, bias)
+    else:  # the bias stays whole (with the buffer proved causal alone, or, where the bias bounds
+        # the scores and the op's own order is taken, with nothing proved: two query-dependent tensors)
+        assert bias is not None and bias[2] != 1, (attrs, bias)
+    rng = np.random.default_rng(7)
+    mask = np.ones((B, S), np.int64)
+    mask[0, :3] = 0  # left padding: rows 0..2 see only padded keys
+    mask[1, 5:] = 0  # right padding: with a window, rows from 9 see only padding in it
+    f = {"attention_mask": mask, **{x: rng.standard_normal((B, H, S, D)).astype(np.float32) for x in "qkv"}}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, f)[0]
+    for mode in ("naive", "online"):
+        got = ortflash.InferenceSession(fused, softmax=mode, block_size=4).run(None, f)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
