@@ -6,7 +6,9 @@ the fill -inf (the two fills' sum, which float32 rounds to -inf); where their fr
 (GPT-Neo's local layer: a window in the buffer, none in Hugging Face's mask) the bias stays whole,
 since a row whose every visible key is padded sees other keys in the graph. By hand: the same
 form with fills that do not absorb the scores, and with a window in the bias only, is not read as
-one block, and every case computes what the graph does."""
+one block, and every case computes what the graph does. With a KV cache (GPT-Neo's buffer rows
+sliced from the cache's length): the rows read as i + past where the key Slice bounds their end,
+and refused where nothing does."""
 
 from __future__ import annotations
 
@@ -92,9 +94,12 @@ def test_gpt_neo_global_layer_takes_the_padding_part_and_the_local_one_keeps_its
 
 def _cache_feeds(batch: int, seq: int, past: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A step of the cached export: seq new tokens against past cached ones, the first row left
-    padded over every cached key and the first new one (rows that see only padding at a prefill)."""
+    padded over every cached key and the first new one (rows that see only padding at a prefill),
+    the second right padded over its last new token where there are several."""
     mask = np.ones((batch, past + seq), np.int64)
     mask[0, : past + 1] = 0
+    if seq > 1:
+        mask[1, -1] = 0
     f = {"input_ids": rng.integers(0, 100, (batch, seq)).astype(np.int64), "attention_mask": mask}
     for i in range(2):
         for kv in ("key", "value"):
@@ -102,24 +107,57 @@ def _cache_feeds(batch: int, seq: int, past: int, rng: np.random.Generator) -> d
     return f
 
 
-def test_gpt_neo_with_a_cache_keeps_its_buffer_mask_whole_and_computes_the_same():
-    """With a KV cache the buffer's rows start at the cache's length (a Slice whose start is
-    computed): the buffer is not proved causal, so nothing is read with it (the combined proof needs
-    the buffer's), and both blocks keep their mask and bias. A prefill and one-token steps match."""
-    path = os.path.join(os.path.dirname(__file__), "data", "outside", "gpt_neo_cache_eager_torchscript.onnx")
-    model = onnx.load(path)
-    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
-    assert [b.fused for b in report.blocks] == [True, True]
-    assert all("kept as a full mask: a Slice with starts or steps computed" in b.reason for b in report.blocks)
-    assert all(_operand_dims(fused, i, "bias") is not None for i in range(2))
+CACHED = os.path.join(os.path.dirname(__file__), "data", "outside", "gpt_neo_cache_eager_torchscript.onnx")
+
+
+def _assert_steps_match(model: onnx.ModelProto, fused: onnx.ModelProto) -> None:
+    """A prefill and one-token steps, up to the buffer's last row (past + seq = 127 of 128)."""
     original = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ortflash.InferenceSession(fused, softmax="naive")
     rng = np.random.default_rng(0)
-    for seq, past in ((6, 0), (1, 5), (1, 12)):
+    for seq, past in ((6, 0), (1, 5), (1, 12), (3, 9), (1, 126)):
         f = _cache_feeds(2, seq, past, rng)
-        want = original.run(None, f)
-        got = ortflash.InferenceSession(fused, softmax="naive").run(None, f)
-        for g, w in zip(got, want):
+        for g, w in zip(session.run(None, f), original.run(None, f)):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_gpt_neo_with_a_cache_reads_its_buffer_rows_from_the_cache_length():
+    """With a KV cache the buffer's rows start at the cache's length: Slice(buffer, past, past +
+    seq) on its 128 rows, then Slice(.., 0, past + seq) on its 128 keys. The rows are read as i +
+    past, exact where past + seq <= 128, which the key Slice gives wherever the graph runs (a
+    longer one is cut to 128 keys and fails to broadcast with the scores): is_causal 2 (bottom
+    right), and the global layer reads Hugging Face's mask with it, as without a cache."""
+    model = onnx.load(CACHED)
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
+    attrs = [{a.name: h.get_attribute_value(a) for a in n.attribute} for n in _flash_nodes(fused)]
+    assert [(int(a["is_causal"]), int(a.get("window_left", -1))) for a in attrs] == [(2, -1), (2, 7)], [
+        b.reason for b in report.blocks
+    ]
+    assert attrs[0]["mask_fill"] == -math.inf
+    global_bias, local_bias = (_operand_dims(fused, i, "bias") for i in range(2))
+    assert global_bias is not None and global_bias[2] == 1, global_bias
+    assert local_bias is not None and local_bias[2] != 1, local_bias  # the window: the bias stays whole
+    _assert_steps_match(model, fused)
+
+
+def test_a_computed_row_start_is_refused_where_no_key_slice_bounds_its_end():
+    """The same export with the key Slice's end read from attention_mask's length (equal at run
+    time, not proved the rows' end past + seq): nothing bounds past + seq by the buffer's rows, so
+    the rows are not read and both blocks keep their buffer mask, saying why."""
+    model = onnx.load(CACHED)
+    graph = model.graph
+    slices = {n.output[0]: n for n in graph.node if n.op_type == "Slice"}
+    keys = [n for n in slices.values() if n.input[0] in slices]  # the key Slice of each row Slice
+    assert len(keys) == 2
+    graph.node.insert(0, h.make_node("Shape", ["attention_mask"], ["mask_length"], start=1, end=2))
+    for n in keys:
+        n.input[2] = "mask_length"
+    fused, report = ortflash.optimize(model, softmax="naive", target="ortflash")
+    assert all("whose end" in b.reason and "not proved inside its 128 rows" in b.reason for b in report.blocks), [
+        b.reason for b in report.blocks
+    ]
+    assert all(_operand_dims(fused, i, "mask") is not None for i in range(2))
+    _assert_steps_match(model, fused)
 
 
 # ------------------------------------------------------------- hand-built: what is read and what is not

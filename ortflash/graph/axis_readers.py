@@ -12,7 +12,7 @@ import onnx_ir as ir
 
 from . import ir_utils as u
 from . import shapes
-from .dim_terms import dim_sum, dims_equal
+from .dim_terms import dim_lin, dim_sum, dims_equal, lin_dim
 from .tensor_reader import TensorReader, broadcast, input_at
 from .terms import Abstract, Cat, Lin, Look, NotProved, Num, Op, Term, atoms, map_lin, normalise, remap, substitute
 
@@ -147,6 +147,8 @@ def read_slice(r: TensorReader, node: ir.Node, depth: int) -> Abstract:
         computed_starts = r.vector(input_at(node, 1))
         if computed_starts is not None and all(isinstance(d, int) for d in computed_starts):
             starts = np.asarray(computed_starts, np.int64)
+        elif computed_starts is not None and (steps is None or bool((steps == 1).all())):
+            return _from_computed_start(r, node, x, computed_starts, axes)
     if starts is None or (steps is not None and bool((steps != 1).any())):
         raise NotProved("a Slice with starts or steps computed at run time")
     axes_list = list(range(len(starts))) if axes is None else [int(a) % len(x.dims) for a in axes.reshape(-1)]
@@ -166,6 +168,8 @@ def read_slice(r: TensorReader, node: ir.Node, depth: int) -> Abstract:
             # a buffer cut to a length read from the graph: that length (a longer one would be
             # cut to the buffer's size and then fail to broadcast with the scores)
             dims[a] = computed[k]
+            if isinstance(size, int) and size > 1:
+                r.ends_inside.append((computed[k], size))
         elif out is not None and out[a] is not None:
             dims[a] = out[a]
         else:
@@ -175,8 +179,39 @@ def read_slice(r: TensorReader, node: ir.Node, depth: int) -> Abstract:
     return normalise(tuple(dims), term, x.dtype)
 
 
-def _shift(lin: Lin, axis: int, by: int) -> Lin:
+def _from_computed_start(
+    r: TensorReader, node: ir.Node, x: Abstract, starts: list[shapes.Dim], axes: np.ndarray | None
+) -> Abstract:
+    """Slice(x, s, e) of one axis of static size N > 1, s and e computed (a causal buffer's rows
+    [past, past + seq) of a KV cache): x_a -> x_a + s, e - s long, exact where e <= N (then
+    0 <= s <= e <= N: neither is clamped), which the reader records for its caller to discharge
+    (graph/interpret.Reader.ends_assumed); only in a reading that asks for it."""
+    if not r.computed_starts:
+        raise NotProved("a Slice with starts or steps computed at run time")
+    ends = r.vector(input_at(node, 2))
+    if len(starts) != 1 or ends is None or len(ends) != 1 or (axes is not None and axes.size != 1):
+        raise NotProved("a Slice of more than one axis from a computed start")
+    a = (int(axes.reshape(-1)[0]) if axes is not None else 0) % len(x.dims)
+    size, start, end = x.dims[a], dim_lin(starts[0]), dim_lin(ends[0])
+    if not isinstance(size, int) or size <= 1 or start is None or end is None:
+        raise NotProved("a Slice from a computed start of an axis whose size is not static")
+    length = end.plus(start, -1)
+    for lin in (start, length):  # sums of dims: never negative
+        if lin.const < 0 or any(atom[0] != "d" or c < 0 for atom, c in lin.coeffs):
+            raise NotProved("a Slice from a computed start that is not proved at or before its end")
+    r.ends_assumed.append((ends[0], size))
+    dims = list(x.dims)
+    dims[a] = lin_dim(length)
+    if dims[a] is None:
+        raise NotProved("a Slice from a computed start whose length is not proved")
+    term = map_lin(x.term, functools.partial(_shift, axis=a, by=start))
+    return normalise(tuple(dims), term, x.dtype)
+
+
+def _shift(lin: Lin, axis: int, by: int | Lin) -> Lin:
     c = lin.as_dict().get(("x", axis), 0)
     if any(a[0] == "xd" and a[1] == axis for a, _ in lin.coeffs):
         raise NotProved("a Slice of a flattened index")
+    if isinstance(by, Lin):  # x_axis -> x_axis + by, by over symbolic dims
+        return lin.plus(by.scaled(c)) if c else lin
     return Lin.of(lin.as_dict(), lin.const + c * by)

@@ -44,11 +44,20 @@ class Reader:
     hide that the mask's rows are the scores' rows. Where this reading has no rule, the one
     evaluator (graph/shapes) answers."""
 
-    def __init__(self) -> None:
+    def __init__(self, computed_starts: bool = False) -> None:
         self.memo: dict[int, Abstract] = {}
         self.dims_memo: dict[int, list[shapes.Dim] | None] = {}
         # a scalar value of the graph that computes each dim read as a Range's length
         self.dim_values: dict[shapes.Dim, ir.Value] = {}
+        # computed_starts: a Slice from a start computed at run time (a causal buffer's rows from a
+        # cache's length) is read, as exact only where its end e is inside the axis of static size
+        # N (ONNX clamps an end past N): (e, N) in ends_assumed, which the caller must discharge
+        # from ends_inside, the ends of Slices from 0 that the reading took as the slice's length
+        # (wherever the graph runs e <= N there: a longer one is cut to N and fails to broadcast
+        # with the scores, as the caller checks the dims). fusion/causal/proof is that caller.
+        self.computed_starts = computed_starts
+        self.ends_assumed: list[tuple[shapes.Dim, int]] = []
+        self.ends_inside: list[tuple[shapes.Dim, int]] = []
 
     def dims_of(self, value: ir.Value | None, depth: int = 96) -> list[shapes.Dim] | None:
         if value is None:

@@ -20,6 +20,9 @@ class TensorReader(Protocol):
     shape tensors and scalars read as dims, and the graph's value of each Range length it read."""
 
     dim_values: dict[shapes.Dim, ir.Value]
+    computed_starts: bool  # Slices from computed starts are read (graph/interpret.Reader)
+    ends_assumed: list[tuple[shapes.Dim, int]]
+    ends_inside: list[tuple[shapes.Dim, int]]
 
     def read(self, value: ir.Value | None, depth: int = 64) -> Abstract: ...
 

@@ -236,13 +236,18 @@ def prove(
     """The proof for one block whose one query-dependent bias (as_mask False) or mask (True;
     marks_masked: True where the condition marks masked-out keys) is ``candidate``; alone: it is the
     block's only bias or mask (a finite fill is proved only then); raises NotProved."""
-    reader = Reader()
+    reader = Reader(computed_starts=True)
     split = split_causal(candidate, reader)
     q_dims, k_dims = reader.dims_of(q), reader.dims_of(k)
     if q_dims is None or k_dims is None or len(q_dims) != 4 or len(k_dims) != 4:
         raise NotProved("the ranks of Q and K are not proved 4")
     sq, sk = q_dims[2], k_dims[2 if k_perm is None else k_perm[2]]
     _, _, mq, mk = split.dims
+    for end, size in reader.ends_assumed:  # a buffer's rows sliced from a computed start
+        # discharged by a Slice from 0 to the same end, the mask's key count, of at most as many
+        # keys: past it that Slice would be cut and fail to broadcast with the scores
+        if not dims_equal(end, mk) or not any(dims_equal(end, e) and n <= size for e, n in reader.ends_inside):
+            raise NotProved(f"a Slice from a computed start whose end {end} is not proved inside its {size} rows")
     write_term(None, split.padding.term, split.padding.dtype, split.padding.dims)  # dry run: raises where it cannot
     if split.offset is None:  # constant over the queries: the same values, broadcast by the op
         # the key axis is the tensor's own, broadcast as before; its rows must be the scores' (a
