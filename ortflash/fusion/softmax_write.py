@@ -6,7 +6,7 @@ rerouted to it; with the notes and columns of its report row."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -151,7 +151,7 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
     if block.bias_after_mask:  # the bias added after the fills stays; a mask (filled before it) is read
         read = [r for r in read if r[1]]
     if len(read) > 1:
-        read = [r for r in read if _has_query_dim(r[0]) and _compares_positions(r[0])]
+        read = [r for r in read if _compares_queries(r[0])]
         # a bias proved causal sets the fill of the op's masks: only alone, or beside masks of that fill
         if len(read) == 1 and not read[0][1] and masks:
             return None
@@ -176,11 +176,22 @@ def proved_causal(block: SoftmaxBlock) -> _Causal | str | None:
             return f"kept as a full {'mask' if as_mask else 'bias'}: {why}"
         return f"not proved causal: {why}"
     first = _Causal(proof, as_mask, marks_masked, (candidate,))
-    return _with_bias_after(block, first, q, k, k_perm) if block.bias_after_mask else first
+    return _with_bias_after(block, biases, masks, first, q, k, k_perm) if block.bias_after_mask else first
+
+
+def _compares_queries(x: ir.Value) -> bool:
+    """A bias or mask with a query axis whose subgraph compares positions: one a causal proof reads."""
+    return _has_query_dim(x) and _compares_positions(x)
 
 
 def _with_bias_after(
-    block: SoftmaxBlock, first: _Causal, q: ir.Value, k: ir.Value, k_perm: list[int] | None
+    block: SoftmaxBlock,
+    biases: Sequence[ir.Value],
+    masks: Sequence[tuple[ir.Value, bool]],
+    first: _Causal,
+    q: ir.Value,
+    k: ir.Value,
+    k_perm: list[int] | None,
 ) -> _Causal:
     """first (a causal mask, filled before the bias) and the block's one query-dependent bias added
     after it, where that bias is proved causal with the same frontier and window: one causal
@@ -194,10 +205,9 @@ def _with_bias_after(
     (left padding) keeps the graph's weights: equal over its visible keys, none right of the
     frontier. Two different frontiers would leave keys seen by one tensor and hidden by the
     other, whose scores differ between a padded and a visible key (two fills), so first stays
-    alone then, the bias a full one. first alone where it cannot be proved."""
-    mask_biases = block.biases[: block.split_biases] if block.heads_split is not None else block.biases
-    query_biases = [b for b in mask_biases if _has_query_dim(b) and _compares_positions(b)]
-    masks = block.masks[: block.split_masks] if block.heads_split is not None else block.masks
+    alone then, the bias a full one. first alone where it cannot be proved. biases and masks: the
+    block's of the [B, H, Sq, Sk] view, as proved_causal read them."""
+    query_biases = [b for b in biases if _compares_queries(b)]
     if len(query_biases) != 1 or len(masks) != 1 or len(block.masks) != 1 or not first.as_mask:
         return first
     if not neutral_padding(first.proof.padding) or not absorbs_scores(first.proof.mask_fill):
