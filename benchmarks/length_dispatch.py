@@ -224,6 +224,9 @@ def count(folders: list[str], out: Path, cpu_class: str | None = None) -> int:
                     "read": forced.fused,  # blocks the rules prove (fused with --target ortflash)
                     "fused_path": report.fused,
                     "dispatched": sum(b.fused_from is not None for b in report.blocks),
+                    # blocks whose fused form wins from a length no run of the original reaches (a
+                    # position table shorter than the crossover): kept, with no If (pipeline/length_reach.py)
+                    "kept_unreached": sum("does not run at" in b.reason for b in report.blocks),
                     "kept_kinds": [b.mask_kind for b in report.blocks if not b.fused and b.mask_kind],
                     "reasons": sorted({b.reason for b in report.blocks}),
                 }
@@ -237,6 +240,7 @@ def count(folders: list[str], out: Path, cpu_class: str | None = None) -> int:
         "read": sum(r["read"] for r in ok),
         "fused_path": sum(r["fused_path"] for r in ok),
         "dispatched": sum(r["dispatched"] for r in ok),
+        "kept_unreached": sum(r["kept_unreached"] for r in ok),
     }
     kinds: dict[str, int] = {}
     for r in ok:

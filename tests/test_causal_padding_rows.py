@@ -64,6 +64,10 @@ def test_an_alibi_bias_beside_a_proved_causal_mask_is_a_causal_padding_row(name:
         b.reason for b in report.blocks
     ]
     _, default = ortflash.optimize(OUTSIDE / f"{name}.onnx", online_softmax=True, cpu_class="avx2")
-    assert all("original ops below" in b.reason for b in default.blocks), [b.reason for b in default.blocks]
+    reasons = [b.reason for b in default.blocks]
+    # the row's crossover is where the If switches, in an export that runs that long (BLOOM's ALiBi
+    # has no table); MPT's tiny export stops before it (its position table), so no If is written
+    assert all("original ops below" in r or "does not run at" in r for r in reasons), reasons
+    assert [b.mask_kind for b in default.blocks] == ["causal_padding", "causal_padding"], reasons
     assert forms.crossover("online", 4, "causal", cpu_class="avx2") is not None
     assert forms.crossover("online", 4, "bias", cpu_class="avx2") is None  # what the 'bias' row said

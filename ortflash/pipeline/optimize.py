@@ -29,6 +29,7 @@ from . import forms
 from .fused_model import BlockFacts, FusedModel, fuse_model, lowered_for, rewritten, written
 from .ir_versions import loadable_ir_version
 from .length_dispatch import Threshold, dispatch
+from .length_reach import LengthReach
 from .native_attention import native_attention_note
 from .target_choice import AUTO, LoadCheck, choose_default, choose_for_ep
 
@@ -171,6 +172,7 @@ def _fastest_forms(
     keep: dict[str, str] = {}
     details: dict[str, str] = {}
     thresholds: dict[int, Threshold] = {}
+    reach = LengthReach(inputs.proto, inputs.folder)
     for row, block in enumerate(report.blocks):
         if not block.fused:
             continue
@@ -197,6 +199,8 @@ def _fastest_forms(
             queries_are_keys=facts.get(row, BlockFacts()).queries_are_keys,
             one_op=facts.get(row, BlockFacts()).one_op,
         )
+        if choice.dispatch_from is not None:
+            choice = _reached(choice, reach, choice.dispatch_from, block.detail)
         details[block.name] = choice.detail
         if choice.dispatch_from is not None:
             thresholds[row] = Threshold(choice.dispatch_from, choice.decode_from)
@@ -250,6 +254,22 @@ def _fastest_forms(
     else:
         faster_report.target = report.target
     return faster, faster_report
+
+
+def _reached(choice: forms.FormChoice, reach: LengthReach, key_len: int, proved: str) -> forms.FormChoice:
+    """``choice``, or the original ops where no run of the model reaches ``key_len``, the length its
+    If would switch at: that If would never take the fused side, and would cost at every length.
+    ``proved``: the row's detail from the proof, kept in front of the table's."""
+    stop = reach.stops_before(key_len)
+    if stop is None:
+        return choice
+    return forms.FormChoice(
+        False,
+        f"the original ops: the model does not run at {key_len} keys, where the fused form would start",
+        f"{'; '.join(filter(None, [proved, choice.detail]))}; but the original model does not run at {key_len} keys, batch 1 ({stop}), so an If "
+        "there would never take the fused side and would cost its few microseconds at every length the model "
+        "runs (pipeline/length_reach.py); --seq-lens or --target fuses anyway",
+    )
 
 
 def _unlowered_kept(inputs: _FusionInputs, written: tuple[onnx.ModelProto, Report]) -> tuple[onnx.ModelProto, Report]:
