@@ -420,7 +420,7 @@ def test_wgsl_window_matches_the_reference(kernel, fill, sq, sk, is_causal, wl, 
     tiles = [FlashTile(16, 16, 4, 1, 4), None] if kernel == "flash" else [None]
     want = reference.flash_attention(q, k, v, bias, **attrs)
     for tile in tiles:
-        got = runner.attention(q, k, v, bias, None, attrs=attrs, kernel=kernel, tile=tile)
+        got = runner.attention(q, k, v, bias=bias, attrs=attrs, kernel=kernel, tile=tile)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=1e-4, atol=1e-4)
 
@@ -436,7 +436,7 @@ def test_wgsl_flash_skips_key_tiles_left_of_every_window():
     k, v = (rng.standard_normal((1, 1, 256, 32)).astype(np.float32) for _ in range(2))
     v[..., :192, :] = np.nan  # whole tiles before key 224, row 240's first
     attrs = spec.validate({"scale": 0.2, "is_causal": 2, "window_left": 16})
-    got = runner.attention(q, k, v, None, None, attrs=attrs, kernel="flash", tile=FlashTile(16, 16, 4, 1, 4))
+    got = runner.attention(q, k, v, attrs=attrs, kernel="flash", tile=FlashTile(16, 16, 4, 1, 4))
     assert np.isfinite(got).all()
     assert np.isnan(reference.flash_attention(q, k, v, **attrs)).all()
     v[..., :192, :] = 0.0

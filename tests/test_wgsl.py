@@ -240,7 +240,7 @@ def run_contract(runner_, q, k, v, bias=None, mask=None, *, kernel, tile=None, a
 
     extra = {name: attrs.pop(name) for name in ("is_causal", "bias_after_mask") if name in attrs}
     validated = {**spec.validate({"scale": q.shape[-1] ** -0.5, **attrs}), "bias_after_mask": 0, **extra}
-    got = runner_.attention(q, k, v, bias, mask, attrs=validated, kernel=kernel, tile=tile)
+    got = runner_.attention(q, k, v, bias=bias, mask=mask, attrs=validated, kernel=kernel, tile=tile)
     want = attention_f64(
         q,
         k,
@@ -509,7 +509,7 @@ def test_naive_score_chunks(runner):
     attrs = spec.validate({"scale": 0.2, "is_causal": 1})
     want = reference.flash_attention(q, k, v, bias, **attrs)
     for cap, at_least in [(70 * 90 * 4 * 2, 2), (16 * 90 * 4, 8)]:  # two heads per chunk; 16 rows per chunk
-        got = runner.attention(q, k, v, bias, attrs=attrs, kernel="naive", score_chunk_bytes=cap)
+        got = runner.attention(q, k, v, bias=bias, attrs=attrs, kernel="naive", score_chunk_bytes=cap)
         assert runner.last_plan["chunks"] >= at_least
         check(got, want)
 

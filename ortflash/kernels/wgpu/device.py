@@ -27,9 +27,10 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
+from typing_extensions import Required, Unpack
 
 from .adapter import find_adapter, no_adapter_message
 from .autotune import tune_on_device
@@ -47,6 +48,18 @@ from .tuner import TileCache, TuneKey
 
 if TYPE_CHECKING:
     import wgpu
+
+
+class AttentionCall(TypedDict, total=False):
+    """What one attention call takes besides Q, K and V, for ``Runner.attention`` and
+    ``Runner.attention_resident`` alike (keywords)."""
+
+    attrs: Required[Mapping[str, Any]]  # the node's attributes, as spec.validate gives them
+    bias: np.ndarray | None  # the node's bias input (spec.py), None where absent
+    mask: np.ndarray | None  # the node's mask input (spec.py), None where absent
+    kernel: str  # 'flash' (the default) or 'naive'
+    tile: FlashTile | None  # overrides the flash kernel's tile
+    score_chunk_bytes: int | None  # caps the naive kernel's score buffer
 
 
 class Runner:
@@ -185,34 +198,14 @@ class Runner:
 
     # ---------------------------------------------------------------- attention
 
-    def attention(
-        self,
-        q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
-        bias: np.ndarray | None = None,
-        mask: np.ndarray | None = None,
-        *,
-        attrs: Mapping[str, Any],
-        kernel: str = "flash",
-        tile: FlashTile | None = None,
-        score_chunk_bytes: int | None = None,
-    ) -> np.ndarray:
-        """O = attention(Q, K, V) by `kernel` ('flash' or 'naive'); attrs as spec.validate gives them.
-
-        Returns O [B, Hq, Sq, Dv] with Q's dtype. ``tile`` overrides the flash
-        tile; ``score_chunk_bytes`` caps the naive kernel's score buffer.
-        """
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, **call: Unpack[AttentionCall]) -> np.ndarray:
+        """O = attention(Q, K, V) by ``call["kernel"]`` ('flash' or 'naive'): O [B, Hq, Sq, Dv] with Q's dtype."""
         with self._lock:
             t_start = time.perf_counter()
-            problem = Problem.of(q, k, v)
-            check_kernel(kernel)
+            problem, operands = self._laid_out(q, k, v, call)
             if problem.is_empty:
                 return np.zeros((problem.batch, problem.heads_q, problem.seq_q, problem.value_dim), q.dtype)
-            operands = prepare(
-                problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16, heavy_first=self.causal_heavy_first
-            )
-            call_plan = self._plan_call(problem, operands, kernel, tile, score_chunk_bytes)
+            call_plan = self._plan_call(problem, operands, call)
             t_prepared = time.perf_counter()
             bound = self._calls.bind(problem, operands, call_plan, None)
             t_staged = time.perf_counter()
@@ -235,15 +228,27 @@ class Runner:
             }
             return out
 
-    def _plan_call(
-        self,
-        problem: Problem,
-        operands: HostOperands,
-        kernel: str,
-        tile: FlashTile | None,
-        score_chunk_bytes: int | None,
-    ) -> Plan:
+    def _laid_out(self, q: Operand, k: Operand, v: Operand, call: AttentionCall) -> tuple[Problem, HostOperands]:
+        """The call's problem and its host operands (checks and host layout; ``attention`` and
+        ``attention_resident`` alike)."""
+        problem = Problem.of(q, k, v)
+        check_kernel(call.get("kernel", "flash"))
+        operands = prepare(
+            problem,
+            q,
+            k,
+            v,
+            call.get("bias"),
+            call.get("mask"),
+            call["attrs"],
+            f16_on_device=self.has_f16,
+            heavy_first=self.causal_heavy_first,
+        )
+        return problem, operands
+
+    def _plan_call(self, problem: Problem, operands: HostOperands, call: AttentionCall) -> Plan:
         """The dispatch plan of one call whose operands are laid out (a non-empty problem)."""
+        kernel, tile = call.get("kernel", "flash"), call.get("tile")
         if kernel == "flash" and tile is None:
             tile = self.cached_flash_tile(problem.d4, problem.dv4, operands.io)
         call_plan = plan(
@@ -252,7 +257,7 @@ class Runner:
             operands.io,
             operands.params,
             tile=tile,
-            score_chunk_bytes=score_chunk_bytes,
+            score_chunk_bytes=call.get("score_chunk_bytes"),
             limits=self.device_limits,
             subgroup_size=self.subgroup_size,
         )
@@ -326,18 +331,7 @@ class Runner:
             raise ValueError("this DeviceTensor belongs to another wgpu device than the runner's")
 
     def attention_resident(
-        self,
-        q: Operand,
-        k: Operand,
-        v: Operand,
-        bias: np.ndarray | None = None,
-        mask: np.ndarray | None = None,
-        *,
-        attrs: Mapping[str, Any],
-        kernel: str = "flash",
-        tile: FlashTile | None = None,
-        score_chunk_bytes: int | None = None,
-        out: DeviceTensor | None = None,
+        self, q: Operand, k: Operand, v: Operand, *, out: DeviceTensor | None = None, **call: Unpack[AttentionCall]
     ) -> DeviceTensor:
         """O = attention(Q, K, V) with O left on the device: a DeviceTensor [B, Hq, Sq, Dv].
 
@@ -353,11 +347,7 @@ class Runner:
             for t in (q, k, v, out):
                 if isinstance(t, DeviceTensor):
                     self._check_own(t)
-            problem = Problem.of(q, k, v)
-            check_kernel(kernel)
-            operands = prepare(
-                problem, q, k, v, bias, mask, attrs, f16_on_device=self.has_f16, heavy_first=self.causal_heavy_first
-            )
+            problem, operands = self._laid_out(q, k, v, call)
             shape = (problem.batch, problem.heads_q, problem.seq_q, problem.value_dim)
             dtype = np.dtype(operands.host_dtype)
             if out is None:
@@ -368,7 +358,7 @@ class Runner:
                 raise ValueError("out may not be an input of the same call (WebGPU binds it read-only there)")
             if problem.is_empty:
                 return out
-            call_plan = self._plan_call(problem, operands, kernel, tile, score_chunk_bytes)
+            call_plan = self._plan_call(problem, operands, call)
             bound = self._calls.bind(problem, operands, call_plan, out)
             _, self._pending_timestamps = self._calls.submit(call_plan, bound, read_back=False)
             self.last_device_ms = None

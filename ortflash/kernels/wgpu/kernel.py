@@ -127,7 +127,7 @@ def flash_attention(
     if empty is not None:  # no keys: zeros (spec.py), and no zero-size buffers for wgpu
         return empty
     kernel = "flash" if policy.choose(Problem.of(q, k, v).seq_k) == "online" else "naive"
-    return runner().attention(q, k, v, bias, mask, attrs=attrs, kernel=kernel)
+    return runner().attention(q, k, v, bias=bias, mask=mask, attrs=attrs, kernel=kernel)
 
 
 def _validated(attrs: dict[str, Any], bias_after_mask: int) -> dict[str, Any]:
@@ -175,4 +175,4 @@ def run_resident(
     attrs = _validated(attrs, bias_after_mask)
     policy = SoftmaxPolicy.for_node(attrs, policy)
     kernel = "flash" if policy.choose(Problem.of(q, k, v).seq_k) == "online" else "naive"
-    return runner().attention_resident(q, k, v, bias, mask, attrs=attrs, kernel=kernel, out=out)
+    return runner().attention_resident(q, k, v, bias=bias, mask=mask, attrs=attrs, kernel=kernel, out=out)
