@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["isolated"] = isolated_part(args.heads, args.head_dim, seq_lens, args.sessions, args.rounds)
     doc["load_average_after"] = os.getloadavg()
     out = Path(args.out) / f"{args.name or 'dispatch_cost_' + args.part}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)  # an --out that does not exist yet: made, not a lost run
     out.write_text(json.dumps(doc, indent=1) + "\n")
     out.with_suffix(".md").write_text(render(doc))
     print(f"wrote {out} and its .md")
