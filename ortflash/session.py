@@ -130,7 +130,8 @@ class InferenceSession:
     ``InferenceSession(model, softmax="online")`` (or ``policy=SoftmaxPolicy(...)``, the same
     object the pipeline passes) runs every fused node of this session with that policy; ``backend`` picks the kernel (``cpu``: compiled, the default;
     ``reference``: numpy; ``wgpu``: the WGSL flash shader) and ``threads`` the compiled
-    kernel's thread count. Each session carries its own choice: sessions in one process,
+    kernel's thread count (None: ``sess_options.intra_op_num_threads`` where it is set, else every
+    core this process may run on). Each session carries its own choice: sessions in one process,
     or running in parallel threads, do not affect each other.
 
     The compiled kernel runs as a native ONNX Runtime op (``ortflash.kernels.native_op``: no
@@ -155,6 +156,9 @@ class InferenceSession:
         min_seq_len: int | None = None,
         native: bool = True,
     ) -> None:
+        if threads is None and sess_options is not None and sess_options.intra_op_num_threads > 0:
+            # the session's own thread count, which the kernel's pool does not read from ONNX Runtime
+            threads = sess_options.intra_op_num_threads
         self.config = KernelConfig(backend=backend, threads=threads, native=native)
         options = SoftmaxPolicy.from_options(
             softmax=softmax, online_softmax=online_softmax, block_size=block_size, min_seq_len=min_seq_len

@@ -149,3 +149,18 @@ def test_options_from_session_options_can_be_handed_to_inference_session(fused_a
     assert np.array_equal(plain.run(None, inputs)[0], want)
     ours = ortflash.InferenceSession(fused, sess_options=ortflash.session_options())
     assert np.array_equal(ours.run(None, inputs)[0], want)
+
+
+def test_the_kernel_takes_the_session_options_intra_op_thread_count(fused_and_feeds):
+    # The compiled kernel runs its own pool and never reads ONNX Runtime's thread count: before this,
+    # a session given intra_op_num_threads = 1 ran its FlashAttention nodes on every core.
+    fused, f = fused_and_feeds
+    one = ort.SessionOptions()
+    one.intra_op_num_threads = 1
+    assert ortflash.InferenceSession(fused, sess_options=one).config.threads == 1
+    assert ortflash.InferenceSession(fused, sess_options=one, threads=2).config.threads == 2  # the caller's word
+    default = ort.SessionOptions()  # intra_op_num_threads 0: ONNX Runtime's default, no count given
+    assert ortflash.InferenceSession(fused, sess_options=default).config.threads is None
+    assert ortflash.InferenceSession(fused).config.threads is None
+    single = ortflash.InferenceSession(fused, sess_options=one).run(None, f)[0]
+    np.testing.assert_array_equal(single, ortflash.InferenceSession(fused, threads=2).run(None, f)[0])
