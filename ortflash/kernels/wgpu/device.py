@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     import wgpu
 
 
+DEFAULT_KERNEL = "flash"  # what a call that names no kernel runs
+
+
 class AttentionCall(TypedDict, total=False):
     """What one attention call takes besides Q, K and V, for ``Runner.attention`` and
     ``Runner.attention_resident`` alike (keywords)."""
@@ -57,7 +60,7 @@ class AttentionCall(TypedDict, total=False):
     attrs: Required[Mapping[str, Any]]  # the node's attributes, as spec.validate gives them
     bias: np.ndarray | None  # the node's bias input (spec.py), None where absent
     mask: np.ndarray | None  # the node's mask input (spec.py), None where absent
-    kernel: str  # 'flash' (the default) or 'naive'
+    kernel: str  # 'flash' (DEFAULT_KERNEL) or 'naive'
     tile: FlashTile | None  # overrides the flash kernel's tile
     score_chunk_bytes: int | None  # caps the naive kernel's score buffer
 
@@ -232,7 +235,7 @@ class Runner:
         """The call's problem and its host operands (checks and host layout; ``attention`` and
         ``attention_resident`` alike)."""
         problem = Problem.of(q, k, v)
-        check_kernel(call.get("kernel", "flash"))
+        check_kernel(call.get("kernel", DEFAULT_KERNEL))
         operands = prepare(
             problem,
             q,
@@ -248,7 +251,7 @@ class Runner:
 
     def _plan_call(self, problem: Problem, operands: HostOperands, call: AttentionCall) -> Plan:
         """The dispatch plan of one call whose operands are laid out (a non-empty problem)."""
-        kernel, tile = call.get("kernel", "flash"), call.get("tile")
+        kernel, tile = call.get("kernel", DEFAULT_KERNEL), call.get("tile")
         if kernel == "flash" and tile is None:
             tile = self.cached_flash_tile(problem.d4, problem.dv4, operands.io)
         call_plan = plan(
